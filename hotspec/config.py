@@ -1,0 +1,93 @@
+"""Engine configuration: one frozen dataclass, validated in one place, also the CLI's source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from hotspec.errors import HotspecError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3")
+
+
+class ConfigError(HotspecError, ValueError):
+    """An invalid engine option or combination of options."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # None: the embedded default (SmolLM2-135M-Instruct)
+    dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
+    device: str = "auto"  # auto: cuda when available
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # None: the model's context length
+    seed: int = 0
+    profile_phases: bool = False  # time each speculative phase (synchronises the device)
+    skip_tokenizer_init: bool = False  # token ids in and out only (no text, no stop strings)
+    # Speculative decoding (SGLang's option names)
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_token_map: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        for name in ("block_size", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        self._validate_spec()
+
+    def _validate_spec(self) -> None:
+        algo = self.speculative_algorithm
+        spec_fields = ("speculative_draft_model_path", "speculative_num_steps",
+                       "speculative_eagle_topk", "speculative_num_draft_tokens",
+                       "speculative_token_map")
+        if algo is None:
+            given = [f for f in spec_fields if getattr(self, f) is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)} given without speculative_algorithm; "
+                                  f"set speculative_algorithm to one of {SPEC_ALGORITHMS}")
+            return
+        if algo not in SPEC_ALGORITHMS:
+            raise ConfigError(f"speculative_algorithm={algo!r}; choose one of {SPEC_ALGORITHMS}")
+        steps, topk, ntok = self.spec_shape
+        if steps < 1:
+            raise ConfigError(f"speculative_num_steps must be >= 1, got {steps}")
+        if topk < 1:
+            raise ConfigError(f"speculative_eagle_topk must be >= 1, got {topk}")
+        if topk == 1 and ntok != steps + 1:
+            raise ConfigError(
+                f"chain drafting (speculative_eagle_topk=1) verifies exactly num_steps + 1 tokens: "
+                f"set speculative_num_draft_tokens={steps + 1} (got {ntok})")
+        max_nodes = topk + (steps - 1) * topk * topk
+        if not 2 <= ntok <= max_nodes + 1:
+            raise ConfigError(
+                f"speculative_num_draft_tokens={ntok} must be in [2, {max_nodes + 1}] for "
+                f"num_steps={steps}, topk={topk} (the root plus at most {max_nodes} drafted nodes)")
+
+    @property
+    def spec_shape(self) -> tuple[int, int, int]:
+        """(num_steps, topk, num_draft_tokens) with SGLang's defaults filled in."""
+        steps = self.speculative_num_steps if self.speculative_num_steps is not None else 3
+        topk = self.speculative_eagle_topk if self.speculative_eagle_topk is not None else 1
+        ntok = self.speculative_num_draft_tokens
+        if ntok is None:
+            ntok = steps + 1 if topk == 1 else min(8, topk + (steps - 1) * topk * topk + 1)
+        return steps, topk, ntok
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        return cls(**kwargs)

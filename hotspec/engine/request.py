@@ -1,0 +1,58 @@
+"""A request's life: prompt, generated tokens, its KV blocks and its statistics."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hotspec.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hotspec.engine.stop_checker import StopChecker
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    spec_steps: int = 0  # verify passes that produced this request's tokens
+
+    @property
+    def tau(self) -> float:
+        """Generated tokens per verify pass (the mean acceptance length, bonus token included)."""
+        return self.generated_tokens / self.spec_steps if self.spec_steps else 0.0
+
+
+@dataclass
+class Request:
+    rid: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    status: Status = Status.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    seq_len: int = 0  # tokens whose KV is committed (target and draft caches alike)
+    finish_reason: str | None = None
+    error: str | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    checker: StopChecker | None = field(default=None, repr=False)
+    spec_state: Any = field(default=None, repr=False)  # the speculative worker's per-request state
+
+    @property
+    def last_token(self) -> int:
+        """The newest token: sampled, not yet in the KV cache (the next step's input)."""
+        return self.output_token_ids[-1]
+
+    def slot(self, index: int, block_size: int) -> int:
+        return self.blocks[index // block_size] * block_size + index % block_size
+
+    def slots(self, start: int, n: int, block_size: int) -> list[int]:
+        return [self.slot(i, block_size) for i in range(start, start + n)]

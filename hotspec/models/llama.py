@@ -1,0 +1,116 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM2), driven by ModelConfig.
+
+Parameter names are Hugging Face's, so a checkpoint's state dict loads with `assign=True` onto a
+model built on the meta device. Differences between families are config flags: `attention_bias`
+(Qwen2 q/k/v bias), `qk_norm` (Qwen3 per-head RMSNorm on q and k), `tie_word_embeddings`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hotspec.engine.kv_pool import KVPool
+from hotspec.layers.attention.base import AttentionBackend, store_kv
+from hotspec.layers.norm import RMSNorm
+from hotspec.layers.rotary import RotaryEmbedding
+from hotspec.models.config import ModelConfig
+from hotspec.runtime.forward_batch import ForwardBatch
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, in_features: int | None = None) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, d)
+        inp = in_features or h
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(inp, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(inp, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(inp, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.scale = d ** -0.5
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch, rope: RotaryEmbedding, kv: KVPool,
+                backend: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(fb.positions, q, k)
+        k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
+        store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
+        o = backend.forward(fb, q, k_cache, v_cache, self.scale)
+        return self.o_proj(o.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, h: torch.Tensor, fb: ForwardBatch, rope: RotaryEmbedding, kv: KVPool,
+                backend: AttentionBackend) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), fb, rope, kv, backend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward() returns final normed hidden states [T, H] and, for EAGLE-3, the hidden states
+    entering each layer listed in `capture_layers` (SGLang's aux hidden states)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                      cfg.rope_scaling)
+        self.capture_layers: tuple[int, ...] = ()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, fb: ForwardBatch, kv: KVPool, backend: AttentionBackend
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        h = self.model.embed_tokens(fb.input_ids)
+        aux: list[torch.Tensor] = []
+        for i, layer in enumerate(self.model.layers):
+            if i in self.capture_layers:
+                aux.append(h)
+            h = layer(h, fb, self.rotary, kv, backend)
+        return self.model.norm(h), aux
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

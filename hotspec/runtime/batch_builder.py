@@ -1,0 +1,69 @@
+"""Host-side construction of ForwardBatches from requests (block tables, slots, positions)."""
+
+from __future__ import annotations
+
+import torch
+
+from hotspec.engine.request import Request
+from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
+
+
+def block_table_tensor(reqs: list[Request], device: torch.device) -> torch.Tensor:
+    width = max(len(r.blocks) for r in reqs)
+    rows = [r.blocks + [0] * (width - len(r.blocks)) for r in reqs]
+    return torch.tensor(rows, dtype=torch.int32, device=device)
+
+
+def prefill_batch(reqs: list[Request], tokens: list[list[int]], block_size: int,
+                  device: torch.device) -> ForwardBatch:
+    """Ragged causal pass over `tokens[i]`, appended after each request's committed `seq_len`."""
+    ids: list[int] = []
+    pos: list[int] = []
+    loc: list[int] = []
+    for r, toks in zip(reqs, tokens):
+        ids += toks
+        pos += range(r.seq_len, r.seq_len + len(toks))
+        loc += r.slots(r.seq_len, len(toks), block_size)
+    q = [len(t) for t in tokens]
+    kv = [r.seq_len + n for r, n in zip(reqs, q)]
+    cu = [0]
+    for n in q:
+        cu.append(cu[-1] + n)
+
+    def t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.long, device=device)
+
+    return ForwardBatch(mode=ForwardMode.PREFILL, input_ids=t(ids), positions=t(pos),
+                        out_cache_loc=t(loc), q_lens=t(q), kv_lens=t(kv),
+                        block_tables=block_table_tensor(reqs, device), width=None,
+                        cu_seqlens_q=t(cu), max_q=max(q), max_kv=max(kv))
+
+
+def decode_batch(reqs: list[Request], block_size: int, device: torch.device) -> ForwardBatch:
+    """One query per request: its newest token at position seq_len."""
+    def t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.long, device=device)
+
+    b = len(reqs)
+    return ForwardBatch(
+        mode=ForwardMode.DECODE,
+        input_ids=t([r.last_token for r in reqs]),
+        positions=t([r.seq_len for r in reqs]),
+        out_cache_loc=t([r.slot(r.seq_len, block_size) for r in reqs]),
+        q_lens=t([1] * b), kv_lens=t([r.seq_len + 1 for r in reqs]),
+        block_tables=block_table_tensor(reqs, device), width=1, max_q=1,
+        max_kv=max(r.seq_len for r in reqs) + 1)
+
+
+def last_token_index(fb: ForwardBatch) -> torch.Tensor:
+    """Flat index of each request's last real token."""
+    if fb.cu_seqlens_q is not None:
+        return fb.cu_seqlens_q[1:] - 1
+    assert fb.width is not None
+    return torch.arange(fb.batch_size, device=fb.q_lens.device) * fb.width + fb.q_lens - 1
+
+
+def slots_at(block_tables: torch.Tensor, index: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Device-side slot lookup: index [B, n] kv indices -> [B, n] slots through each block table."""
+    blocks = torch.gather(block_tables.long(), 1, index // block_size)
+    return blocks * block_size + index % block_size

@@ -1,0 +1,22 @@
+"""Runs one ForwardBatch through a model: plan attention once, then the layers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hotspec.engine.kv_pool import KVPool
+from hotspec.layers.attention.base import AttentionBackend
+from hotspec.runtime.forward_batch import ForwardBatch
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, kv: KVPool, backend: AttentionBackend) -> None:
+        self.model = model
+        self.kv = kv
+        self.backend = backend
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        self.backend.plan(fb)
+        return self.model(fb, self.kv, self.backend)

@@ -1,0 +1,89 @@
+"""Per-request sampling parameters, named as in vLLM and validated in one place."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hotspec.errors import InvalidRequestError
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fail(field: str, value: object, allowed: str) -> InvalidRequestError:
+    return InvalidRequestError(f"SamplingParams.{field} must be {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request and when to stop.
+
+    Filters apply in the order temperature, top-k, top-p, min-p (as Hugging Face `generate`).
+    `top_k` of -1 or 0 disables top-k. `stop` is normalised to a tuple of non-empty strings and
+    `stop_token_ids` to a tuple of ints. Stop strings and stop tokens are never part of the text.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 16
+    stop: str | Sequence[str] | None = None
+    stop_token_ids: Sequence[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not _is_real(t) or not math.isfinite(t) or t < 0:
+            raise _fail("temperature", t, "a finite number >= 0 (0 = greedy)")
+        p = self.top_p
+        if not _is_real(p) or not 0 < p <= 1:
+            raise _fail("top_p", p, "a number in (0, 1] (1 = off)")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise _fail("top_k", self.top_k, "an int >= -1 (-1 or 0 = off)")
+        m = self.min_p
+        if not _is_real(m) or not 0 <= m <= 1:
+            raise _fail("min_p", m, "a number in [0, 1] (0 = off)")
+        if self.seed is not None and not _is_int(self.seed):
+            raise _fail("seed", self.seed, "an int or None")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise _fail("max_tokens", self.max_tokens, "an int >= 1")
+        for flag in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, flag), bool):
+                raise _fail(flag, getattr(self, flag), "a bool")
+        # Frozen dataclass: normalised fields are written once, here, before anyone reads them.
+        object.__setattr__(self, "stop", _normalise_stop(self.stop))
+        object.__setattr__(self, "stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax: temperature 0 or top-k of 1."""
+        return self.temperature == 0 or self.top_k == 1
+
+
+def _normalise_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    items = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(items, Sequence) or not all(isinstance(s, str) and s for s in items):
+        raise _fail("stop", stop, "a non-empty string, a list of non-empty strings, or None")
+    return tuple(items)
+
+
+def _normalise_stop_token_ids(ids: Sequence[int] | None) -> tuple[int, ...]:
+    if ids is None:
+        return ()
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise _fail("stop_token_ids", ids, "a list of ints >= 0, or None")
+    if not all(_is_int(i) and i >= 0 for i in ids):
+        raise _fail("stop_token_ids", ids, "a list of ints >= 0, or None")
+    return tuple(ids)

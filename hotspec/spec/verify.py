@@ -1,0 +1,81 @@
+"""Verification: which drafted tokens the target accepts, and the bonus token after them.
+
+Both rules walk the tree nodes in index order (parents before children). `cur` is the deepest
+accepted node; a node is a candidate when its parent is `cur`.
+
+Greedy: accept child x iff x == argmax p(. | path to cur). The output is the target's own greedy
+continuation, longest matching path plus the target's argmax after it (the bonus token).
+
+Stochastic (tree rejection sampling, SpecInfer / EAGLE): let r be the residual distribution at
+`cur`, initially the shaped target distribution p(. | path). The draft proposes each child
+deterministically (top-k), i.e. with q = delta_x. For each child x in order:
+    accept with probability min(1, r(x) / q(x)) = r(x);     then r := p(. | path + x) and descend
+    on rejection, r := norm(max(r - q, 0)), i.e. remove x from r and renormalise.
+When no child remains, the bonus token is drawn from r. Each emitted token is therefore an exact
+draw from the target distribution (greedy rows are the special case r = one-hot(argmax)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hotspec.layers.sampler import random_uniform, sample_from_probs
+from hotspec.spec.tree import DraftTree
+
+STREAM_COIN, STREAM_BONUS = 1, 2
+
+
+@dataclass
+class Acceptance:
+    path: torch.Tensor  # [B, D+1] tree indices of accepted nodes (root first), 0-padded
+    accept_len: torch.Tensor  # [B] accepted nodes incl. the root = tokens emitted this step
+    bonus: torch.Tensor  # [B] the target's token after the accepted path
+
+
+def _walk(tree: DraftTree, max_depth: int, accept_fn) -> tuple[torch.Tensor, torch.Tensor]:
+    b, n = tree.tokens.shape
+    dev = tree.tokens.device
+    cur = torch.zeros(b, dtype=torch.long, device=dev)
+    path = torch.zeros(b, max_depth + 1, dtype=torch.long, device=dev)
+    for j in range(1, n):
+        candidate = tree.parents[:, j] == cur
+        ok = candidate & accept_fn(j, candidate)
+        jj = torch.full_like(cur, j)
+        cur = torch.where(ok, jj, cur)
+        d = tree.depth[:, j : j + 1]
+        path.scatter_(1, d, torch.where(ok.unsqueeze(1), jj.unsqueeze(1), path.gather(1, d)))
+    return cur, path
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor, max_depth: int) -> Acceptance:
+    """logits: [B, N, V] target logits at every tree node."""
+    pred = logits.argmax(-1)  # [B, N]
+    match = tree.tokens == torch.gather(pred, 1, tree.parents)
+
+    cur, path = _walk(tree, max_depth, lambda j, _: match[:, j])
+    bonus = torch.gather(pred, 1, cur.unsqueeze(1)).squeeze(1)
+    return Acceptance(path, torch.gather(tree.depth, 1, cur.unsqueeze(1)).squeeze(1) + 1, bonus)
+
+
+def verify_stochastic(tree: DraftTree, probs: torch.Tensor, max_depth: int, seeds: torch.Tensor,
+                      offsets: torch.Tensor) -> Acceptance:
+    """probs: [B, N, V] shaped target distribution at every node (one-hot rows for greedy)."""
+    n = tree.num_nodes
+    coins = random_uniform(seeds, offsets, n, stream=STREAM_COIN)  # [B, N]
+    residual = probs[:, 0].clone()
+
+    def accept(j: int, candidate: torch.Tensor) -> torch.Tensor:
+        nonlocal residual
+        x = tree.tokens[:, j : j + 1]
+        ok = candidate & (coins[:, j] < torch.gather(residual, 1, x).squeeze(1))
+        rejected = residual.scatter(1, x, 0.0)
+        rejected = rejected / rejected.sum(-1, keepdim=True).clamp_min(1e-30)
+        residual = torch.where((candidate & ~ok).unsqueeze(1), rejected, residual)
+        residual = torch.where(ok.unsqueeze(1), probs[:, j], residual)
+        return ok
+
+    cur, path = _walk(tree, max_depth, accept)
+    bonus = sample_from_probs(residual, seeds, offsets, stream=STREAM_BONUS)
+    return Acceptance(path, torch.gather(tree.depth, 1, cur.unsqueeze(1)).squeeze(1) + 1, bonus)

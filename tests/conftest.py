@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.manual_seed(0)
+torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_job.sh on the H200)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def default_gguf() -> Path:
+    from hotspec.models.default_model import default_model_path
+
+    return Path(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def smol_llm():
+    """The embedded default model in float32 on CPU, shared by the whole session."""
+    from hotspec import LLM
+
+    return LLM(dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def hf_smol(default_gguf: Path):
+    """transformers' own implementation on the same GGUF: the reference for parity tests."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name,
+                                             dtype=torch.float32)
+    return m.eval()
