@@ -26,6 +26,10 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_model_len: int | None = None  # None: the model's context length
     seed: int = 0
+    attention_backend: str = "auto"  # auto: triton on GPU, torch reference on CPU
+    disable_cuda_graph: bool = False  # debugging: every phase eager
+    allow_eager_fallback: bool = False  # a failed capture warns (and is counted) instead of stopping
+    cuda_graph_max_bs: int = 64
     profile_phases: bool = False  # time each speculative phase (synchronises the device)
     skip_tokenizer_init: bool = False  # token ids in and out only (no text, no stop strings)
     # Speculative decoding (SGLang's option names)
@@ -39,7 +43,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        for name in ("block_size", "max_num_seqs"):
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ConfigError(f"attention_backend={self.attention_backend!r}; choose auto, torch or triton")
+        for name in ("block_size", "max_num_seqs", "cuda_graph_max_bs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

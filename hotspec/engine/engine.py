@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import json
+import logging
+import os
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -16,13 +19,21 @@ from hotspec.engine.kv_pool import KVPool
 from hotspec.engine.request import Request, Status
 from hotspec.engine.stop_checker import StopChecker
 from hotspec.errors import InvalidRequestError
+from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.attention.torch_ref import TorchRefBackend
 from hotspec.models.build import build_target
+from hotspec.models.config import ModelConfig
 from hotspec.models.draft_head import DraftHead
+from hotspec.models.llama import LlamaForCausalLM
 from hotspec.models.loader import load_checkpoint, load_tokenizer, resolve_model_path
+from hotspec.runtime.graph_runner import GraphRunner, default_batch_sizes
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger("hotspec")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -51,14 +62,37 @@ def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
 
 class Engine:
     def __init__(self, cfg: EngineConfig) -> None:
-        self.cfg = cfg
-        self.device, self.dtype = resolve_device_dtype(cfg)
+        device, dtype = resolve_device_dtype(cfg)
         path = resolve_model_path(cfg.model)
-        model_cfg, state = load_checkpoint(path, self.dtype)
-        self.model_config = model_cfg
-        self.target = build_target(model_cfg, state, self.dtype, self.device)
+        model_cfg, state = load_checkpoint(path, dtype)
+        target = build_target(model_cfg, state, dtype, device)
         del state
-        self.tokenizer = None if cfg.skip_tokenizer_init else load_tokenizer(path)
+        tokenizer = None if cfg.skip_tokenizer_init else load_tokenizer(path)
+        self._setup(cfg, model_cfg, target, tokenizer, device, dtype)
+
+    @classmethod
+    def from_model(cls, cfg: EngineConfig, model_config: ModelConfig, target: LlamaForCausalLM,
+                   tokenizer: PreTrainedTokenizerBase | None = None) -> Engine:
+        """An engine around a target that is already built (random weights for benchmarks, tests):
+        no checkpoint is read and `cfg.model` is ignored; device and dtype are the target's."""
+        param = next(target.parameters())
+        if cfg.dtype != "auto" and _DTYPES[cfg.dtype] != param.dtype:
+            raise ConfigError(f"dtype={cfg.dtype!r} but the model is {param.dtype}; use dtype='auto'")
+        if cfg.device != "auto" and torch.device(cfg.device).type != param.device.type:
+            raise ConfigError(f"device={cfg.device!r} but the model is on {param.device}; "
+                              "use device='auto'")
+        engine = cls.__new__(cls)
+        engine._setup(cfg, model_config, target, tokenizer, param.device, param.dtype)
+        return engine
+
+    def _setup(self, cfg: EngineConfig, model_cfg: ModelConfig, target: LlamaForCausalLM,
+               tokenizer: PreTrainedTokenizerBase | None, device: torch.device,
+               dtype: torch.dtype) -> None:
+        self.cfg = cfg
+        self.device, self.dtype = device, dtype
+        self.model_config = model_cfg
+        self.target = target
+        self.tokenizer = tokenizer
         self.eos_token_ids = set(model_cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
@@ -70,6 +104,10 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.worker: Worker = self._build_worker()
+        # A request may never need more KV than the whole cache holds: alone, it always fits, so
+        # preemption cannot evict it in favour of nothing (see _reserve_step_slots).
+        self.kv_capacity = self.allocator.num_blocks * self.block_size
+        self.max_model_len = min(self.max_model_len, self.kv_capacity)
 
     # -- construction --------------------------------------------------------------------------
     def _kv_blocks(self, bytes_per_slot: int) -> int:
@@ -79,8 +117,23 @@ class Engine:
 
     def _target_pool(self, num_blocks: int) -> KVPool:
         c = self.model_config
-        return KVPool(c.num_hidden_layers, num_blocks, self.block_size, c.num_key_value_heads,
-                      c.head_dim, self.dtype, self.device)
+        return KVPool(c.num_hidden_layers, num_blocks + 1, self.block_size, c.num_key_value_heads,
+                      c.head_dim, self.dtype, self.device)  # + block 0, the null block
+
+    def _backend(self) -> AttentionBackend:
+        choice = self.cfg.attention_backend
+        if choice == "auto":
+            choice = "triton" if self.device.type == "cuda" else "torch"
+        if choice == "triton":
+            from hotspec.layers.attention.triton_backend import TritonBackend
+
+            return TritonBackend(self.block_size)
+        return TorchRefBackend(self.block_size)
+
+    def _graph_runner(self) -> GraphRunner:
+        mode = "cuda" if self.device.type == "cuda" and not self.cfg.disable_cuda_graph else "eager"
+        sizes = default_batch_sizes(min(self.cfg.cuda_graph_max_bs, self.cfg.max_num_seqs))
+        return GraphRunner(self.device, mode, sizes, self.cfg.allow_eager_fallback)
 
     def _build_worker(self) -> Worker:
         from hotspec.engine.eagle_worker import EagleWorker
@@ -89,23 +142,32 @@ class Engine:
         c = self.model_config
         per_slot = KVPool.bytes_per_slot(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
                                          self.dtype)
-        backend = TorchRefBackend(self.block_size)
+        backend = self._backend()
+        self.graphs = self._graph_runner()
+        max_blocks = self._blocks_for(self.max_model_len)
+        worker: Worker
         if self.cfg.speculative_algorithm is None:
             num_blocks = self._kv_blocks(per_slot)
-            self.allocator = BlockAllocator(num_blocks)
+            self.allocator = BlockAllocator(num_blocks, first_block=1)
             runner = ModelRunner(self.target, self._target_pool(num_blocks), backend)
-            return VanillaWorker(self.target, runner, self.block_size, self.device)
-        self.draft = self._load_draft()
-        d = self.draft.config
-        per_slot += KVPool.bytes_per_slot(1, d.num_key_value_heads, d.head_dim, self.dtype)
-        num_blocks = self._kv_blocks(per_slot)
-        self.allocator = BlockAllocator(num_blocks)
-        steps, topk, ntok = self.cfg.spec_shape
-        return EagleWorker(
-            self.target, self.draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
-            ModelRunner(self.draft, self.draft.make_kv_pool(num_blocks, self.block_size, self.dtype,
-                                                            self.device), backend),
-            self.block_size, self.device, steps, topk, ntok, profile=self.cfg.profile_phases)
+            worker = VanillaWorker(self.target, runner, self.graphs, self.block_size, self.device,
+                                   max_blocks)
+        else:
+            self.draft = self._load_draft()
+            d = self.draft.config
+            per_slot += KVPool.bytes_per_slot(1, d.num_key_value_heads, d.head_dim, self.dtype)
+            num_blocks = self._kv_blocks(per_slot)
+            self.allocator = BlockAllocator(num_blocks, first_block=1)
+            steps, topk, ntok = self.cfg.spec_shape
+            draft_pool = self.draft.make_kv_pool(num_blocks + 1, self.block_size, self.dtype, self.device)
+            worker = EagleWorker(
+                self.target, self.draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
+                ModelRunner(self.draft, draft_pool, backend), self.graphs, self.block_size, self.device,
+                steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases)
+        self.graphs.capture_all()
+        if self.graphs.mode == "cuda":
+            log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())
+        return worker
 
     def _load_draft(self) -> DraftHead:
         from hotspec.models.draft_loader import load_draft_head
@@ -121,6 +183,7 @@ class Engine:
 
             apply_token_map(head, self.target, load_token_map(self.cfg.speculative_token_map,
                                                                self.model_config.vocab_size))
+        check_hot_vocab_size(path, head)
         return head
 
     # -- requests ------------------------------------------------------------------------------
@@ -134,15 +197,13 @@ class Engine:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         room = self.max_model_len - self.worker.reserve
         if len(prompt_token_ids) >= room:
+            limit = ("the KV cache's capacity; shorten the prompt or give the KV cache more memory"
+                     if self.max_model_len == self.kv_capacity else
+                     "max_model_len; shorten the prompt or raise max_model_len")
             raise InvalidRequestError(
                 f"prompt of {len(prompt_token_ids)} tokens does not fit the context of "
                 f"{self.max_model_len} tokens (at most {room - 1} prompt tokens leave room to "
-                "generate); shorten the prompt or raise max_model_len")
-        need = self._blocks_for(len(prompt_token_ids) + self.worker.reserve)
-        if need > self.allocator.num_blocks:
-            raise InvalidRequestError(
-                f"prompt needs {need} KV blocks but the cache has {self.allocator.num_blocks}; "
-                "shorten the prompt or give the KV cache more memory")
+                f"generate); the context is limited by {limit}")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this engine was started with "
                                       "skip_tokenizer_init: use stop_token_ids instead")
@@ -174,7 +235,11 @@ class Engine:
         if not self.running:
             return []
         reqs = self._reserve_step_slots()
-        return self._emit(reqs, self.worker.step(reqs))
+        outs = self._emit(reqs, self.worker.step(reqs))
+        record = getattr(self.worker, "record_served", None)
+        if record is not None:
+            record([t for o in outs for t in o.new_token_ids])
+        return outs
 
     def _blocks_for(self, n_slots: int) -> int:
         return -(-n_slots // self.block_size)
@@ -241,3 +306,19 @@ class Engine:
         if req.blocks:
             self.allocator.free(req.blocks)
         req.blocks = []
+
+
+def check_hot_vocab_size(path: str, head: DraftHead) -> None:
+    """A draft config may name `hot_vocab_size` (SGLang's FR-Spec key); it never sizes anything,
+    but if it disagrees with the head actually built, the user's setup is not what they think."""
+    cfg_file = os.path.join(path, "config.json")
+    named = None
+    if os.path.isfile(cfg_file):
+        with open(cfg_file) as f:
+            named = json.load(f).get("hot_vocab_size")
+    if named is not None and named != head.draft_vocab_size:
+        raise ConfigError(
+            f"the draft config names hot_vocab_size={named} but the draft LM head has "
+            f"{head.draft_vocab_size} rows after the token map; pass --speculative-token-map with "
+            f"{named} ids, or remove hot_vocab_size from {cfg_file}")
+

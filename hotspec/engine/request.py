@@ -30,7 +30,7 @@ class RequestStats:
         return self.generated_tokens / self.spec_steps if self.spec_steps else 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the engine's list membership and removal are per object
 class Request:
     rid: int
     prompt_token_ids: list[int]

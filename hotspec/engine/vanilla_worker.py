@@ -1,4 +1,4 @@
-"""Plain autoregressive decoding: prefill, then one token per request per step."""
+"""Plain autoregressive decoding: prefill, then one token per request per step (`decode`)."""
 
 from __future__ import annotations
 
@@ -7,28 +7,48 @@ import torch
 from hotspec.engine.request import Request
 from hotspec.layers.sampler import SamplingTensors, sample
 from hotspec.models.llama import LlamaForCausalLM
-from hotspec.runtime.batch_builder import decode_batch, last_token_index, prefill_batch
+from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch, slots_at
+from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
+from hotspec.runtime.graph_runner import GraphRunner, Tensors
 from hotspec.runtime.model_runner import ModelRunner
 
 
+def sampling_inputs(reqs: list[Request], device: torch.device) -> Tensors:
+    """Per-row sampling tensors; the RNG offset is the request's generated-token count."""
+    st = SamplingTensors.from_params([r.params for r in reqs], [r.seed for r in reqs],
+                                     [len(r.output_token_ids) for r in reqs], device)
+    return {"temperature": st.temperature, "top_p": st.top_p, "top_k": st.top_k,
+            "min_p": st.min_p, "seeds": st.seeds, "offsets": st.offsets}
+
+
+def example_sampling(bs: int, device: torch.device) -> Tensors:
+    """Static-buffer shapes (and padding rows: greedy) of `sampling_inputs`."""
+    f = {"dtype": torch.float32, "device": device}
+    i = {"dtype": torch.long, "device": device}
+    return {"temperature": torch.zeros(bs, **f), "top_p": torch.ones(bs, **f),
+            "top_k": torch.full((bs,), -1, **i), "min_p": torch.zeros(bs, **f),
+            "seeds": torch.zeros(bs, **i), "offsets": torch.zeros(bs, **i)}
+
+
 def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
-    """Sample one token per row; the RNG offset is the request's generated-token count."""
     if all(r.params.temperature == 0 for r in reqs):
         return logits.argmax(-1)
-    st = SamplingTensors.from_params([r.params for r in reqs], [r.seed for r in reqs],
-                                     [len(r.output_token_ids) for r in reqs], logits.device)
-    return sample(logits, st.temperature, st.top_p, st.top_k, st.min_p, st.seeds, st.offsets)
+    x = sampling_inputs(reqs, logits.device)
+    return sample(logits, x["temperature"], x["top_p"], x["top_k"], x["min_p"], x["seeds"], x["offsets"])
 
 
 class VanillaWorker:
     reserve = 1  # KV slots a step writes beyond seq_len
 
-    def __init__(self, target: LlamaForCausalLM, runner: ModelRunner, block_size: int,
-                 device: torch.device) -> None:
-        self.target = target
-        self.runner = runner
-        self.block_size = block_size
-        self.device = device
+    def __init__(self, target: LlamaForCausalLM, runner: ModelRunner, graphs: GraphRunner,
+                 block_size: int, device: torch.device, max_blocks_per_seq: int) -> None:
+        self.target, self.runner, self.graphs = target, runner, graphs
+        self.block_size, self.device = block_size, device
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.max_kv = max_blocks_per_seq * block_size
+        graphs.register("decode", self.decode_phase, self._example)
+        graphs.register("decode[sample]", self.decode_sample_phase,
+                        lambda bs: dict(self._example(bs), **example_sampling(bs, device)))
 
     def prefill(self, reqs: list[Request]) -> list[list[int]]:
         """KV for prompt + tokens already generated (recompute after preemption); one new token."""
@@ -40,10 +60,43 @@ class VanillaWorker:
             r.seq_len += len(t)
         return [[t] for t in nxt.tolist()]
 
+    @torch.inference_mode()
     def step(self, reqs: list[Request]) -> list[list[int]]:
-        fb = decode_batch(reqs, self.block_size, self.device)
-        hidden, _ = self.runner.forward(fb)
-        nxt = sample_for(reqs, self.target.compute_logits(hidden))
+        dev = self.device
+        if self.graphs.mode == "eager":
+            self.max_kv = max(r.seq_len for r in reqs) + 1
+        x: Tensors = {"ids": torch.tensor([r.last_token for r in reqs], dtype=torch.long, device=dev),
+                      "seq": torch.tensor([r.seq_len for r in reqs], dtype=torch.long, device=dev),
+                      "tables": block_table_tensor(reqs, dev)}
+        if all(r.params.temperature == 0 for r in reqs):
+            out = self.graphs.run("decode", x)
+        else:
+            out = self.graphs.run("decode[sample]", dict(x, **sampling_inputs(reqs, dev)))
+        nxt = out["next"].tolist()  # the one host sync of the step
         for r in reqs:
             r.seq_len += 1
-        return [[t] for t in nxt.tolist()]
+        return [[t] for t in nxt]
+
+    def _logits(self, x: Tensors) -> torch.Tensor:
+        seq, tables = x["seq"], x["tables"]
+        b = seq.shape[0]
+        fb = ForwardBatch(
+            mode=ForwardMode.DECODE, input_ids=x["ids"], positions=seq,
+            out_cache_loc=slots_at(tables, seq.unsqueeze(1), self.block_size).view(-1),
+            q_lens=torch.ones(b, dtype=torch.long, device=seq.device), kv_lens=seq + 1,
+            block_tables=tables, width=1, max_q=1, max_kv=self.max_kv)
+        hidden, _ = self.runner.forward(fb)
+        return self.target.compute_logits(hidden)
+
+    def decode_phase(self, x: Tensors) -> Tensors:
+        return {"next": self._logits(x).argmax(-1)}
+
+    def decode_sample_phase(self, x: Tensors) -> Tensors:
+        return {"next": sample(self._logits(x), x["temperature"], x["top_p"], x["top_k"], x["min_p"],
+                               x["seeds"], x["offsets"])}
+
+    def _example(self, bs: int) -> Tensors:
+        dev = self.device
+        return {"ids": torch.zeros(bs, dtype=torch.long, device=dev),
+                "seq": torch.zeros(bs, dtype=torch.long, device=dev),
+                "tables": torch.zeros(bs, self.max_blocks_per_seq, dtype=torch.int32, device=dev)}

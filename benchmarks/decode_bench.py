@@ -1,0 +1,258 @@
+"""Decode throughput of hotspec's own engine: vanilla decoding, eager, torch reference attention.
+
+Every timed step is one `Engine.step()` (batch building, attention planning, the forward pass,
+the LM head, greedy sampling, stop checks), so host overheads are included, as a user sees them.
+
+    python benchmarks/decode_bench.py --model default --device cpu --batch-sizes 1,8 \\
+        --context 512 --tokens 16 --out cpu.json
+    python benchmarks/decode_bench.py --model llama8b-shape --device cuda --batch-sizes 1,8,32 \\
+        --context 512 --tokens 64 --out h200.json
+
+Run from the repository root; without `pip install -e .`, prefix `PYTHONPATH=.` (hotspec imports
+the `gguf` package at load time, so a machine without it needs it on PYTHONPATH too).
+
+`llama8b-shape` is Llama-3.1-8B's shape with random weights generated on the device (no files).
+Weight bytes per step count every Linear weight and norm once (a tied embedding is read once, as
+the LM head); the embedding gather is negligible. Achieved bandwidth is that over the median
+step time; on CUDA it is also given as a fraction of the H200 roofline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hotspec.config import EngineConfig
+from hotspec.engine.engine import Engine, resolve_device_dtype
+from hotspec.layers.norm import RMSNorm
+from hotspec.models.build import build_target
+from hotspec.models.config import ModelConfig
+from hotspec.models.llama import LlamaForCausalLM
+from hotspec.sampling_params import SamplingParams
+
+H200_BANDWIDTH = 4.37e12  # bytes/s, the roofline the fraction is reported against
+BLOCK_SIZE = 16
+EAGER_TORCH_REF = {"attention_backend": "torch", "disable_cuda_graph": True}
+
+LLAMA_3_1_8B = ModelConfig(
+    architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+    rms_norm_eps=1e-5, rope_theta=500000.0,
+    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=128000,
+    eos_token_ids=(128001, 128008, 128009))
+
+
+@dataclass
+class Result:
+    batch_size: int
+    steps: int
+    ms_per_step: float  # median
+    ms_per_step_min: float
+    tokens_per_s: float
+    weight_bytes_per_step: int
+    weight_gb_per_s: float
+    roofline_fraction: float | None  # cuda only
+    prefill_ms: float
+
+
+def random_state(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights of the target's shapes, made on `device` (host RAM stays free): norms are
+    ones, every other tensor N(0, 0.02), generated in place one tensor at a time."""
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in LlamaForCausalLM(cfg).state_dict().items()}
+    if cfg.tie_word_embeddings:
+        shapes.pop("lm_head.weight")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        t = torch.empty(shape, device=device, dtype=dtype)
+        if name.endswith("norm.weight"):
+            t.fill_(1.0)
+        else:
+            t.normal_(0.0, 0.02, generator=gen)
+        state[name] = t
+    return state
+
+
+def weight_bytes_per_step(model: nn.Module) -> int:
+    """Bytes of every Linear and norm parameter, each tensor once (a tied LM head is the embedding)."""
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, RMSNorm)):
+            for p in module.parameters(recurse=False):
+                if p.data_ptr() not in seen:
+                    seen.add(p.data_ptr())
+                    total += p.numel() * p.element_size()
+    return total
+
+
+def build_engine(args: argparse.Namespace, num_kv_blocks: int, max_batch: int) -> Engine:
+    # Pin eager + torch reference attention (options an engine without them does not need).
+    known = {f.name for f in fields(EngineConfig)}
+    pinned = {k: v for k, v in EAGER_TORCH_REF.items() if k in known}
+    cfg = EngineConfig(dtype=args.dtype, device=args.device, block_size=BLOCK_SIZE,
+                       num_kv_blocks=num_kv_blocks, max_num_seqs=max_batch, skip_tokenizer_init=True,
+                       seed=args.seed, **pinned)
+    if args.model == "default":
+        return Engine(cfg)
+    device, dtype = resolve_device_dtype(cfg)
+    if args.dtype == "auto":
+        dtype = torch.bfloat16
+    model_cfg = LLAMA_3_1_8B
+    if args.num_layers is not None:
+        model_cfg = replace(model_cfg, num_hidden_layers=args.num_layers)
+    target = build_target(model_cfg, random_state(model_cfg, device, dtype, args.seed), dtype, device)
+    return Engine.from_model(replace(cfg, dtype="auto", device="auto"), model_cfg, target)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(engine: Engine, batch: int, context: int, warmup: int, tokens: int, seed: int,
+            weight_bytes: int) -> Result:
+    gen = torch.Generator().manual_seed(seed + batch)
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=1 + warmup + tokens, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(torch.randint(0, vocab, (context,), generator=gen).tolist(), params)
+    dev = engine.device
+    _sync(dev)
+    t0 = time.perf_counter()
+    outs = engine.step()  # the whole batch is admitted and prefilled in one step
+    _sync(dev)
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+    if len(outs) != batch:
+        raise RuntimeError(f"prefill admitted {len(outs)} of {batch} requests; raise num_kv_blocks")
+    times: list[float] = []
+    for i in range(warmup + tokens):
+        _sync(dev)
+        t0 = time.perf_counter()
+        outs = engine.step()
+        _sync(dev)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        if len(outs) != batch or any(len(o.new_token_ids) != 1 for o in outs):
+            raise RuntimeError(f"decode step {i} produced {[len(o.new_token_ids) for o in outs]}")
+    if engine.has_unfinished() or engine.allocator.num_free != engine.allocator.num_blocks:
+        raise RuntimeError("requests still running or KV blocks held after the last step")
+    med = statistics.median(times)
+    return Result(batch_size=batch, steps=len(times), ms_per_step=med * 1e3,
+                  ms_per_step_min=min(times) * 1e3, tokens_per_s=batch / med,
+                  weight_bytes_per_step=weight_bytes, weight_gb_per_s=weight_bytes / med / 1e9,
+                  roofline_fraction=weight_bytes / med / H200_BANDWIDTH if dev.type == "cuda" else None,
+                  prefill_ms=prefill_ms)
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{name}, {os.cpu_count()} logical CPUs, {torch.get_num_threads()} torch threads, "
+            f"torch {torch.__version__}")
+
+
+def table(results: list[Result], cuda: bool) -> str:
+    head = f"{'batch':>5} {'tok/s':>10} {'ms/step':>9} {'weights MB/step':>15} {'GB/s':>8}"
+    head += f" {'of 4.37 TB/s':>12}" if cuda else ""
+    rows = [head]
+    for r in results:
+        row = (f"{r.batch_size:>5} {r.tokens_per_s:>10.1f} {r.ms_per_step:>9.2f} "
+               f"{r.weight_bytes_per_step / 1e6:>15.1f} {r.weight_gb_per_s:>8.1f}")
+        if cuda and r.roofline_fraction is not None:
+            row += f" {r.roofline_fraction:>12.1%}"
+        rows.append(row)
+    return "\n".join(rows)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("default", "llama8b-shape"), default="default")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="auto: the engine's rule (bfloat16 on cuda, float32 on cpu); "
+                        "llama8b-shape: bfloat16")
+    p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,8,32")
+    p.add_argument("--context", type=int, default=512, help="prompt length (random token ids)")
+    p.add_argument("--tokens", type=int, default=64, help="decode steps measured after warm-up")
+    p.add_argument("--warmup", type=int, default=3, help="decode steps run before measuring")
+    p.add_argument("--num-layers", type=int, default=None,
+                   help="llama8b-shape only: fewer layers, for a quick smoke run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
+    args = p.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if min(args.batch_sizes) < 1 or args.context < 1 or args.tokens < 1 or args.warmup < 0:
+        p.error("batch sizes, --context and --tokens must be >= 1, --warmup >= 0")
+    if args.num_layers is not None and args.model != "llama8b-shape":
+        p.error("--num-layers only applies to --model llama8b-shape")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = datetime.now(timezone.utc)
+    max_batch = max(args.batch_sizes)
+    per_request = -(-(args.context + 1 + args.warmup + args.tokens + 1) // BLOCK_SIZE)
+    engine = build_engine(args, num_kv_blocks=max_batch * per_request, max_batch=max_batch)
+    dev = engine.device
+    weight_bytes = weight_bytes_per_step(engine.target)
+    mc = engine.model_config
+    print(f"model {args.model}: {mc.num_hidden_layers} layers, hidden {mc.hidden_size}, vocab "
+          f"{mc.vocab_size}, {engine.dtype} on {dev}; weights read per step {weight_bytes / 1e9:.3f} GB",
+          file=sys.stderr)
+    results = []
+    for b in args.batch_sizes:
+        r = measure(engine, b, args.context, args.warmup, args.tokens, args.seed, weight_bytes)
+        print(f"batch {b}: prefill {r.prefill_ms:.0f} ms, decode {r.ms_per_step:.2f} ms/step "
+              f"(min {r.ms_per_step_min:.2f})", file=sys.stderr)
+        results.append(r)
+    report = {
+        "benchmark": "decode_bench (vanilla, eager, torch reference attention)",
+        "command": " ".join(["python", *sys.argv]),
+        "date_utc": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(dev),
+        "model": args.model,
+        "model_config": asdict(mc),
+        "device": str(dev),
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "context": args.context,
+        "warmup_steps": args.warmup,
+        "weight_bytes_per_step": weight_bytes,
+        "results": [asdict(r) for r in results],
+    }
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{report['machine']}; {args.model}, {report['dtype']}, context {args.context}, "
+          f"median of {args.tokens} steps")
+    print(table(results, dev.type == "cuda"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Bad input fails loudly and locally: a clear error naming the problem and the fix, and requests
+already in the engine finish exactly as if the bad one had never been sent."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from hotspec import LLM, SamplingParams
+from hotspec.entrypoints.cli import main
+from hotspec.errors import HotspecError, InvalidRequestError, ModelLoadError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+SEEDED = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=10, ignore_eos=True)
+GOOD = [[5, 9, 17, 3, 44], [100, 2, 71]]
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight Llama HF folder (no tokenizer): loads in well under a second."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # larger than default init so that greedy outputs are not degenerate
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.15)
+    path = tmp_path_factory.mktemp("tiny_llama")
+    model.save_pretrained(path)
+    return path
+
+
+def _tiny_llm(folder: Path, **kwargs: object) -> LLM:
+    options: dict[str, object] = {"num_kv_blocks": 64, "block_size": 4, **kwargs}
+    return LLM(model=str(folder), dtype="float32", device="cpu", skip_tokenizer_init=True, **options)
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_folder: Path) -> LLM:
+    return _tiny_llm(tiny_folder, max_model_len=64)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_llm: LLM) -> list[list[int]]:
+    """Each good request's tokens when it runs alone: greedy for the first, seeded sampling for
+    the second (its random stream must not depend on what else the engine saw)."""
+    return [tiny_llm.generate(prompt_token_ids=[p], sampling_params=sp)[0].token_ids
+            for p, sp in zip(GOOD, (GREEDY, SEEDED))]
+
+
+# ---------------------------------------------------------------- model paths
+
+
+def test_missing_model_path_names_the_path_and_the_fix() -> None:
+    with pytest.raises(ModelLoadError, match=r"model path /nonexistent does not exist\. Fix: pass"):
+        LLM(model="/nonexistent")
+
+
+def test_folder_without_config_json(tmp_path: Path) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
+    with pytest.raises(ModelLoadError,
+                       match=rf"{re.escape(str(tmp_path))} has no config.json and no \.gguf file.*Fix:"):
+        LLM(model=str(tmp_path))
+
+
+def test_gguf_of_an_unsupported_architecture(tmp_path: Path) -> None:
+    path = tmp_path / "gemma.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match=r"'gemma3'.*not supported.*llama.*qwen3.*Fix: use"):
+        LLM(model=str(path))
+
+
+# ---------------------------------------------------------------- requests
+
+
+def test_prompt_longer_than_the_context(tiny_llm: LLM) -> None:
+    assert tiny_llm.engine.max_model_len == 64
+    with pytest.raises(InvalidRequestError,
+                       match=r"prompt of 64 tokens does not fit the context of 64 tokens \(at most 62 "
+                             r"prompt tokens .*shorten the prompt or raise max_model_len"):
+        tiny_llm.generate(prompt_token_ids=[[1] * 64], sampling_params=GREEDY)
+    # the longest prompt the message allows is accepted, and ends by length at the context
+    (out,) = tiny_llm.generate(prompt_token_ids=[[1] * 62], sampling_params=GREEDY)
+    assert out.finish_reason == "length" and len(out.token_ids) == 1
+
+
+def test_prompt_longer_than_the_kv_cache_names_the_cache(tiny_folder: Path) -> None:
+    llm = _tiny_llm(tiny_folder, num_kv_blocks=None, kv_cache_memory_gb=2e-6)  # a few blocks only
+    cap = llm.engine.allocator.num_blocks * llm.engine.block_size
+    assert llm.engine.max_model_len == cap < 256
+    with pytest.raises(InvalidRequestError, match=r"limited by the KV cache's capacity.*more memory"):
+        llm.generate(prompt_token_ids=[[1] * cap], sampling_params=GREEDY)
+
+
+def test_empty_prompt(tiny_llm: LLM, smol_llm: LLM) -> None:
+    with pytest.raises(InvalidRequestError, match="empty prompt: give at least one token"):
+        tiny_llm.generate(prompt_token_ids=[[]], sampling_params=GREEDY)
+    with pytest.raises(InvalidRequestError, match="empty prompt"):
+        smol_llm.generate([""], SamplingParams(max_tokens=2))
+
+
+def test_token_ids_outside_the_vocabulary(tiny_llm: LLM) -> None:
+    with pytest.raises(InvalidRequestError,
+                       match=rf"\[{VOCAB}, -1\] are outside the vocabulary \[0, {VOCAB}\)"):
+        tiny_llm.generate(prompt_token_ids=[[1, VOCAB, -1]], sampling_params=GREEDY)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"max_tokens": -1}, r"max_tokens must be an int >= 1, got -1"),
+    ({"max_tokens": 0}, r"max_tokens must be an int >= 1, got 0"),
+    ({"top_p": 0.0}, r"top_p must be a number in \(0, 1\] \(1 = off\), got 0.0"),
+    ({"top_p": 1.5}, r"top_p must be a number in \(0, 1\] \(1 = off\), got 1.5"),
+    ({"top_p": -0.1}, r"top_p must be a number in \(0, 1\]"),
+    ({"temperature": -0.5}, r"temperature must be a finite number >= 0 \(0 = greedy\), got -0.5"),
+    ({"temperature": float("nan")}, r"temperature must be a finite number >= 0"),
+])
+def test_invalid_sampling_parameters(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=r"SamplingParams\." + message) as info:
+        SamplingParams(**kwargs)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, HotspecError)
+
+
+# ---------------------------------------------------------------- the other requests are unaffected
+
+
+@pytest.mark.parametrize("bad", ["empty", "too_long", "outside_vocab"])
+def test_bad_request_leaves_running_requests_untouched(tiny_llm: LLM, alone: list[list[int]],
+                                                       bad: str) -> None:
+    engine = tiny_llm.engine
+    reqs = [engine.add_request(p, sp) for p, sp in zip(GOOD, (GREEDY, SEEDED))]
+    engine.step()  # both prefilled and running
+    assert len(engine.running) == 2
+    bad_ids = {"empty": [], "too_long": [3] * 70, "outside_vocab": [1, 2, VOCAB + 5]}[bad]
+    with pytest.raises(InvalidRequestError):
+        engine.add_request(bad_ids, GREEDY)
+    assert len(engine.running) == 2 and not engine.waiting  # nothing was queued
+    for _ in tiny_llm.stream_steps():
+        pass
+    assert [r.output_token_ids for r in reqs] == alone
+    assert all(r.finish_reason == "length" for r in reqs)
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_bad_prompt_in_a_batch_fails_the_call_and_the_engine_goes_on(tiny_llm: LLM,
+                                                                      alone: list[list[int]]) -> None:
+    engine = tiny_llm.engine
+    with pytest.raises(InvalidRequestError, match="empty prompt"):
+        tiny_llm.generate(prompt_token_ids=[GOOD[0], [], GOOD[1]], sampling_params=GREEDY)
+    assert not engine.has_unfinished()  # the good requests queued before the bad one were aborted
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+    outs = tiny_llm.generate(prompt_token_ids=GOOD, sampling_params=[GREEDY, SEEDED])
+    assert [o.token_ids for o in outs] == alone
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_cli_missing_model_exits_2_with_an_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--model", "/nonexistent", "hi"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: model path /nonexistent does not exist. Fix:")
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_cli_generates_text_on_the_default_model(capsys: pytest.CaptureFixture[str],
+                                                 smol_llm: LLM) -> None:
+    assert main(["generate", "--max-tokens", "8", "Hello"]) == 0
+    captured = capsys.readouterr()
+    (expected,) = smol_llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=8))
+    assert expected.text.strip()
+    assert captured.out == expected.text + "\n"  # the CLI's stream is the API's greedy text
+    assert re.search(rf"\[{len(expected.token_ids)} tokens, finish: {expected.finish_reason}\]",
+                     captured.err)
