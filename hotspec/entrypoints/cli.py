@@ -61,6 +61,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hotspec.entrypoints import token_map_cli
     p = argparse.ArgumentParser(prog="hotspec", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt, streamed to the terminal")
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=-1)
     g.add_argument("--sampling-seed", type=int, default=None)
     g.set_defaults(func=cmd_generate)
+    token_map_cli.add_parser(sub)
     return p
 
 

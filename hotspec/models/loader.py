@@ -18,7 +18,6 @@ from safetensors import SafetensorError, safe_open
 from hotspec.errors import ModelLoadError
 from hotspec.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from hotspec.models.default_model import DEFAULT_MODEL_NAME, default_model_path
-from hotspec.models.gguf_reader import read_gguf
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -48,6 +47,8 @@ def load_checkpoint(
     """Config and HF-named weights; floating-point tensors are cast to `dtype`."""
     kind, location = locate_checkpoint(path)
     if kind == "gguf":
+        from hotspec.models.gguf_reader import read_gguf  # the gguf package is only needed here
+
         config_dict, tensors = read_gguf(location, dtype)
         return _model_config(config_dict, location), tensors
     config = _model_config(_read_json(location / "config.json"), location / "config.json")

