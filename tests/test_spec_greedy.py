@@ -52,7 +52,7 @@ def _spec_llm(algo: str, path, shape) -> LLM:
 
 
 @pytest.mark.parametrize("algo", ["EAGLE", "EAGLE3"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "steps%d-topk%d-tok%d" % s)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"steps{s[0]}-topk{s[1]}-tok{s[2]}")
 def test_greedy_lossless_random_head(algo, shape, heads, vanilla_outputs, smol_llm):
     llm = _spec_llm(algo, heads[algo], shape)
     p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)

@@ -1,0 +1,208 @@
+"""Triton paged-attention backend: one flash-attention kernel for every phase (triton_kernels.py).
+
+Design
+  * grid (query blocks [x kv splits], B, Hkv). A program handles BLOCK_Q query rows of request b
+    for all `group = Hq // Hkv` query heads of kv head h, folded into the tile's M dimension
+    (BLOCK_M = BLOCK_Q * next_pow2(group) >= 16), so decode's single query row still fills a
+    tensor-core tile and every K/V block is loaded once per kv head.
+  * queries: uniform layout (`fb.width` rows per request, row b * width + i) or ragged prefill
+    (`fb.cu_seqlens_q`, grid over the host-known `fb.max_q`).
+  * keys: kv indices 0..kv_len-1 through the block table; the loop bound is read from `kv_lens`
+    on the device, so nothing depends on host-side kv lengths: `plan` only keeps references to
+    fb tensors and `forward` is CUDA-graph capturable (the grid depends on B, width / max_q, and
+    the split count, which depends on host-known sizes only).
+  * visibility exactly as TorchRefBackend (forward_batch.py): causal or custom mask; uniform
+    padding rows (i >= q_len) see kv index 0 only.
+  * split-KV (flash-decoding) for uniform phases that launch too few programs to fill the GPU
+    (e.g. decode / verify at small batch): each split covers 1/num_splits of the tile's kv range
+    (chunk computed on the device) and `combine_splits` merges partial outputs by log-sum-exp.
+  * fp32 / fp16 / bf16; fp32 accumulation; output in q's dtype. fp32 dots use
+    input_precision="ieee" (no tf32), so fp32 results match the reference closely.
+
+KV store: the backend keeps `store_kv`'s two `index_copy_` calls (graph-safe, padding rows already
+point at the trash slot). `store_kv_triton` below fuses K and V into one launch for callers who
+want to save a kernel per layer; it has the same semantics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from hotspec.layers.attention.base import AttentionBackend
+from hotspec.layers.attention.triton_kernels import (
+    combine_splits,
+    is_interpreted,
+    paged_attn_fwd,
+    store_kv_kernel,
+)
+from hotspec.runtime.forward_batch import ForwardBatch
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclass
+class TritonPlan:
+    q_lens: torch.Tensor  # [B]
+    kv_lens: torch.Tensor  # [B]
+    block_tables: torch.Tensor  # [B, max_blocks], unit stride along blocks
+    cu_seqlens_q: torch.Tensor | None  # [B+1] ragged only
+    custom_mask: torch.Tensor | None  # [B, width, M] uint8 view of the bool mask
+    width: int | None  # None: ragged
+    max_q: int
+    max_kv: int  # host-side bound, only used to choose the split count
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+class TritonBackend(AttentionBackend):
+    def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
+                 num_splits: int | None = None, num_warps: int | None = None,
+                 num_stages: int = 2) -> None:
+        """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
+        split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never)."""
+        self.block_size = block_size
+        self.block_n = block_n
+        self.block_m = block_m
+        self.num_splits = num_splits
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+        self._sm_count: dict[int, int] = {}
+        self._interp = is_interpreted()
+
+    # -- plan ---------------------------------------------------------------------------------
+    def plan(self, fb: ForwardBatch) -> None:
+        bt = fb.block_tables
+        if bt.stride(1) != 1:
+            bt = bt.contiguous()
+        cm = fb.custom_mask
+        if cm is not None:
+            if fb.width is None:
+                raise ValueError("custom_mask needs a uniform layout (width)")
+            if cm.dtype == torch.bool:
+                cm = cm.view(torch.uint8)
+        if fb.width is None and fb.cu_seqlens_q is None:
+            raise ValueError("ragged batch without cu_seqlens_q")
+        fb.attn_meta = TritonPlan(fb.q_lens, fb.kv_lens, bt, fb.cu_seqlens_q, cm, fb.width,
+                                  int(fb.max_q), int(fb.max_kv))
+
+    # -- launch configuration -----------------------------------------------------------------
+    def _sms(self, dev: torch.device) -> int:
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        if idx not in self._sm_count:
+            self._sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        return self._sm_count[idx]
+
+    def _splits(self, p: TritonPlan, programs: int, block_n: int, dev: torch.device) -> int:
+        if p.width is None:
+            return 1
+        if self.num_splits is not None:
+            return max(1, self.num_splits)
+        if dev.type != "cuda":
+            return 1
+        sms = self._sms(dev)
+        if programs >= sms or p.max_kv < 4 * block_n:
+            return 1
+        want = triton.cdiv(2 * sms, programs)
+        by_len = max(1, p.max_kv // (4 * block_n))  # keep >= 4 kv blocks per split
+        return max(1, min(want, by_len, 64))
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        """As AttentionBackend.forward; `out` ([T, Hq, D], q's dtype) is written if given."""
+        p: TritonPlan = fb.attn_meta
+        t, hq, d = q.shape
+        hkv = k_cache.shape[1]
+        if hq % hkv != 0:
+            raise ValueError(f"{hq} query heads not a multiple of {hkv} kv heads")
+        if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"unsupported q dtype {q.dtype}")
+        if q.stride(2) != 1:
+            q = q.contiguous()
+        if k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
+            raise ValueError("KV cache must be contiguous along head_dim")
+        group = hq // hkv
+        gp = _pow2(group)
+        is_fp32 = q.dtype == torch.float32
+        b = p.q_lens.shape[0]
+
+        block_n = self.block_n or (32 if is_fp32 else 64)
+        rows = p.max_q if p.width is None else p.width
+        if self.block_m is not None:
+            block_m = self.block_m
+        else:
+            target = 32 if is_fp32 else 64
+            block_m = min(target, _pow2(rows * gp))
+        block_m = max(16, block_m, gp)
+        block_q = block_m // gp
+        q_blocks = triton.cdiv(max(rows, 1), block_q)
+        splits = self._splits(p, q_blocks * b * hkv, block_n, q.device)
+
+        if out is None:
+            out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+        elif out.shape != (t, hq, d) or out.dtype != q.dtype or out.stride(2) != 1:
+            raise ValueError("out must be [T, Hq, D] in q's dtype, contiguous along head_dim")
+        if t == 0 or b == 0:
+            return out
+        if p.width is not None and t != b * p.width:
+            raise ValueError(f"uniform layout expects {b} * {p.width} rows, got {t}")
+        ragged = p.width is None
+        cu = p.cu_seqlens_q if ragged else p.q_lens
+        custom = p.custom_mask is not None
+        cm = p.custom_mask if custom else p.q_lens
+        cm_strides = tuple(cm.stride()) if custom else (0, 0, 0)
+        m_custom = cm.shape[2] if custom else 0
+        if splits > 1:
+            opart = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
+            lse = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
+        else:
+            opart = lse = out
+        # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
+        num_warps = self.num_warps or 4
+        grid = (q_blocks * splits, b, hkv)
+        paged_attn_fwd[grid](
+            q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+            p.block_tables.stride(0), *cm_strides,
+            opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
+            float(scale) * _LOG2E, p.width or 0, m_custom, splits,
+            GROUP=group, GROUP_PAD=gp, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
+            RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
+            num_warps=num_warps, num_stages=self.num_stages,
+        )
+        if splits > 1:
+            combine_splits[(t, hq)](
+                opart, lse, out,
+                opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
+                out.stride(0), out.stride(1), splits,
+                HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), num_warps=4,
+            )
+        return out
+
+
+def store_kv_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor) -> None:
+    """Same as base.store_kv (k, v: [T, Hkv, D] -> cache rows `loc`), K and V in one launch.
+
+    Duplicate slots (several padding rows all on the trash slot) are written in an unspecified
+    order, which only matters for the trash slot."""
+    t, hkv, d = k.shape
+    if t == 0:
+        return
+    if k.stride(2) != 1:
+        k = k.contiguous()
+    if v.stride(2) != 1:
+        v = v.contiguous()
+    store_kv_kernel[(t,)](
+        k, v, k_cache, v_cache, loc,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        HKV=hkv, HEAD_DIM=d, BLOCK_H=_pow2(hkv), BLOCK_D=_pow2(d), num_warps=1 if hkv * d <= 512 else 4,
+    )

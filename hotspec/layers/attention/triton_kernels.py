@@ -1,0 +1,278 @@
+"""Triton kernels for paged attention (see triton_backend.py for the host side).
+
+`paged_attn_fwd`: one flash-attention kernel for every phase. A program owns (a block of query
+rows [x a KV split], request b, kv head h). The `GROUP = Hq // Hkv` query heads that share kv head
+h are folded into the M dimension of the tile: tile row r is query row `q_start + r // GROUP_PAD`
+of head `h * GROUP + r % GROUP_PAD` (rows with `r % GROUP_PAD >= GROUP` are dead padding), so a
+single decode query still fills a tensor-core tile and K/V are read once per kv head.
+
+Visibility (forward_batch.py): causal, query i sees kv j <= kv_len - q_len + i; custom, kv j <
+kv_len - M all visible, the last M follow custom_mask[b, i, j - (kv_len - M)]. Rows i >= q_len
+(uniform padding) see kv index 0 only, like the torch reference. The kv loop bound is read from
+kv_lens on the device, so the grid never depends on kv lengths (CUDA-graph safe).
+
+With SPLIT, the kv range of a tile is cut into `num_splits` equal chunks (chunk size computed on
+the device from kv_len), each program writes its normalised partial output and log2-sum-exp, and
+`combine_splits` merges them (flash-decoding).
+
+F32_DOT: dots in fp32 with input_precision="ieee" (no tf32). Set for fp32 inputs, and for every
+dtype under TRITON_INTERPRET, whose tl.dot multiplies the raw uint16 bit patterns of bf16 tensors;
+there P is still rounded to q's dtype first, to mimic the 16-bit GPU path's numerics.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+
+def _interpreter_numpy_compat() -> None:
+    """TRITON_INTERPRET with numpy >= 2.4: triton 3.6's interpreter converts a scalar tensor to an
+    index with `int(array_of_shape_1)`, which numpy 2.4 rejects, so `range(lo, hi)` with bounds
+    loaded from memory fails (triton-lang/triton#9171). Re-patch `__index__` to take the element.
+    Only touches the interpreter (CPU) path; compiled kernels are unaffected."""
+    try:
+        from triton.runtime import interpreter as _interp
+    except ImportError:  # pragma: no cover - layout of a different triton version
+        return
+    orig = getattr(_interp, "_patch_lang_tensor", None)
+    if orig is None or getattr(orig, "_hotspec_index_fix", False):
+        return
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._hotspec_index_fix = True
+    _interp._patch_lang_tensor = patched
+
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    _interpreter_numpy_compat()
+
+
+@triton.jit
+def _attn_blocks(
+    acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, lo, hi, kv_len, lim, real, row_ok,
+    start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CUSTOM: tl.constexpr, MASKED: tl.constexpr,
+    F32_DOT: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    """Online-softmax over kv indices [lo, hi) in BLOCK_N steps. MASKED=False: every index is
+    < kv_len and visible to every real row (padding rows still see index 0 only)."""
+    n = tl.arange(0, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + n
+        if MASKED:
+            n_ok = offs < kv_len
+            blk = tl.load(bt_row + offs // PAGE, mask=n_ok, other=0).to(tl.int64)
+            slot = blk * PAGE + (offs % PAGE)
+            kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],
+                         mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, N]
+        else:
+            blk = tl.load(bt_row + offs // PAGE).to(tl.int64)
+            slot = blk * PAGE + (offs % PAGE)
+            if EVEN_D:
+                kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None])
+            else:
+                kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None], mask=d_ok[:, None],
+                             other=0.0)
+        kt = kt.to(Q.dtype.element_ty)
+        if F32_DOT:
+            s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = s * scale_log2
+        if MASKED:
+            if CUSTOM:
+                rel = offs - start_tree
+                in_tree = rel >= 0
+                cm = tl.load(cm_row[:, None] + rel[None, :] * stride_cmj,
+                             mask=(real & row_ok)[:, None] & (in_tree & n_ok)[None, :], other=0)
+                vis = (~in_tree)[None, :] | (cm != 0)
+                vis = tl.where(real[:, None], vis, (offs == 0)[None, :])
+            else:
+                vis = offs[None, :] <= lim[:, None]
+            vis = vis & n_ok[None, :]
+        else:
+            vis = real[:, None] | (offs == 0)[None, :]
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],
+                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [N, D]
+        elif EVEN_D:
+            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :])
+        else:
+            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :], mask=d_ok[None, :], other=0.0)
+        v = v.to(Q.dtype.element_ty)
+        if F32_DOT:  # p rounded to q's dtype as on the 16-bit tensor-core path
+            pv = tl.dot(p.to(Q.dtype.element_ty).to(tl.float32), v.to(tl.float32),
+                        input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def paged_attn_fwd(
+    Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_bt, stride_cmb, stride_cmi, stride_cmj,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
+    scale_log2, width, m_custom, num_splits,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
+):
+    pid0 = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    if SPLIT:
+        qb = pid0 // num_splits
+        sp = pid0 % num_splits
+    else:
+        qb = pid0
+        sp = 0
+
+    q_len = tl.load(QL + b).to(tl.int32)
+    kv_len = tl.load(KVL + b).to(tl.int32)
+    if RAGGED:
+        q_base = tl.load(CUQ + b).to(tl.int64)
+        n_rows = q_len  # rows of this request present in q / out
+    else:
+        q_base = b.to(tl.int64) * width
+        n_rows = width
+    q_start = qb * BLOCK_Q
+
+    r = tl.arange(0, BLOCK_M)
+    qi = q_start + r // GROUP_PAD  # query row inside the request
+    g = r % GROUP_PAD
+    head = h * GROUP + g
+    row_ok = (qi < n_rows) & (g < GROUP)  # rows that exist in q / out
+    real = qi < q_len  # rows that are not padding
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+
+    tok = q_base + qi
+    q_ptrs = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if F32_DOT:
+        q = q.to(tl.float32)
+
+    # kv range this tile can see: [0, end)
+    if CUSTOM:
+        start_tree = kv_len - m_custom
+        end = kv_len
+        lim = kv_len  # unused
+    else:
+        start_tree = kv_len  # unused
+        q_hi = tl.minimum(q_start + BLOCK_Q, q_len) - 1  # last real row of the tile
+        end = tl.minimum(tl.maximum(kv_len - q_len + q_hi + 1, 1), kv_len)
+        lim = tl.where(real, kv_len - q_len + qi, 0)  # inclusive per-row bound
+    # a tile of padding rows only needs kv index 0; a tile outside the request does no work
+    end = tl.where(q_start < q_len, end, tl.minimum(kv_len, 1))
+    end = tl.where(q_start < n_rows, end, 0)
+    if SPLIT:
+        per = tl.cdiv(end, num_splits)
+        chunk = tl.cdiv(per, BLOCK_N) * BLOCK_N
+        lo = sp * chunk
+        hi = tl.minimum(lo + chunk, end)
+    else:
+        lo = 0
+        hi = end
+
+    # kv blocks every real row of the tile sees whole ([0, full)) need no mask at all
+    if CUSTOM:
+        full = start_tree
+    else:
+        full = kv_len - q_len + q_start + 1
+    full = (tl.maximum(tl.minimum(full, end), 0) // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    bt_row = BT + b.to(tl.int64) * stride_bt
+    cm_row = CM + b.to(tl.int64) * stride_cmb + qi.to(tl.int64) * stride_cmi
+    k_base = K + h * stride_kh
+    v_base = V + h * stride_vh
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, lo, tl.minimum(hi, full), kv_len, lim,
+        real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+        PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM)
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, tl.maximum(lo, full), hi, kv_len, lim,
+        real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+        PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM)
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    if SPLIT:
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        p_ptrs = OPART + sp * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
+        tl.store(p_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE + sp * stride_ls + tok * stride_lt + head, lse, mask=row_ok)
+    else:
+        o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def combine_splits(
+    OPART, LSE, OUT,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+    num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Merge the per-split partial outputs of one (token, q head): weights 2^(lse_s - max)."""
+    t = tl.program_id(0).to(tl.int64)
+    hq = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_splits
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    lse = tl.load(LSE + s * stride_ls + t * stride_lt + hq, mask=s_ok, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse - mx)
+    w_sum = tl.sum(w, 0)
+    w_sum = tl.where(w_sum == 0.0, 1.0, w_sum)
+    o = tl.load(OPART + s[:, None] * stride_ps + t * stride_pt + hq * stride_ph + d[None, :],
+                mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    out = tl.sum(o * w[:, None], 0) / w_sum
+    tl.store(OUT + t * stride_ot + hq * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def store_kv_kernel(
+    K_SRC, V_SRC, K_CACHE, V_CACHE, LOC,
+    stride_ks, stride_kh, stride_vs, stride_vh, stride_kc, stride_khc, stride_vc, stride_vhc,
+    HKV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One token's K and V (all kv heads) to its slot, cast to the cache dtype, in one launch."""
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(LOC + t).to(tl.int64)
+    hh = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    mask = (hh < HKV)[:, None] & (d < HEAD_DIM)[None, :]
+    k = tl.load(K_SRC + t * stride_ks + hh[:, None] * stride_kh + d[None, :], mask=mask)
+    v = tl.load(V_SRC + t * stride_vs + hh[:, None] * stride_vh + d[None, :], mask=mask)
+    tl.store(K_CACHE + slot * stride_kc + hh[:, None] * stride_khc + d[None, :],
+             k.to(K_CACHE.dtype.element_ty), mask=mask)
+    tl.store(V_CACHE + slot * stride_vc + hh[:, None] * stride_vhc + d[None, :],
+             v.to(V_CACHE.dtype.element_ty), mask=mask)
+
+
+def is_interpreted() -> bool:
+    """True when these kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(paged_attn_fwd, InterpretedFunction)
