@@ -102,9 +102,15 @@ def weight_bytes_per_step(model: nn.Module) -> int:
 
 
 def build_engine(args: argparse.Namespace, num_kv_blocks: int, max_batch: int) -> Engine:
-    # Pin eager + torch reference attention (options an engine without them does not need).
+    # eager-torch: the issue-2 baseline (eager, torch reference attention); graphed: Triton
+    # attention with every decode step replayed from a CUDA graph.
     known = {f.name for f in fields(EngineConfig)}
     pinned = {k: v for k, v in EAGER_TORCH_REF.items() if k in known}
+    if args.mode == "graphed":
+        pinned = {"attention_backend": "auto", "disable_cuda_graph": False,
+                  "cuda_graph_max_bs": max_batch}
+    elif args.mode == "eager-triton":
+        pinned = {"attention_backend": "triton", "disable_cuda_graph": True}
     cfg = EngineConfig(dtype=args.dtype, device=args.device, block_size=BLOCK_SIZE,
                        num_kv_blocks=num_kv_blocks, max_num_seqs=max_batch, skip_tokenizer_init=True,
                        seed=args.seed, **pinned)
@@ -160,6 +166,42 @@ def measure(engine: Engine, batch: int, context: int, warmup: int, tokens: int, 
                   prefill_ms=prefill_ms)
 
 
+def hf_generate_tokens_per_s(engine: Engine, batch: int, context: int, tokens: int, seed: int) -> float:
+    """transformers' own LlamaForCausalLM on the same weights, `generate` with a static cache.
+    Decode rate = batch * tokens / (time(context + tokens) - time(context + 1 token))."""
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HFLlama
+
+    mc = engine.model_config
+    hf_cfg = LlamaConfig(
+        vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
+        num_hidden_layers=mc.num_hidden_layers, num_attention_heads=mc.num_attention_heads,
+        num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps,
+        rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
+        max_position_embeddings=mc.max_position_embeddings, tie_word_embeddings=mc.tie_word_embeddings)
+    with torch.device("meta"):
+        hf = HFLlama(hf_cfg)
+    state = {k: v for k, v in engine.target.state_dict().items() if not k.startswith("rotary")}
+    hf.load_state_dict(state, strict=False, assign=True)
+    hf.tie_weights()
+    with torch.device(engine.device):
+        hf.model.rotary_emb = type(hf.model.rotary_emb)(hf_cfg)
+    hf.eval()
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, mc.vocab_size, (batch, context), generator=gen).to(engine.device)
+
+    def run(n: int) -> float:
+        _sync(engine.device)
+        t0 = time.perf_counter()
+        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                    do_sample=False, cache_implementation="static", pad_token_id=0)
+        _sync(engine.device)
+        return time.perf_counter() - t0
+
+    run(2)  # warm-up
+    return batch * (tokens - 1) / (run(tokens) - run(1))
+
+
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
@@ -203,6 +245,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-layers", type=int, default=None,
                    help="llama8b-shape only: fewer layers, for a quick smoke run")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", choices=("eager-torch", "eager-triton", "graphed"), default="eager-torch")
+    p.add_argument("--vs-hf", action="store_true",
+                   help="also time transformers generate (static cache) on the same weights")
     p.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -231,8 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batch {b}: prefill {r.prefill_ms:.0f} ms, decode {r.ms_per_step:.2f} ms/step "
               f"(min {r.ms_per_step_min:.2f})", file=sys.stderr)
         results.append(r)
+    hf_rows = []
+    if args.vs_hf:
+        for b in args.batch_sizes:
+            hf_rows.append(hf_generate_tokens_per_s(engine, b, args.context, args.tokens, args.seed))
+            print(f"transformers generate (static cache), batch {b}: {hf_rows[-1]:.1f} tok/s",
+                  file=sys.stderr)
     report = {
-        "benchmark": "decode_bench (vanilla, eager, torch reference attention)",
+        "benchmark": f"decode_bench (vanilla, {args.mode})",
+        "hf_static_cache_tokens_per_s": hf_rows,
         "command": " ".join(["python", *sys.argv]),
         "date_utc": started.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(dev),
@@ -251,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report['machine']}; {args.model}, {report['dtype']}, context {args.context}, "
           f"median of {args.tokens} steps")
     print(table(results, dev.type == "cuda"))
+    for r, hf in zip(results, hf_rows):
+        print(f"batch {r.batch_size}: hotspec {r.tokens_per_s:.1f} tok/s vs transformers static-cache "
+              f"generate {hf:.1f} tok/s = {r.tokens_per_s / hf:.2f}x")
     return 0
 
 

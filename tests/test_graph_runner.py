@@ -1,0 +1,54 @@
+"""The graph runner: padding to captured sizes, static buffers sized from examples, and loud
+capture failures (strict by default, opt-in eager fallback that is reported and counted)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotspec.runtime.graph_runner import GraphCaptureError, GraphRunner, default_batch_sizes
+
+
+def _phase(x):
+    return {"y": x["a"] * 2 + x["b"].sum(-1)}
+
+
+def _example(bs):
+    return {"a": torch.zeros(bs), "b": torch.ones(bs, 5)}
+
+
+def test_default_batch_sizes():
+    assert default_batch_sizes(8) == [1, 2, 4, 8]
+    assert default_batch_sizes(40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert default_batch_sizes(100)[-1] == 100 and 96 in default_batch_sizes(100)
+
+
+def test_static_mode_pads_and_matches_eager():
+    r = GraphRunner(torch.device("cpu"), "static", [1, 2, 4])
+    r.register("p", _phase, _example)
+    r.capture_all()
+    assert r.phases["p"].static["b"].shape == (4, 5)  # allocated once, at the largest size
+    x = {"a": torch.tensor([1.0, 2.0, 3.0]), "b": torch.arange(9.0).view(3, 3)}  # narrower b
+    out = r.run("p", x)
+    assert out["y"].shape == (3,)
+    torch.testing.assert_close(out["y"], x["a"] * 2 + x["b"].sum(-1) + 2.0)  # b's 2 stale-free cols are 1
+    assert "S" in r.report()
+
+
+def test_capture_failure_is_an_error_by_default():
+    r = GraphRunner(torch.device("cpu"), "cuda", [1, 2])  # no CUDA here: capture must fail
+    r.register("draft_extend", _phase, _example)
+    with pytest.raises(GraphCaptureError, match="draft_extend.*batch size 1.*--allow-eager-fallback"):
+        r.capture_all()
+
+
+def test_eager_fallback_is_opt_in_reported_and_counted(caplog):
+    r = GraphRunner(torch.device("cpu"), "cuda", [1, 2], allow_eager_fallback=True)
+    r.register("verify", _phase, _example)
+    with caplog.at_level("WARNING"):
+        r.capture_all()
+    assert r.fallbacks == 2
+    assert "EAGER FALLBACK" in r.report() and "verify@1" in r.report()
+    assert any("runs EAGER" in m for m in caplog.messages)
+    out = r.run("verify", {"a": torch.ones(1), "b": torch.ones(1, 5)})
+    torch.testing.assert_close(out["y"], torch.tensor([7.0]))
