@@ -50,7 +50,7 @@ if [ "$stage" = all ] || [ "$stage" = kernels ]; then
     --batch-sizes 1,16 --shapes 6,8,16 --hot full,32768,16384,8192 --modes graphed --phases draft \
     --iters 30 --out "$OUT/draft_frspec_8b.json"
 fi
-if [ "$stage" = all ] || [ "$stage" = smollm2 ]; then
+if [ "$stage" = all ] || [ "$stage" = smollm2 ] || [ "$stage" = smollm2+phases ]; then
   step engine_tests 300 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
   step decode_smol 150 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
     --batch-sizes 1,8 --context 512 --tokens 64 --vs-hf --out "$OUT/decode_smol.json"
@@ -58,6 +58,11 @@ if [ "$stage" = all ] || [ "$stage" = smollm2 ]; then
   step draft_frspec_smol 150 python3 benchmarks/spec_phase_bench.py --target default --batch-sizes 1,16 \
     --shapes 6,8,16 --hot full,32768,16384,8192 --modes graphed,eager --phases draft,verify,draft_extend \
     --iters 30 --out "$OUT/draft_frspec_smol.json"
+fi
+
+if [ "$stage" = smollm2+phases ]; then
+  step phases_8b 240 python3 benchmarks/spec_phase_bench.py --target llama8b-shape --batch-sizes 1,16 \
+    --shapes 5,1,6 6,8,16 --hot full,32768 --modes graphed,eager --iters 20 --out "$OUT/phases_8b.json"
 fi
 
 echo; echo "================ summary ================"

@@ -83,6 +83,8 @@ class OracleDraft(torch.nn.Module):
     def __init__(self, sequences: list[list[int]], vocab: int, like) -> None:
         super().__init__()
         self.sequences, self.vocab, self.config = sequences, vocab, like
+        self.draft_vocab_size = vocab
+        self.hidden_size = self.target_feature_size = 1
         self.slot_token: dict[int, int] = {}
 
     def make_kv_pool(self, num_blocks, block_size, dtype, device) -> KVPool:
@@ -120,7 +122,7 @@ class OracleDraft(torch.nn.Module):
             hist = [self.slot_token.get(int(plan.kv_slots[b, j]), -1) for j in vis]
             preds.append(self._predict(hist))
         h = torch.tensor(preds, dtype=torch.float32).unsqueeze(1)
-        return h, torch.zeros_like(h)
+        return h, torch.zeros_like(h)  # [T, 1]: the stand-in's "feature" is one number
 
 
 @pytest.mark.parametrize("shape", [(3, 1, 4), (4, 2, 6)], ids=["chain", "tree"])

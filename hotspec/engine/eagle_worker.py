@@ -65,6 +65,7 @@ class EagleWorker:
         self.max_kv = max_blocks_per_seq * block_size  # attention bound for static shapes
         self.profile = profile
         self.stats = SpecStats()
+        self.dtype = target.lm_head.weight.dtype  # activations (hidden states, features)
         target.capture_layers = tuple(draft.aux_layer_ids)
         ids = draft.to_target_ids(torch.arange(draft.draft_vocab_size, device=device))
         self.draft_vocab: frozenset[int] = frozenset(ids.tolist())  # host-side, for statistics
@@ -170,8 +171,8 @@ class EagleWorker:
         branch = torch.arange(k, device=dev)
         for s in range(1, self.num_steps):
             scratch_idx = (s - 1) * k + branch  # this step's scratch kv index, relative to seq_len
-            f_mask = f_mask.clone()
-            f_mask[:, branch, scratch_idx] = True
+            own = torch.arange(f_mask.shape[2], device=dev).unsqueeze(0) == scratch_idx.unsqueeze(1)
+            f_mask = f_mask | own.unsqueeze(0)  # each frontier node also sees its own scratch slot
             fb = ForwardBatch(
                 mode=ForwardMode.DRAFT, input_ids=f_tok.reshape(-1),
                 positions=(seq + s - 1).repeat_interleave(k),
@@ -286,8 +287,7 @@ class EagleWorker:
         return dict(self._example_base(bs), root=torch.zeros(bs, dtype=torch.long, device=dev),
                     topk_logp=torch.full((bs, k), MAX_LOGP, device=dev),
                     topk_ids=torch.zeros(bs, k, dtype=torch.long, device=dev),
-                    feature=torch.zeros(bs, self.draft.hidden_size, device=dev,
-                                        dtype=self.draft.lm_head.weight.dtype))
+                    feature=torch.zeros(bs, self.draft.hidden_size, device=dev, dtype=self.dtype))
 
     def _example_verify(self, bs: int) -> Tensors:
         n, dev = self.num_draft_tokens, self.device
@@ -308,4 +308,4 @@ class EagleWorker:
         return dict(self._example_base(bs), acc_tokens=torch.zeros(bs, w, dtype=torch.long, device=dev),
                     accept_len=torch.ones(bs, dtype=torch.long, device=dev),
                     bonus=torch.zeros(bs, dtype=torch.long, device=dev),
-                    acc_feature=torch.zeros(bs, w, feat, device=dev, dtype=self.draft.lm_head.weight.dtype))
+                    acc_feature=torch.zeros(bs, w, feat, device=dev, dtype=self.dtype))
