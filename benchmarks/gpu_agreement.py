@@ -60,8 +60,10 @@ def main() -> None:
                 continue
             i = next(j for j, (a, b) in enumerate(zip(o, v)) if a != b)
             match += i / len(v)
-            ids = van_llm.tokenizer.apply_chat_template(prompt_msgs, add_generation_prompt=True)
-            logits = prefill_logits(van_llm.engine, [list(ids) + v[:i]])[0]
+            tok = van_llm.tokenizer
+            text = tok.apply_chat_template(prompt_msgs, tokenize=False, add_generation_prompt=True)
+            ids = tok.encode(text, add_special_tokens=False)  # exactly as LLM.chat tokenizes
+            logits = prefill_logits(van_llm.engine, [ids + v[:i]])[0]
             top = logits.topk(2).values
             notes.append(f"{i}: {float(top[0] - top[1]):.3f}")
         print(f"{name:<22} {same:>4}/{len(vanilla):<5} {100 * match / len(vanilla):>12.1f}%  "

@@ -60,6 +60,13 @@ if [ "$stage" = all ] || [ "$stage" = smollm2 ] || [ "$stage" = smollm2+phases ]
     --iters 30 --out "$OUT/draft_frspec_smol.json"
 fi
 
+if [ "$stage" = frspec8b+hf ]; then
+  step draft_frspec_8b 110 python3 benchmarks/spec_phase_bench.py --target llama8b-shape --target-layers 1 \
+    --batch-sizes 1,16 --shapes 6,8,16 --hot full,32768,16384,8192 --modes graphed --phases draft \
+    --iters 30 --out "$OUT/draft_frspec_8b.json"
+  step decode_8b_hf 200 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
+    --batch-sizes 1 --context 512 --tokens 32 --vs-hf --out "$OUT/decode_8b_hf.json"
+fi
 if [ "$stage" = smollm2+phases ]; then
   step phases_8b 240 python3 benchmarks/spec_phase_bench.py --target llama8b-shape --batch-sizes 1,16 \
     --shapes 5,1,6 6,8,16 --hot full,32768 --modes graphed,eager --iters 20 --out "$OUT/phases_8b.json"

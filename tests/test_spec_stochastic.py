@@ -257,3 +257,20 @@ def test_biased_verifier_is_rejected(models: Models, monkeypatch: pytest.MonkeyP
     pvals = depth_pvalues(tokens, exact_joint(models, 1.0, 1.0))
     print("unnormalised residual: p-values", pvals)
     assert pvals[2] < 1e-6
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_speculative_sampling_with_token_map_is_lossless(models: Models, shape: str,
+                                                         tmp_path: Path) -> None:
+    """FR-Spec: a hot set of 6 of the 16 tokens. The draft can only propose hot tokens; the
+    target still samples from its whole distribution."""
+    tmap = tmp_path / "freq_6.pt"
+    torch.save([3, 0, 7, 12, 5, 9], tmap)
+    kwargs = dict(spec_kwargs(models, "EAGLE", shape), speculative_token_map=str(tmap))
+    tokens, llm = sample_tokens(models, 1.0, 1.0, **kwargs)
+    assert llm.engine.draft.draft_vocab_size == 6
+    hist: Counter[int] = llm.engine.worker.stats.accept_hist
+    assert sum(n for a, n in hist.items() if a > 1) > 100 and hist[1] > 100
+    assert 0.0 < llm.engine.worker.stats.hot_coverage < 1.0
+    pvals = depth_pvalues(tokens, exact_joint(models, 1.0, 1.0))
+    assert min(pvals) > ALPHA, pvals

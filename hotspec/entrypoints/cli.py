@@ -26,8 +26,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     for f in fields(EngineConfig):
         default = f.default if f.default is not MISSING else None
-        g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_base_type(f.type),
-                       default=default, help=f"(default: {default})")
+        flag = "--" + f.name.replace("_", "-")
+        tp = _base_type(f.type)
+        if tp is bool:  # --allow-eager-fallback / --no-allow-eager-fallback
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
+        else:
+            g.add_argument(flag, dest=f.name, type=tp, default=default, help=f"(default: {default})")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

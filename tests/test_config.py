@@ -1,0 +1,48 @@
+"""Engine options: SGLang's speculative option names, on the Python API and the command line, and
+invalid combinations refused with a message that says what to set."""
+
+from __future__ import annotations
+
+import pytest
+
+from hotspec.config import ConfigError, EngineConfig
+from hotspec.entrypoints.cli import build_parser, engine_config
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"speculative_num_steps": 3}, "without speculative_algorithm"),
+    ({"speculative_algorithm": "MEDUSA"}, "EAGLE"),
+    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 0}, "num_steps must be >= 1"),
+    ({"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 0}, "topk must be >= 1"),
+    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+      "speculative_num_draft_tokens": 8}, "speculative_num_draft_tokens=4"),
+    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 2, "speculative_eagle_topk": 2,
+      "speculative_num_draft_tokens": 20}, r"must be in \[2, 7\]"),
+    ({"dtype": "int8"}, "dtype"),
+    ({"attention_backend": "flash"}, "attention_backend"),
+    ({"block_size": 0}, "block_size"),
+])
+def test_invalid_options_are_refused(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        EngineConfig(**kwargs)
+
+
+def test_unknown_option_is_named():
+    with pytest.raises(ConfigError, match="speculative_num_stepz"):
+        EngineConfig.from_kwargs(speculative_num_stepz=3)
+
+
+def test_sglang_defaults_and_cli_names():
+    cfg = EngineConfig(speculative_algorithm="EAGLE3", speculative_eagle_topk=4, speculative_num_steps=5)
+    assert cfg.spec_shape == (5, 4, 8)
+    args = build_parser().parse_args([
+        "generate", "hi", "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/h",
+        "--speculative-num-steps", "6", "--speculative-eagle-topk", "8",
+        "--speculative-num-draft-tokens", "16", "--speculative-token-map", "freq.pt",
+        "--allow-eager-fallback", "--dtype", "float32"])
+    cfg = engine_config(args)
+    assert cfg.allow_eager_fallback is True and cfg.disable_cuda_graph is False
+    assert cfg.spec_shape == (6, 8, 16)
+    assert cfg.speculative_token_map == "freq.pt" and cfg.speculative_draft_model_path == "/h"
+    off = engine_config(build_parser().parse_args(["generate", "hi", "--disable-cuda-graph"]))
+    assert off.disable_cuda_graph is True and off.allow_eager_fallback is False
