@@ -1,0 +1,102 @@
+"""`hotspec train-draft`: train an EAGLE-3 or EAGLE-1/2 draft head for a target by self-distillation."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from hotspec.config import DTYPES
+from hotspec.errors import HotspecError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train-draft", help="train a draft head (EAGLE-3 or EAGLE-1/2) for a target model",
+        description="Self-distillation: prompts (from files, or sampled from the target) are "
+        "answered by the target with hotspec's engine, the target's features are recorded, and a "
+        "draft head is trained on them. DIR receives config.json + model.safetensors (the public "
+        "format: pass DIR as --speculative-draft-model-path), train_report.json (losses, tau) and "
+        "loss.png; DIR/data and DIR/checkpoints let --resume continue an interrupted run.")
+    p.add_argument("--model", default=None,
+                   help="target model folder or .gguf (default: the built-in model)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
+    p.add_argument("--arch", choices=("eagle3", "eagle"), default="eagle3",
+                   help="head architecture (default: eagle3)")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="EAGLE-3: draft vocabulary size (default min(32000, vocab)); EAGLE: also "
+                   "write the FR-Spec map DIR/freq_N.pt of the N most frequent response tokens")
+    p.add_argument("--prompts", nargs="+", type=Path, default=(), metavar="FILE",
+                   help="ShareGPT .json/.jsonl (first user turn of each conversation) or .txt (one "
+                   "prompt per line); default: prompts sampled from the target itself")
+    p.add_argument("--num-prompts", type=int, default=256, help="prompts to use (default: 256)")
+    p.add_argument("--eval-prompts", type=int, default=8,
+                   help="prompts held back to measure tau (default: 8)")
+    p.add_argument("--max-new-tokens", type=int, default=256,
+                   help="response length per prompt, and of the tau evaluation (default: 256)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="response sampling temperature, 0 = greedy (default: 0; 0.7 is common)")
+    p.add_argument("--max-seq-len", type=int, default=2048, help="record length cap (default: 2048)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--ttt-steps", type=int, default=None, metavar="K",
+                   help="training-time-test unroll (default: eagle3 7 on CUDA, 3 on CPU; eagle 1)")
+    p.add_argument("--warmup-ratio", type=float, default=0.05)
+    p.add_argument("--save-every", type=int, default=200, help="checkpoint interval in steps")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="target dtype for data and evaluation (auto: bfloat16 on CUDA, else float32)")
+    p.add_argument("--kv-cache-memory-gb", type=float, default=None,
+                   help="KV cache of the data and evaluation engines (default: the engine's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in DIR (its data shards and last checkpoint)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train_draft)
+
+
+def cmd_train_draft(args: argparse.Namespace) -> None:
+    from hotspec.training.config import TrainConfig
+    from hotspec.training.pipeline import run_train_draft
+
+    engine_kwargs = {}
+    if args.kv_cache_memory_gb is not None:
+        engine_kwargs["kv_cache_memory_gb"] = args.kv_cache_memory_gb
+    cfg = TrainConfig(
+        out=args.out, model=args.model, arch=args.arch, draft_vocab=args.draft_vocab,
+        prompts=tuple(args.prompts), num_prompts=args.num_prompts, eval_prompts=args.eval_prompts,
+        max_new_tokens=args.max_new_tokens, response_temperature=args.temperature,
+        max_seq_len=args.max_seq_len, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+        ttt_steps=args.ttt_steps, warmup_ratio=args.warmup_ratio, save_every=args.save_every,
+        device=args.device, dtype=args.dtype, seed=args.seed, resume=args.resume,
+        progress=not args.no_progress, engine_kwargs=engine_kwargs,
+        command=_command(args))
+    try:
+        report = run_train_draft(cfg)
+    except HotspecError:
+        raise
+    except (OSError, ValueError) as e:  # unreadable prompt files, no usable prompt, ...
+        raise HotspecError(str(e)) from e
+    tau = report.get("tau")
+    tau_text = f", tau {tau['mean']:.2f} on {len(tau['per_prompt'])} prompts" if tau else ""
+    t = report["training"]
+    print(f"draft head ({report['algorithm']}): {t['steps']} steps, final loss {t['final_loss']:.4f}"
+          f"{tau_text} -> {args.out}")
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The equivalent command line with every option spelled out (defaults included)."""
+    words = ["hotspec", "train-draft"]
+    for name, value in vars(args).items():
+        if name in ("command", "func") or value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, (list, tuple)):
+            if value:
+                words += [flag, *map(str, value)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)

@@ -1,0 +1,89 @@
+"""TrainConfig: every option of `hotspec train-draft`, validated once (the CLI maps onto it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hotspec.errors import HotspecError
+
+ARCHS = ("eagle3", "eagle")
+ALGORITHM = {"eagle3": "EAGLE3", "eagle": "EAGLE"}  # the engine's speculative_algorithm
+
+
+class TrainConfigError(HotspecError, ValueError):
+    """An invalid train-draft option."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    out: Path
+    model: str | None = None  # None: the embedded default (SmolLM2-135M-Instruct)
+    arch: str = "eagle3"
+    # EAGLE-3: rows of the head's own LM head (d2t). EAGLE: size of the FR-Spec map written next to
+    # the head (freq_<N>.pt). None: EAGLE-3 takes min(32000, vocab), EAGLE writes no map.
+    draft_vocab: int | None = None
+    prompts: tuple[Path, ...] = ()  # empty: prompts synthesized by the target itself
+    num_prompts: int = 256
+    eval_prompts: int = 8  # held back from training, decoded with the trained head for tau
+    max_new_tokens: int = 256
+    response_temperature: float = 0.0  # 0: greedy responses
+    max_seq_len: int = 2048  # records (prompt + response) are cut to this many tokens
+    epochs: int = 1
+    lr: float = 1e-4
+    batch_size: int = 4
+    ttt_steps: int | None = None  # None: EAGLE-3 7 on CUDA / 3 on CPU; EAGLE 1
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    save_every: int = 200  # optimizer steps between checkpoints (and one at the end)
+    device: str = "auto"
+    dtype: str = "auto"  # the target's dtype for data generation and evaluation
+    seed: int = 0
+    resume: bool = False
+    eval_num_steps: int = 3  # draft depth of the tau evaluation (chain, topk 1)
+    progress: bool = True
+    # Stop after this many optimizer steps as if interrupted (the schedule still spans all epochs);
+    # tests use it to exercise --resume.
+    halt_after: int | None = None
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra EngineConfig fields
+    command: str = ""  # the command line, for the report
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise TrainConfigError(f"--arch {self.arch!r}; choose one of {', '.join(ARCHS)}")
+        positive = ("num_prompts", "max_new_tokens", "max_seq_len", "epochs", "batch_size",
+                    "save_every", "eval_num_steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise TrainConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_prompts < 0:
+            raise TrainConfigError(f"eval_prompts must be >= 0, got {self.eval_prompts}")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise TrainConfigError(f"--draft-vocab must be >= 1, got {self.draft_vocab}")
+        if self.ttt_steps is not None and self.ttt_steps < 1:
+            raise TrainConfigError(f"--ttt-steps must be >= 1, got {self.ttt_steps}")
+        if not self.lr > 0:
+            raise TrainConfigError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise TrainConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.response_temperature < 0:
+            raise TrainConfigError(f"response temperature must be >= 0, got {self.response_temperature}")
+        if self.max_seq_len <= 2:
+            raise TrainConfigError(f"max_seq_len must be > 2, got {self.max_seq_len}")
+
+    @property
+    def algorithm(self) -> str:
+        return ALGORITHM[self.arch]
+
+    def resolved_ttt_steps(self, device_type: str) -> int:
+        if self.ttt_steps is not None:
+            return self.ttt_steps
+        if self.arch == "eagle":
+            return 1
+        return 7 if device_type == "cuda" else 3
+
+    def engine_options(self) -> dict[str, Any]:
+        """EngineConfig keywords shared by the data and evaluation engines."""
+        return {"dtype": self.dtype, "device": self.device, "seed": self.seed, **self.engine_kwargs}

@@ -1,0 +1,157 @@
+"""`hotspec train-draft` end to end: data -> draft vocabulary -> training -> export -> report.
+
+Output folder DIR:
+  config.json, model.safetensors   the head, public format (draft_loader.load_draft_head reads it)
+  freq_<N>.pt                      EAGLE-1/2 with --draft-vocab N: FR-Spec map (list of int)
+  train_report.json, loss.png      what was done and how well the head drafts (tau)
+  data/                            prompts and feature shards (data.py)
+  checkpoints/last.pt              the latest training state (trainer.py)
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hotspec.entrypoints.llm import LLM
+from hotspec.spec.token_map_builder import end_of_turn_ids
+from hotspec.training.config import TrainConfig, TrainConfigError
+from hotspec.training.data import PromptSplit, build_shards, load_dataset, prepare_prompts
+from hotspec.training.features import FeatureBlock
+from hotspec.training.head_init import (
+    DEFAULT_EAGLE3_VOCAB,
+    aux_layers,
+    build_head,
+    export_head,
+    head_config,
+)
+from hotspec.training.report import measure_tau, plot_losses, write_report
+from hotspec.training.trainer import Trainer, Vocab
+from hotspec.training.vocab import choose_draft_vocab, response_token_counts
+
+log = logging.getLogger("hotspec")
+
+
+def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
+    """Run every stage; returns the report (also written to DIR/train_report.json). With
+    `cfg.halt_after` set, stops after that many optimizer steps and returns {"halted": step}."""
+    t_start = time.perf_counter()
+    out = Path(cfg.out)
+    data_dir, ckpt_dir = out / "data", out / "checkpoints"
+    _check_out_dir(cfg, data_dir, ckpt_dir)
+
+    llm = LLM(cfg.model, **cfg.engine_options())
+    engine = llm.engine
+    tcfg, vocab_size = engine.model_config, engine.model_config.vocab_size
+    split = prepare_prompts(llm, cfg, data_dir)
+    # EAGLE-3: rows of the head's own LM head; EAGLE-1/2: size of the FR-Spec map (or none).
+    n_draft = cfg.draft_vocab
+    if cfg.arch == "eagle3":
+        n_draft = min(n_draft or DEFAULT_EAGLE3_VOCAB, vocab_size)
+    config = head_config(tcfg, cfg.algorithm, n_draft)
+    aux = aux_layers(config, tcfg, cfg.algorithm)
+    data_stats = build_shards(llm, cfg, split, aux, data_dir)
+    t_data = time.perf_counter()
+
+    data = load_dataset(data_dir)
+    counts = response_token_counts(data, vocab_size)
+    forced = end_of_turn_ids(llm.tokenizer, vocab_size) if llm.tokenizer is not None else []
+    forced += sorted(t for t in engine.eos_token_ids if t < vocab_size)
+    vocab = choose_draft_vocab(cfg.algorithm, n_draft, counts, forced, out)
+
+    device = engine.device
+    ttt = cfg.resolved_ttt_steps(device.type)
+    head = build_head(engine.target, config, cfg.algorithm, vocab.draft_to_target, device, cfg.seed)
+    loss_vocab = None
+    if vocab.draft_to_target is not None and vocab.t2d is not None:
+        rows = engine.target.lm_head.weight[vocab.draft_to_target.to(device)]
+        loss_vocab = Vocab(rows, vocab.t2d.to(device))
+    meta = {"arch": cfg.arch, "draft_vocab": n_draft, "lr": cfg.lr, "seed": cfg.seed}
+    trainer = Trainer(head, _to_float(data, device), cfg, ttt, loss_vocab, ckpt_dir, meta)
+    if cfg.resume:
+        trainer.load()
+    history = trainer.run()
+    if not trainer.finished:
+        return {"halted": trainer.step}
+    t_train = time.perf_counter()
+
+    export_head(head, config, out, engine.dtype, vocab.d2t, vocab.t2d)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    dtype = str(engine.dtype).removeprefix("torch.")
+    del trainer, head, loss_vocab, engine, llm
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    eval_prompts, eval_on = _eval_prompts(split, cfg.eval_prompts)
+    tau = measure_tau(cfg, out, eval_prompts, vocab.token_map) if eval_prompts else None
+    if tau is not None:
+        tau["prompts_from"] = eval_on
+    t_end = time.perf_counter()
+
+    try:
+        plot = plot_losses(history, out / "loss.png").name
+    except ImportError as e:  # matplotlib missing: the report still has every loss
+        log.warning("no loss.png: %s (pip install matplotlib)", e)
+        plot = None
+    report = {
+        "command": cfg.command,
+        "config": {k: _plain(v) for k, v in vars(cfg).items() if k != "command"},
+        "target": str(cfg.model) if cfg.model is not None else "default (SmolLM2-135M-Instruct)",
+        "arch": cfg.arch, "algorithm": cfg.algorithm,
+        "device": device_name, "dtype": dtype,
+        "prompts": {"source": split.source, "files": [str(f) for f in cfg.prompts],
+                    "train": len(split.train), "held_back": len(split.eval)},
+        "data": data_stats,
+        "draft_vocab": vocab.info,
+        "aux_layer_ids": list(aux),
+        "training": {"steps": len(history.loss), "epochs": cfg.epochs,
+                     "batch_size": cfg.batch_size, "ttt_steps": ttt, "lr": cfg.lr,
+                     "final_loss": history.loss[-1] if history.loss else None,
+                     "final_step_acc": history.step_acc[-1] if history.step_acc else None,
+                     **history.as_dict()},
+        "tau": tau,
+        "loss_plot": plot,
+        "wall_time_s": {"data": round(t_data - t_start, 2), "train": round(t_train - t_data, 2),
+                        "eval": round(t_end - t_train, 2), "total": round(t_end - t_start, 2)},
+    }
+    write_report(out, report)
+    return report
+
+
+def _plain(v: Any) -> Any:
+    """A TrainConfig value as JSON (paths as strings)."""
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _check_out_dir(cfg: TrainConfig, data_dir: Path, ckpt_dir: Path) -> None:
+    if cfg.resume:
+        return
+    used = [p for p in (data_dir, ckpt_dir) if p.exists()]
+    if used:
+        raise TrainConfigError(
+            f"{cfg.out} already holds a training run ({', '.join(p.name for p in used)}/). Fix: pass "
+            "--resume to continue it, or choose a new --out.")
+
+
+def _to_float(data: FeatureBlock, device: torch.device) -> FeatureBlock:
+    """Features stay in the target's dtype on CUDA (autocast reads them); float32 on the CPU."""
+    if device.type == "cuda" or data.feature.dtype == torch.float32:
+        return data
+    return FeatureBlock(data.tokens, data.offsets, data.n_prompt, data.feature.float(),
+                        None if data.final is None else data.final.float(), data.argmax)
+
+
+def _eval_prompts(split: PromptSplit, n: int) -> tuple[list[Any], str]:
+    """The held-back prompts; with none held back (too few prompts), the first training ones."""
+    if split.eval:
+        return split.eval, "held-back"
+    return split.train[:n], "train"

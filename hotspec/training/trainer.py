@@ -1,0 +1,196 @@
+"""The training loop: AdamW, cosine schedule with linear warm-up, gradient clipping, bf16 autocast
+on CUDA, a tqdm bar, and checkpoints that `--resume` continues from exactly.
+
+Data order is a pure function of (seed, epoch): epoch e visits records in
+randperm(R, seed + e), B at a time, so optimizer step s is batch s % steps_per_epoch of epoch
+s // steps_per_epoch. A checkpoint (DIR/checkpoints/last.pt, written atomically every
+`save_every` steps and at the end) holds the step counter, the trainable weights, the optimizer
+and scheduler states and the loss history; resuming from it replays nothing and skips nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from hotspec.models.draft_head import DraftHead
+from hotspec.training.config import TrainConfig, TrainConfigError
+from hotspec.training.features import FeatureBlock
+from hotspec.training.head_forward import unroll
+from hotspec.training.head_init import trainable_parameters
+from hotspec.training.losses import LossOut, TrainBatch, eagle3_loss, eagle_loss
+
+CHECKPOINT = "last.pt"
+
+
+@dataclass
+class History:
+    loss: list[float] = field(default_factory=list)  # weighted total per optimizer step
+    step_loss: list[list[float]] = field(default_factory=list)  # per TTT step, per optimizer step
+    step_acc: list[list[float]] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"loss": self.loss, "step_loss": self.step_loss, "step_acc": self.step_acc,
+                "lr": self.lr}
+
+
+@dataclass
+class Vocab:
+    """EAGLE-3's draft vocabulary as the loss needs it (None for EAGLE-1/2)."""
+
+    target_rows: torch.Tensor  # [D, H] target LM head rows, draft order
+    t2d: torch.Tensor  # [V] bool
+
+
+class Trainer:
+    def __init__(self, head: DraftHead, data: FeatureBlock, cfg: TrainConfig, ttt_steps: int,
+                 vocab: Vocab | None, ckpt_dir: Path, meta: dict[str, Any]) -> None:
+        self.head, self.data, self.cfg = head, data, cfg
+        self.ttt_steps, self.vocab = ttt_steps, vocab
+        self.device = head.fc.weight.device
+        self.ckpt = ckpt_dir / CHECKPOINT
+        self.meta = dict(meta, ttt_steps=ttt_steps, batch_size=cfg.batch_size, epochs=cfg.epochs,
+                         records=data.num_records)
+        self.params = trainable_parameters(head)
+        self.steps_per_epoch = math.ceil(data.num_records / cfg.batch_size)
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        self.opt = torch.optim.AdamW(self.params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, cosine_with_warmup(self.total_steps, cfg.warmup_ratio))
+        self.step = 0
+        self.history = History()
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def save(self) -> None:
+        self.ckpt.parent.mkdir(parents=True, exist_ok=True)
+        state = {"step": self.step, "meta": self.meta,
+                 "trainable": {n: p.detach().cpu() for n, p in self.params.items()},
+                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                 "history": self.history.as_dict()}
+        tmp = self.ckpt.with_name(self.ckpt.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.ckpt)
+
+    def load(self) -> bool:
+        """Restore the last checkpoint if there is one; False if there is none."""
+        if not self.ckpt.is_file():
+            return False
+        state = torch.load(self.ckpt, map_location="cpu", weights_only=True)
+        if state["meta"] != self.meta:
+            changed = sorted(k for k in set(state["meta"]) | set(self.meta)
+                             if state["meta"].get(k) != self.meta.get(k))
+            raise TrainConfigError(
+                f"--resume: the checkpoint {self.ckpt} was made with other settings ({', '.join(changed)}: "
+                f"{[state['meta'].get(k) for k in changed]} there, {[self.meta.get(k) for k in changed]} "
+                "now). Fix: resume with the original settings, or train into a new --out.")
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(state["trainable"][n])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.history = History(**state["history"])
+        return True
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self) -> History:
+        """Train until the last step (or `halt_after`), saving checkpoints on the way."""
+        cfg = self.cfg
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
+                   disable=not cfg.progress)
+        while self.step < self.total_steps:
+            lr = self.sched.get_last_lr()[0]  # the rate this step uses
+            out = self.train_step(self.batch(self.step))
+            self.step += 1
+            self.history.loss.append(float(out.loss.detach()))
+            self.history.step_loss.append(out.step_loss)
+            self.history.step_acc.append(out.step_acc)
+            self.history.lr.append(lr)
+            bar.update(1)
+            bar.set_postfix(loss=f"{self.history.loss[-1]:.4f}", acc0=f"{out.step_acc[0]:.3f}")
+            halting = cfg.halt_after is not None and self.step >= cfg.halt_after
+            if self.step % cfg.save_every == 0 or self.step == self.total_steps or halting:
+                self.save()
+            if halting:
+                break
+        bar.close()
+        return self.history
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.total_steps
+
+    def train_step(self, batch: TrainBatch) -> LossOut:
+        self.head.train()
+        # bf16 autocast on CUDA; on the CPU only when the frozen target weights are not float32
+        # (the trainable weights are float32 master weights either way).
+        frozen = self.head.embed_tokens.weight.dtype
+        amp = self.device.type == "cuda" or frozen != torch.float32
+        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=amp):
+            out = self.compute_loss(batch)
+        self.opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params.values(), self.cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        return out
+
+    def compute_loss(self, batch: TrainBatch) -> LossOut:
+        outs = unroll(self.head, batch.tokens, batch.feature, self.ttt_steps)
+        if self.vocab is None:
+            return eagle_loss(self.head, batch, outs)
+        return eagle3_loss(self.head, batch, outs, self.vocab.target_rows, self.vocab.t2d)
+
+    def batch(self, step: int) -> TrainBatch:
+        epoch, i = divmod(step, self.steps_per_epoch)
+        g = torch.Generator().manual_seed(self.cfg.seed + epoch)
+        order = torch.randperm(self.data.num_records, generator=g)
+        b = self.cfg.batch_size
+        return make_batch(self.data, order[i * b:(i + 1) * b].tolist(), self.device)
+
+
+def make_batch(data: FeatureBlock, records: list[int], device: torch.device) -> TrainBatch:
+    """Zero-padded [B, T] batch of the given records."""
+    starts = data.offsets[records]
+    lengths = data.offsets[[r + 1 for r in records]] - starts
+    t = int(lengths.max())
+    b = len(records)
+    tokens = torch.zeros(b, t, dtype=torch.long)
+    feature = data.feature.new_zeros(b, t, data.feature.shape[1])
+    final = argmax = None
+    if data.final is not None and data.argmax is not None:  # EAGLE-3
+        final = data.final.new_zeros(b, t, data.final.shape[1])
+        argmax = torch.zeros(b, t, dtype=torch.long)
+    for i, (s, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
+        tokens[i, :n] = data.tokens[s:s + n]
+        feature[i, :n] = data.feature[s:s + n]
+        if final is not None and argmax is not None:
+            final[i, :n] = data.final[s:s + n]  # type: ignore[index]
+            argmax[i, :n] = data.argmax[s:s + n]  # type: ignore[index]
+
+    def dev(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.to(device, non_blocking=True)
+
+    return TrainBatch(tokens.to(device), feature.to(device), lengths.to(device),
+                      data.n_prompt[records].to(device), dev(final), dev(argmax))
+
+
+def cosine_with_warmup(total: int, warmup_ratio: float) -> Callable[[int], float]:
+    """lr factor at step s: linear warm-up over round(ratio * total) steps, then cosine to 0."""
+    warmup = round(warmup_ratio * total)
+
+    def factor(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        progress = (s - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor

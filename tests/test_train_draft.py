@@ -1,0 +1,361 @@
+"""`hotspec train-draft` on a tiny target (64-token character vocabulary with a chat template).
+
+The target's layers are weak (std 0.1) next to a strong embedding and LM head, so its greedy
+continuations are mostly a function of the last few tokens and settle into short repeating
+patterns: a head can learn them in a few hundred CPU steps, so acceptance really happens.
+
+  * EAGLE-3 is trained through the Python API on prompts the target synthesizes itself, with a
+    40-token draft vocabulary (d2t / t2d) and 3 TTT steps; EAGLE-1/2 through the CLI on a
+    truncated ShareGPT file (single-step loss, the default), with an FR-Spec map written next to it.
+  * Both: files in the public format (same keys and shapes as draft_checkpoint writes), the loss
+    falls, greedy decoding with the head equals vanilla greedy, tau > 1.5 on held-back prompts,
+    and the training forward equals the engine's draft forward at every TTT step (1e-4).
+  * --resume: a run halted mid-way and resumed ends with exactly the weights of an uninterrupted
+    run (step counter, optimizer and schedule state restored).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hotspec import LLM, SamplingParams
+from hotspec.engine.request import Request
+from hotspec.entrypoints.cli import main
+from hotspec.models.draft_checkpoint import random_draft_checkpoint
+from hotspec.models.draft_loader import load_draft_head
+from hotspec.models.eagle import EagleHead
+from hotspec.models.eagle3 import Eagle3Head
+from hotspec.models.loader import load_checkpoint
+from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch
+from hotspec.training.config import TrainConfig
+from hotspec.training.head_forward import unroll
+from hotspec.training.pipeline import run_train_draft
+from hotspec.training.prompt_files import read_prompts
+from hotspec.training.prompts import synthesize_prompts
+
+SPECIALS = ["<unk>", "<s>", "<|end|>", "<|user|>", "<|assistant|>"]
+CHARS = "abcdefghijklmnopqrstuvwxyz .,?!'0123456789ABCDEFGHIJKLMNOPQ"  # 59: a 64-token vocabulary
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+ENGINE = {"num_kv_blocks": 256, "block_size": 16, "max_model_len": 256}
+TTT = 3
+
+
+@dataclass
+class Run:
+    out: Path
+    report: dict[str, Any]
+    algorithm: str
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: threads only add synchronisation on shared cores
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("train_draft")
+
+
+@pytest.fixture(scope="module")
+def target(root: Path) -> Path:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one char, one token
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIALS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="<|end|>")
+    fast.chat_template = TEMPLATE
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=1,
+                      eos_token_id=2)
+    hf = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.1)
+        hf.model.embed_tokens.weight.normal_(0, 1.0)
+        hf.lm_head.weight.normal_(0, 0.5)
+    path = root / "target"
+    hf.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sharegpt(root: Path) -> Path:
+    """40 conversations (system, human, gpt turns) as a JSON array cut off inside the last one."""
+    rng = random.Random(1)
+    convs = []
+    for i in range(41):
+        text = "".join(rng.choice("abcdefghij klmnop") for _ in range(rng.randint(8, 30)))
+        convs.append({"id": str(i), "conversations": [
+            {"from": "system", "value": "be brief"}, {"from": "human", "value": text},
+            {"from": "gpt", "value": "an answer the target will regenerate"}]})
+    text = json.dumps(convs)
+    path = root / "sharegpt.json"
+    path.write_text(text[: text.rindex('{"id"') + 25])
+    return path
+
+
+def _config(target: Path, out: Path, **kw: Any) -> TrainConfig:
+    base: dict[str, Any] = dict(out=out, model=str(target), num_prompts=40, eval_prompts=4,
+                                max_new_tokens=32, epochs=8, lr=3e-3, batch_size=4, ttt_steps=TTT,
+                                save_every=1000, dtype="float32", device="cpu", progress=False,
+                                engine_kwargs=ENGINE)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def runs(target: Path, sharegpt: Path, root: Path) -> dict[str, Run]:
+    """One EAGLE-3 run (API, synthesized prompts) and one EAGLE run (CLI, ShareGPT prompts)."""
+    e3 = root / "eagle3"
+    report3 = run_train_draft(_config(target, e3, arch="eagle3", draft_vocab=40))
+    e1 = root / "eagle"
+    rc = main(["train-draft", "--model", str(target), "--out", str(e1), "--arch", "eagle",
+               "--draft-vocab", "48", "--prompts", str(sharegpt), "--num-prompts", "40",
+               "--eval-prompts", "4", "--max-new-tokens", "32", "--epochs", "8", "--lr", "3e-3",
+               "--batch-size", "4", "--device", "cpu", "--dtype", "float32",
+               "--kv-cache-memory-gb", "0.01", "--no-progress"])
+    assert rc == 0
+    report1 = json.loads((e1 / "train_report.json").read_text())
+    return {"eagle3": Run(e3, report3, "EAGLE3"), "eagle": Run(e1, report1, "EAGLE")}
+
+
+ARCHS = ["eagle3", "eagle"]
+
+
+def _llm(target: Path, run: Run | None, steps: int = 3, topk: int = 1) -> LLM:
+    spec: dict[str, Any] = {}
+    if run is not None:
+        ntok = steps + 1 if topk == 1 else 8
+        spec = dict(speculative_algorithm=run.algorithm, speculative_draft_model_path=str(run.out),
+                    speculative_num_steps=steps, speculative_eagle_topk=topk,
+                    speculative_num_draft_tokens=ntok)
+    return LLM(str(target), dtype="float32", device="cpu", **ENGINE, **spec)
+
+
+# ---------------------------------------------------------------- outputs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_outputs_in_public_format(arch: str, runs: dict[str, Run], target: Path, root: Path) -> None:
+    run = runs[arch]
+    for name in ("config.json", "model.safetensors", "train_report.json", "loss.png"):
+        assert (run.out / name).is_file(), name
+    # Exactly the keys and shapes draft_checkpoint writes for a public head of this target.
+    tcfg = load_checkpoint(target, torch.float32)[0]
+    config = json.loads((run.out / "config.json").read_text())
+    ref = random_draft_checkpoint(root / f"ref_{arch}", tcfg, run.algorithm,
+                                  draft_vocab_size=40 if arch == "eagle3" else None,
+                                  extra_config={k: config[k] for k in ("eagle_config",) if k in config})
+    assert config["architectures"] == json.loads((ref / "config.json").read_text())["architectures"]
+    assert _shapes(run.out) == _shapes(ref)
+    r = run.report
+    assert r["device"] == "cpu" and r["algorithm"] == run.algorithm
+    assert r["data"]["records"] >= 30 and r["data"]["response_tokens"] > 500
+    assert len(r["training"]["loss"]) == r["training"]["steps"] == 8 * -(-r["data"]["records"] // 4)
+    ttt = TTT if arch == "eagle3" else 1  # EAGLE-1/2 defaults to the paper's single step
+    assert r["training"]["ttt_steps"] == ttt and all(len(s) == ttt for s in r["training"]["step_loss"])
+    assert r["prompts"]["held_back"] == 4 and r["tau"]["prompts_from"] == "held-back"
+    split = json.loads((run.out / "data" / "prompts.json").read_text())
+    assert len(split["train"]) + len(split["eval"]) == 40
+    for p in split["train"] + split["eval"]:  # one user turn, then the generation prompt
+        assert p["text"] and p["ids"][0] == 3 and p["ids"][-2:] == [2, 4] and len(p["ids"]) > 3
+    if arch == "eagle":
+        assert r["prompts"]["source"] == "files" and r["command"].startswith("hotspec train-draft")
+        hot = torch.load(run.out / "freq_48.pt", weights_only=True)
+        assert isinstance(hot, list) and len(hot) == len(set(hot)) == 48 and 2 in hot  # EOS kept
+        assert r["draft_vocab"]["coverage"] > 0.9
+    else:
+        assert r["prompts"]["source"] == "synthesized"
+        head = load_draft_head(run.out, _llm(target, None).engine.target, "EAGLE3", torch.float32, "cpu")
+        assert head.draft_vocab_size == 40 and 2 in head.to_target_ids(torch.arange(40)).tolist()
+
+
+def _shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_loss_decreases(arch: str, runs: dict[str, Run]) -> None:
+    t = runs[arch].report["training"]
+    first, last = t["loss"][:5], t["loss"][-10:]
+    assert sum(last) / len(last) < 0.5 * sum(first) / len(first)
+    assert t["step_acc"][-1][0] > 0.5  # the head's top-1 agrees with the target's most of the time
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trained_head_accepts(arch: str, runs: dict[str, Run]) -> None:
+    tau = runs[arch].report["tau"]
+    assert tau["mean"] > 1.5, tau
+    assert sum(v for k, v in tau["accept_hist"].items() if int(k) > 1) > 0  # drafts accepted
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("shape", [(3, 1), (3, 4)], ids=["chain", "tree"])
+def test_lossless_in_engine(arch: str, shape: tuple[int, int], runs: dict[str, Run],
+                            target: Path) -> None:
+    run = runs[arch]
+    prompts = json.loads((run.out / "data" / "prompts.json").read_text())["eval"]
+    ids = [p["ids"] for p in prompts] + [[3] + [9 + i % 40 for i in range(n)] + [2, 4] for n in (5, 17)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    vanilla = [o.token_ids for o in _llm(target, None).generate(prompt_token_ids=ids, sampling_params=params)]
+    spec_llm = _llm(target, run, *shape)
+    outs = spec_llm.generate(prompt_token_ids=ids, sampling_params=params)
+    assert [o.token_ids for o in outs] == vanilla
+    assert sum(o.stats.generated_tokens for o in outs) > 1.3 * sum(o.stats.spec_steps + 1 for o in outs)
+
+
+# ---------------------------------------------------------------- training forward == engine
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_training_forward_matches_engine(arch: str, runs: dict[str, Run], target: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 0 at every prompt position (the engine's draft prefill) and steps 1..K-1 of the chain
+    rooted at the last position (the engine's draft phase) give the training forward's logits."""
+    llm = _llm(target, runs[arch], steps=TTT, topk=1)
+    engine, worker = llm.engine, llm.engine.worker
+    head = engine.draft
+    assert isinstance(head, Eagle3Head if arch == "eagle3" else EagleHead)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 64, (n,), generator=g).tolist() for n in (7, 19, 12)]
+    reqs = [Request(-1 - i, p, SamplingParams(temperature=0.0), 0) for i, p in enumerate(prompts)]
+    for r in reqs:
+        r.blocks = engine.allocator.allocate(-(-(len(r.prompt_token_ids) + worker.reserve) // 16))
+    monkeypatch.setattr(worker, "max_kv", max(map(len, prompts)) + worker.reserve)  # as step() does
+    captured: list[torch.Tensor] = []
+    topk = worker._topk
+
+    def capture(h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = topk(h, k)
+        captured.append(out[2])
+        return out
+
+    try:
+        with torch.inference_mode():
+            fb = prefill_batch(reqs, prompts, engine.block_size, engine.device)
+            hidden, aux = worker.target_runner.forward(fb)
+            last = last_token_index(fb)
+            roots = engine.target.compute_logits(hidden[last]).argmax(-1)
+            features = torch.cat(aux, -1) if aux else hidden
+            shifted = [p[1:] + [int(t)] for p, t in zip(prompts, roots)]
+            dfb = prefill_batch(reqs, shifted, engine.block_size, engine.device)
+            dfb.hidden_in = features
+            h_logits, h_feat = worker.draft_runner.forward(dfb)
+            step0 = head.compute_logits(h_logits)
+            for r, p in zip(reqs, prompts):
+                r.seq_len = len(p)
+            logp, ids, _ = worker._topk(h_logits[last], 1)
+            monkeypatch.setattr(worker, "_topk", capture)
+            worker.draft_phase({"seq": torch.tensor([len(p) for p in prompts]),
+                                "tables": block_table_tensor(reqs, engine.device), "root": roots,
+                                "topk_logp": logp, "topk_ids": ids, "feature": h_feat[last]})
+    finally:
+        for r in reqs:
+            engine.allocator.free(r.blocks)
+    assert len(captured) == TTT - 1
+    # The chain the engine drafted: root, then each step's top-1 (target ids).
+    chain = [roots, ids[:, 0]] + [head.to_target_ids(c.argmax(-1)) for c in captured[:-1]]
+    seqs = [p + [int(c[b]) for c in chain] for b, p in enumerate(prompts)]
+    t = max(len(s) for s in seqs)
+    tokens = torch.zeros(len(seqs), t, dtype=torch.long)
+    feats = torch.zeros(len(seqs), t, features.shape[1])
+    for b, (s, p) in enumerate(zip(seqs, prompts)):
+        tokens[b, :len(s)] = torch.tensor(s)
+        start = int(fb.cu_seqlens_q[b])
+        feats[b, :len(p)] = features[start:start + len(p)]
+    with torch.no_grad():
+        outs = [head.compute_logits(h) for h, _ in unroll(head, tokens, feats, TTT)]
+    for b, p in enumerate(prompts):
+        start, n = int(fb.cu_seqlens_q[b]), len(p)
+        torch.testing.assert_close(outs[0][b, :n], step0[start:start + n], atol=1e-4, rtol=0)
+        for k in range(1, TTT):
+            torch.testing.assert_close(outs[k][b, n - 1], captured[k - 1][b], atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------- resume
+
+
+def test_resume_continues_exactly(target: Path, root: Path) -> None:
+    small = dict(arch="eagle3", draft_vocab=40, num_prompts=12, eval_prompts=2, max_new_tokens=16,
+                 epochs=3, save_every=4)
+    full = run_train_draft(_config(target, root / "full", **small))
+    total = full["training"]["steps"]
+    assert total == 3 * -(-full["data"]["records"] // 4) > 6  # 3 epochs of batches of 4
+    out = root / "resumed"
+    out.mkdir()
+    shutil.copytree(root / "full" / "data", out / "data")  # same prompts and features
+    assert run_train_draft(_config(target, out, resume=True, halt_after=6, **small)) == {"halted": 6}
+    ckpt = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["step"] == 6 and len(ckpt["history"]["loss"]) == 6
+    assert all(int(s["step"]) == 6 for s in ckpt["optimizer"]["state"].values())
+    assert not (out / "model.safetensors").exists()
+    resumed = run_train_draft(_config(target, out, resume=True, **small))
+    assert resumed["training"]["steps"] == total
+    assert resumed["training"]["loss"][:6] == ckpt["history"]["loss"]  # continued, not restarted
+    assert resumed["training"]["loss"] == full["training"]["loss"]
+    with safe_open(root / "full" / "model.safetensors", "pt") as a, \
+            safe_open(out / "model.safetensors", "pt") as b:
+        for k in a.keys():
+            assert torch.equal(a.get_tensor(k), b.get_tensor(k)), k
+
+
+def test_refuses_a_used_out_dir_without_resume(target: Path, runs: dict[str, Run]) -> None:
+    with pytest.raises(ValueError, match="--resume"):
+        run_train_draft(_config(target, runs["eagle3"].out, arch="eagle3"))
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def test_synthesized_prompts_without_tokenizer(target: Path) -> None:
+    llm = LLM(str(target), dtype="float32", device="cpu", skip_tokenizer_init=True, **ENGINE)
+    prompts = synthesize_prompts(llm, 6, seed=0)
+    assert len(prompts) == 6 and len({tuple(p.ids) for p in prompts}) == 6
+    assert all(p.text is None and len(p.ids) > 1 and 2 not in p.ids for p in prompts)  # EOS cut
+    assert [p.ids for p in synthesize_prompts(llm, 6, seed=0)] == [p.ids for p in prompts]
+
+
+def test_prompt_files(tmp_path: Path, sharegpt: Path) -> None:
+    txt = tmp_path / "p.txt"
+    txt.write_text("first prompt\n\nsecond prompt\nfirst prompt\n")
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text("\n".join([
+        json.dumps({"messages": [{"role": "system", "content": "s"},
+                                 {"role": "user", "content": [{"type": "text", "text": "parts"}]},
+                                 {"role": "user", "content": "second user turn"}]}),
+        "{not json",
+        json.dumps({"conversations": [{"from": "gpt", "value": "no human turn"}]}),
+        json.dumps({"prompt": "a plain prompt"})]) + "\n")
+    assert read_prompts([txt]) == ["first prompt", "second prompt"]
+    assert read_prompts([jsonl]) == ["parts", "a plain prompt"]
+    from_json = read_prompts([sharegpt])
+    assert len(from_json) == 40  # the 41st conversation is cut off
+    assert "be brief" not in from_json and "an answer" not in " ".join(from_json)
+    assert read_prompts([txt, jsonl], limit=3) == ["first prompt", "second prompt", "parts"]
+    with pytest.raises(FileNotFoundError):
+        read_prompts([tmp_path / "missing.txt"])
