@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hotspec.benchmark.hf_baseline import hf_generate_tokens_per_s
 from hotspec.config import EngineConfig
 from hotspec.engine.engine import Engine, resolve_device_dtype
 from hotspec.layers.norm import RMSNorm
@@ -164,53 +165,6 @@ def measure(engine: Engine, batch: int, context: int, warmup: int, tokens: int, 
                   weight_bytes_per_step=weight_bytes, weight_gb_per_s=weight_bytes / med / 1e9,
                   roofline_fraction=weight_bytes / med / H200_BANDWIDTH if dev.type == "cuda" else None,
                   prefill_ms=prefill_ms)
-
-
-def hf_generate_tokens_per_s(engine: Engine, batch: int, context: int, tokens: int, seed: int) -> float:
-    """transformers' own LlamaForCausalLM on the same weights, `generate` with a static cache.
-    Decode rate = batch * (tokens - 1) / (time(generate tokens) - time(one prefill forward))."""
-    from transformers import LlamaConfig
-    from transformers import LlamaForCausalLM as HFLlama
-
-    mc = engine.model_config
-    hf_cfg = LlamaConfig(
-        vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
-        num_hidden_layers=mc.num_hidden_layers, num_attention_heads=mc.num_attention_heads,
-        num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps,
-        rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
-        max_position_embeddings=mc.max_position_embeddings, tie_word_embeddings=mc.tie_word_embeddings)
-    with torch.device("meta"):
-        hf = HFLlama(hf_cfg)
-    state = {k: v for k, v in engine.target.state_dict().items() if not k.startswith("rotary")}
-    hf.load_state_dict(state, strict=False, assign=True)
-    hf.tie_weights()
-    with torch.device(engine.device):
-        hf.model.rotary_emb = type(hf.model.rotary_emb)(hf_cfg)
-    hf.eval()
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, mc.vocab_size, (batch, context), generator=gen).to(engine.device)
-
-    def timed(fn) -> float:
-        _sync(engine.device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(engine.device)
-        return time.perf_counter() - t0
-
-    def generate() -> None:
-        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                    min_new_tokens=tokens, do_sample=False, cache_implementation="static", pad_token_id=0)
-
-    def prefill() -> None:
-        with torch.no_grad():
-            hf(ids)
-
-    # Warm-up with identical shapes, so that transformers' own compilation of the static-cache
-    # decode step (its default for cache_implementation="static") is not timed.
-    generate()
-    prefill()
-    t_gen, t_prefill = timed(generate), timed(prefill)
-    return batch * (tokens - 1) / (t_gen - t_prefill)
 
 
 def machine(device: torch.device) -> str:

@@ -1,0 +1,87 @@
+"""The two timed modes of `hotspec bench`, each in an engine of its own that is released before
+the next one is built: vanilla (then, optionally, transformers on the same weights) and
+speculative (then, on GPU, a separate pass that times the phases)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from hotspec.benchmark.hf_baseline import HFRun, hf_generate_prompts, hf_unsupported_reason
+from hotspec.benchmark.spec_bench import BatchRun, LoadedTarget, run_categories, run_with_engine, warm_up
+from hotspec.config import EngineConfig
+from hotspec.engine.engine import Engine
+from hotspec.errors import HotspecError
+from hotspec.sampling_params import SamplingParams
+
+Groups = dict[str, list[list[int]]]  # category -> prompt token ids, in file order
+
+PROFILED_IN_TIMED = "timed pass (CPU: phase timing needs no device sync, so it costs nothing)"
+PROFILED_SEPARATELY = ("separate profiled pass (the device is synchronised after every phase, so "
+                       "its wall time is longer than the timed pass's)")
+NOT_PROFILED = "not measured (--no-profile-pass)"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    max_tokens: int
+    ignore_eos: bool
+    warmup_tokens: int
+    warmup_prompts: list[list[int]]  # the first batch: the warm-up runs the benchmark's own shapes
+
+    @property
+    def params(self) -> SamplingParams:
+        return SamplingParams(temperature=0.0, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_vanilla(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opts: RunOptions,
+                vs_hf: bool) -> tuple[dict[str, BatchRun], HFRun | None, torch.device]:
+    """Vanilla runs per category; with `vs_hf`, transformers generate on the same prompts, each
+    allowed as many new tokens as vanilla produced for it (greedy: the same tokens)."""
+    if vs_hf:
+        reason = hf_unsupported_reason(target.model_config)
+        if reason is not None:
+            raise HotspecError(f"--vs-hf: no transformers Llama baseline for this target: {reason}")
+
+    def run(engine: Engine) -> tuple[dict[str, BatchRun], HFRun | None, torch.device]:
+        warm_up(engine, opts.warmup_prompts, opts.warmup_tokens)
+        _log(f"vanilla: {sum(map(len, groups.values()))} prompts in {len(groups)} categories")
+        runs = run_categories(engine, groups, opts.params)
+        hf = None
+        if vs_hf:
+            _log("transformers generate (static cache, batch 1)")
+            prompts = [p for c in groups for p in groups[c]]
+            lengths = [len(o) for c in groups for o in runs[c].outputs]
+            hf = hf_generate_prompts(engine, prompts, lengths, opts.ignore_eos)
+        return runs, hf, engine.device
+
+    return run_with_engine(cfg, target, run)
+
+
+def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opts: RunOptions,
+                    profile_pass: bool) -> tuple[dict[str, BatchRun], dict[str, BatchRun], str]:
+    """Speculative runs per category, and the runs whose phase seconds make the breakdown (the
+    timed ones on CPU, a profiled repeat on GPU) with a label saying which."""
+
+    def run(engine: Engine) -> tuple[dict[str, BatchRun], dict[str, BatchRun], str]:
+        worker = engine.worker
+        warm_up(engine, opts.warmup_prompts, opts.warmup_tokens)
+        on_cpu = engine.device.type != "cuda"
+        worker.profile = on_cpu  # type: ignore[attr-defined]
+        _log("speculative: timed pass" + (" (phases profiled)" if on_cpu else ""))
+        runs = run_categories(engine, groups, opts.params)
+        if on_cpu:
+            return runs, runs, PROFILED_IN_TIMED
+        if not profile_pass:
+            return runs, runs, NOT_PROFILED
+        worker.profile = True  # type: ignore[attr-defined]
+        _log("speculative: profiled pass (phase times)")
+        return runs, run_categories(engine, groups, opts.params), PROFILED_SEPARATELY
+
+    return run_with_engine(cfg, target, run)

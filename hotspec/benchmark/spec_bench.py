@@ -1,0 +1,130 @@
+"""Run prompts through one engine as a user would: submitted together, greedy, timed per step.
+
+`drive` submits a batch of prompts and steps the engine until it is idle, timing every
+`Engine.step()` (host work included) and splitting the steps that prefill from those that decode,
+so both end-to-end and decode-only tokens/s come out of one pass. The speculative worker's
+statistics (acceptance histogram, phase calls and seconds, hot-set coverage) are returned as the
+change over the pass, so warm-up and earlier passes never leak into a result.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+import torch
+
+from hotspec.benchmark.device import sync
+from hotspec.config import EngineConfig
+from hotspec.engine.eagle_worker import SpecStats
+from hotspec.engine.engine import Engine, resolve_device_dtype
+from hotspec.models.build import build_target
+from hotspec.models.config import ModelConfig
+from hotspec.models.llama import LlamaForCausalLM
+from hotspec.models.loader import load_checkpoint, load_tokenizer, resolve_model_path
+from hotspec.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+T = TypeVar("T")
+
+
+@dataclass
+class LoadedTarget:
+    """A target built once and shared by the vanilla and speculative engines (no second copy)."""
+
+    model_config: ModelConfig
+    model: LlamaForCausalLM
+    tokenizer: PreTrainedTokenizerBase | None
+
+
+@dataclass
+class BatchRun:
+    wall_s: float  # submission to the last token, as a user sees it
+    prefill_s: float  # steps that prefilled (admitted requests; decoding waits for them)
+    prefill_tokens: int  # tokens those steps emitted (each request's first)
+    outputs: list[list[int]]  # generated ids per prompt, in submission order
+    verify_steps: list[int]  # per prompt; 0 without speculation
+    taus: list[float]  # per prompt: RequestStats.tau (generated tokens per verify pass)
+    stats: SpecStats | None = field(default=None)  # the speculative worker's, over this pass only
+
+    @property
+    def generated(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+
+def load_target(cfg: EngineConfig) -> LoadedTarget:
+    """The checkpoint named by `cfg` (model, dtype, device) built as Engine(cfg) would build it."""
+    device, dtype = resolve_device_dtype(cfg)
+    path = resolve_model_path(cfg.model)
+    model_cfg, state = load_checkpoint(path, dtype)
+    target = build_target(model_cfg, state, dtype, device)
+    del state
+    tokenizer = None if cfg.skip_tokenizer_init else load_tokenizer(path)
+    return LoadedTarget(model_cfg, target, tokenizer)
+
+
+def run_with_engine(cfg: EngineConfig, target: LoadedTarget, fn: Callable[[Engine], T]) -> T:
+    """Build an engine around the shared target, call `fn` with it, then release its KV pools and
+    CUDA graphs before returning, so that two engines never hold device memory at once."""
+    engine = Engine.from_model(cfg, target.model_config, target.model, target.tokenizer)
+    device = engine.device
+    try:
+        return fn(engine)
+    finally:
+        engine.graphs.close()
+        del engine
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _stats_delta(before: SpecStats, after: SpecStats) -> SpecStats:
+    return SpecStats(accept_hist=after.accept_hist - before.accept_hist,
+                     phase_calls=after.phase_calls - before.phase_calls,
+                     phase_seconds=after.phase_seconds - before.phase_seconds,
+                     hot_hits=after.hot_hits - before.hot_hits, served=after.served - before.served)
+
+
+def drive(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> BatchRun:
+    """Submit `prompts` together and step the engine until every one has finished."""
+    worker_stats: SpecStats | None = getattr(engine.worker, "stats", None)
+    before = copy.deepcopy(worker_stats) if worker_stats is not None else None
+    dev = engine.device
+    prefill_s, prefill_tokens = 0.0, 0
+    sync(dev)
+    start = time.perf_counter()
+    reqs = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished():
+        waiting, prefilling = len(engine.waiting), len(engine.prefilling)
+        t0 = time.perf_counter()
+        outs = engine.step()
+        sync(dev)
+        # A step prefills iff requests were mid-prefill or it admitted some (waiting shrank; a
+        # decode step can only grow `waiting`, by preemption).
+        if prefilling or len(engine.waiting) < waiting:
+            prefill_s += time.perf_counter() - t0
+            prefill_tokens += sum(len(o.new_token_ids) for o in outs)
+    wall = time.perf_counter() - start
+    stats = None
+    if worker_stats is not None and before is not None:
+        stats = _stats_delta(before, engine.worker.stats)  # type: ignore[attr-defined]
+    return BatchRun(wall, prefill_s, prefill_tokens, [list(r.output_token_ids) for r in reqs],
+                    [r.stats.spec_steps for r in reqs], [r.stats.tau for r in reqs], stats)
+
+
+def run_categories(engine: Engine, groups: dict[str, list[list[int]]],
+                   params: SamplingParams) -> dict[str, BatchRun]:
+    """One `drive` per category, in order: per-category tokens/s come from separate passes."""
+    return {cat: drive(engine, prompts, params) for cat, prompts in groups.items()}
+
+
+def warm_up(engine: Engine, prompts: list[list[int]], max_tokens: int) -> None:
+    """A short untimed pass with the benchmark's own batch (kernels, allocator, caches)."""
+    if max_tokens > 0 and prompts:
+        drive(engine, prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
