@@ -6,6 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 
+# Without a GPU, Triton kernels run in its interpreter. The switch must be set before anything
+# imports triton: importing transformers' model classes (test modules do, at collection) pulls in
+# torch._dynamo and with it triton, and kernels defined after that would not be interpreted
+# ("Cannot call @triton.jit'd outside of the scope of a kernel").
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 torch.manual_seed(0)
 torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
 
