@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -33,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hotspec.benchmark.device import device_name
 from hotspec.benchmark.hf_baseline import hf_generate_tokens_per_s
 from hotspec.config import EngineConfig
 from hotspec.engine.engine import Engine, resolve_device_dtype
@@ -168,18 +167,7 @@ def measure(engine: Engine, batch: int, context: int, warmup: int, tokens: int, 
 
 
 def machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{name}, {os.cpu_count()} logical CPUs, {torch.get_num_threads()} torch threads, "
-            f"torch {torch.__version__}")
+    return f"{device_name(device)}, torch {torch.__version__}"
 
 
 def table(results: list[Result], cuda: bool) -> str:
