@@ -25,6 +25,7 @@ class EngineConfig:
     kv_cache_memory_gb: float = 1.0
     max_num_seqs: int = 64
     max_model_len: int | None = None  # None: the model's context length
+    max_prefill_tokens: int | None = 8192  # chunked prefill: prompt tokens per step (None: no limit)
     seed: int = 0
     attention_backend: str = "auto"  # auto: triton on GPU, torch reference on CPU
     disable_cuda_graph: bool = False  # debugging: every phase eager
@@ -48,8 +49,10 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "cuda_graph_max_bs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        for name in ("num_kv_blocks", "max_prefill_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1 (or None), got {value}")
         self._validate_spec()
 
     def _validate_spec(self) -> None:

@@ -16,7 +16,6 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-
 triton = pytest.importorskip("triton")
 
 from hotspec.layers.attention import triton_backend, triton_kernels  # noqa: E402

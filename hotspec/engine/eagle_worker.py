@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hotspec.engine.request import Request
-from hotspec.engine.vanilla_worker import sample_for, sampling_inputs
+from hotspec.engine.vanilla_worker import prefill_chunks, sample_for, sampling_inputs
 from hotspec.layers.sampler import shape_logits_to_probs
 from hotspec.models.draft_head import DraftHead
 from hotspec.models.llama import LlamaForCausalLM
@@ -95,22 +95,33 @@ class EagleWorker:
         return now
 
     # -- prefill (eager, ragged) ---------------------------------------------------------------
-    def prefill(self, reqs: list[Request]) -> list[list[int]]:
-        tokens = [r.prompt_token_ids + r.output_token_ids for r in reqs]
+    def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:
+        """Target and draft KV for `chunks[i]` pending tokens after seq_len (all when None); a
+        request whose chunk was its last samples its next token and gets its draft state."""
+        tokens, final = prefill_chunks(reqs, chunks)
         fb = prefill_batch(reqs, tokens, self.block_size, self.device)
         hidden, aux = self.target_runner.forward(fb)
         last = last_token_index(fb)
-        nxt = sample_for(reqs, self.target.compute_logits(hidden[last])).tolist()
-        # The draft reads token p+1 with the target feature at p: the prompt shifted by one.
-        shifted = [t[1:] + [n] for t, n in zip(tokens, nxt)]
+        rows = [i for i, f in enumerate(final) if f]
+        nxt: dict[int, int] = {}
+        if rows:
+            sampled = sample_for([reqs[i] for i in rows], self.target.compute_logits(hidden[last[rows]]))
+            nxt = dict(zip(rows, sampled.tolist()))
+        # The draft reads token p+1 with the target feature at p: the chunk shifted by one, closed
+        # by the token after it: the next chunk's first pending token, or the sampled one.
+        shifted = []
+        for i, (r, t) in enumerate(zip(reqs, tokens)):
+            after = nxt[i] if final[i] else (r.prompt_token_ids + r.output_token_ids)[r.seq_len + len(t)]
+            shifted.append(t[1:] + [after])
         dfb = prefill_batch(reqs, shifted, self.block_size, self.device)
         dfb.hidden_in = self._feature(hidden, aux)
         h_logits, h_feat = self.draft_runner.forward(dfb)
         logp, ids, _ = self._topk(h_logits[last], self.topk)
         for i, (r, t) in enumerate(zip(reqs, tokens)):
             r.seq_len += len(t)
-            r.spec_state = _DraftState(logp[i], ids[i], h_feat[last[i]])
-        return [[n] for n in nxt]
+            if final[i]:
+                r.spec_state = _DraftState(logp[i], ids[i], h_feat[last[i]])
+        return [[nxt[i]] if final[i] else [] for i in range(len(reqs))]
 
     # -- one speculative step ----------------------------------------------------------------
     @torch.inference_mode()

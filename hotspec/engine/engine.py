@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import random
+import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -40,7 +41,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class Worker(Protocol):
     reserve: int
 
-    def prefill(self, reqs: list[Request]) -> list[list[int]]: ...
+    def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]: ...
 
     def step(self, reqs: list[Request]) -> list[list[int]]: ...
 
@@ -102,7 +103,13 @@ class Engine:
         self._rng = random.Random(cfg.seed)
         self._ids = itertools.count()
         self.waiting: deque[Request] = deque()
+        # Admitted (every block they need is held) but their pending tokens are not all in the KV
+        # yet: chunked prefill. They join `running` when their last chunk samples a token.
+        self.prefilling: list[Request] = []
         self.running: list[Request] = []
+        # The requests the current step hands to a model pass; when step() raises, exactly these
+        # may have half-written KV or draft state (see fail_in_flight).
+        self.in_flight: list[Request] = []
         self.worker: Worker = self._build_worker()
         # A request may never need more KV than the whole cache holds: alone, it always fits, so
         # preemption cannot evict it in favour of nothing (see _reserve_step_slots).
@@ -218,27 +225,72 @@ class Engine:
     def abort(self, req: Request, reason: str = "abort") -> None:
         if req.status is Status.FINISHED:
             return
-        if req in self.waiting:
-            self.waiting.remove(req)
-        if req in self.running:
-            self.running.remove(req)
+        for queue in (self.waiting, self.prefilling, self.running):
+            if req in queue:
+                queue.remove(req)
         self._finish(req, reason)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.prefilling or self.running)
+
+    def fail_in_flight(self, error: str) -> list[Request]:
+        """After step() raised: finish the requests that step was computing (reason "error", blocks
+        freed) and return them, so the loop can go on with the others. Their KV or draft state may
+        be half-written, so they cannot resume; every other request's KV is untouched (a model pass
+        writes only its own requests' slots and the trash slot). A failure outside any model pass
+        (nothing in flight) leaves no culprit: every unfinished request fails, so that a repeated
+        failure cannot loop forever. Requests in flight that had already finished are returned
+        too: the step's outputs, their last tokens included, were lost."""
+        victims = self.in_flight or [*self.waiting, *self.prefilling, *self.running]
+        self.in_flight = []
+        for req in victims:
+            if req.status is not Status.FINISHED:
+                req.error = error
+                self.abort(req, "error")
+        return victims
 
     # -- the loop ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        admitted = self._admit()
-        if admitted:
-            return self._emit(admitted, self.worker.prefill(admitted))
+        self.in_flight = []
+        self._admit()
+        if self.prefilling:  # prefill first (as before chunking): decode waits for admissions
+            return self._prefill_step()
         if not self.running:
             return []
         reqs = self._reserve_step_slots()
+        self.in_flight = reqs
         outs = self._emit(reqs, self.worker.step(reqs))
         record = getattr(self.worker, "record_served", None)
         if record is not None:
             record([t for o in outs for t in o.new_token_ids])
+        self.in_flight = []
+        return outs
+
+    def _pending(self, req: Request) -> int:
+        """Tokens (prompt, then any generated before a preemption) whose KV is not written yet."""
+        return len(req.prompt_token_ids) + len(req.output_token_ids) - req.seq_len
+
+    def _prefill_step(self) -> list[StepOutput]:
+        """Prefill the oldest admitted requests' pending tokens, at most max_prefill_tokens in all:
+        the last one taken may get only a chunk (its KV grows over several steps). Requests whose
+        pending tokens are all written sample their next token and join `running`."""
+        budget = self.cfg.max_prefill_tokens or sys.maxsize
+        batch: list[Request] = []
+        chunks: list[int] = []
+        for req in self.prefilling:
+            if budget == 0:
+                break
+            chunks.append(min(self._pending(req), budget))
+            batch.append(req)
+            budget -= chunks[-1]
+        self.in_flight = batch
+        tokens = self.worker.prefill(batch, chunks)
+        done = [(r, t) for r, t in zip(batch, tokens) if self._pending(r) == 0]
+        for r, _ in done:
+            self.prefilling.remove(r)
+            self.running.append(r)
+        outs = self._emit([r for r, _ in done], [t for _, t in done])
+        self.in_flight = []
         return outs
 
     def _blocks_for(self, n_slots: int) -> int:
@@ -251,7 +303,8 @@ class Engine:
 
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
-        while self.waiting and len(self.running) + len(admitted) < self.cfg.max_num_seqs:
+        busy = len(self.running) + len(self.prefilling)
+        while self.waiting and busy + len(admitted) < self.cfg.max_num_seqs:
             req = self.waiting[0]
             n = len(req.prompt_token_ids) + len(req.output_token_ids) + self.worker.reserve
             if self._blocks_for(n) > self.allocator.num_free:
@@ -260,11 +313,12 @@ class Engine:
             self._grow(req, n)
             req.status = Status.RUNNING
             admitted.append(req)
-        self.running += admitted
+        self.prefilling += admitted
         return admitted
 
     def _reserve_step_slots(self) -> list[Request]:
-        """Make room for this step's writes; preempt (recompute later) the newest when out of blocks."""
+        """Make room for this step's writes; preempt (recompute later) the newest when out of blocks.
+        Runs only when nothing is prefilling, so `running` holds every block-owning request."""
         for req in list(self.running):
             while req in self.running:
                 try:

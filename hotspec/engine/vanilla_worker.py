@@ -30,6 +30,21 @@ def example_sampling(bs: int, device: torch.device) -> Tensors:
             "seeds": torch.zeros(bs, **i), "offsets": torch.zeros(bs, **i)}
 
 
+def prefill_chunks(reqs: list[Request], chunks: list[int] | None) -> tuple[list[list[int]], list[bool]]:
+    """Each request's next `chunks[i]` pending tokens (prompt + tokens already generated, the
+    recompute after a preemption), starting at its `seq_len`; all of them when `chunks` is None.
+    Also whether that chunk is the last one: only then is a next token sampled."""
+    tokens: list[list[int]] = []
+    final: list[bool] = []
+    for i, r in enumerate(reqs):
+        seq = r.prompt_token_ids + r.output_token_ids
+        end = len(seq) if chunks is None else r.seq_len + chunks[i]
+        assert r.seq_len < end <= len(seq), "a prefill chunk must be non-empty and pending"
+        tokens.append(seq[r.seq_len : end])
+        final.append(end == len(seq))
+    return tokens, final
+
+
 def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
     if all(r.params.temperature == 0 for r in reqs):
         return logits.argmax(-1)
@@ -50,15 +65,23 @@ class VanillaWorker:
         graphs.register("decode[sample]", self.decode_sample_phase,
                         lambda bs: dict(self._example(bs), **example_sampling(bs, device)))
 
-    def prefill(self, reqs: list[Request]) -> list[list[int]]:
-        """KV for prompt + tokens already generated (recompute after preemption); one new token."""
-        tokens = [r.prompt_token_ids + r.output_token_ids for r in reqs]
+    def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:
+        """KV for the pending tokens (prompt + tokens already generated: recompute after
+        preemption), appended after seq_len, `chunks[i]` of them (all when None). A request whose
+        chunk was its last gets one new token; the others (chunked prefill) get none yet."""
+        tokens, final = prefill_chunks(reqs, chunks)
         fb = prefill_batch(reqs, tokens, self.block_size, self.device)
         hidden, _ = self.runner.forward(fb)
-        nxt = sample_for(reqs, self.target.compute_logits(hidden[last_token_index(fb)]))
+        rows = [i for i, f in enumerate(final) if f]
+        out: list[list[int]] = [[] for _ in reqs]
+        if rows:
+            last = last_token_index(fb)[rows]
+            nxt = sample_for([reqs[i] for i in rows], self.target.compute_logits(hidden[last]))
+            for i, t in zip(rows, nxt.tolist()):
+                out[i] = [t]
         for r, t in zip(reqs, tokens):
             r.seq_len += len(t)
-        return [[t] for t in nxt.tolist()]
+        return out
 
     @torch.inference_mode()
     def step(self, reqs: list[Request]) -> list[list[int]]:
