@@ -3,47 +3,28 @@
 from __future__ import annotations
 
 import itertools
-import json
-import logging
-import os
 import random
 import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from hotspec.config import ConfigError, EngineConfig
-from hotspec.engine.block_allocator import BlockAllocator, OutOfBlocks
-from hotspec.engine.kv_pool import KVPool
+from hotspec.engine.block_allocator import OutOfBlocks
+from hotspec.engine.builder import DTYPES, EngineBuilder, Worker, resolve_device_dtype
 from hotspec.engine.request import Request, Status
 from hotspec.engine.stop_checker import StopChecker
 from hotspec.errors import InvalidRequestError
-from hotspec.layers.attention.base import AttentionBackend
-from hotspec.layers.attention.torch_ref import TorchRefBackend
 from hotspec.models.build import build_target
 from hotspec.models.config import ModelConfig
-from hotspec.models.draft_head import DraftHead
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.models.loader import load_checkpoint, load_tokenizer, resolve_model_path
-from hotspec.runtime.graph_runner import GraphRunner, default_batch_sizes
-from hotspec.runtime.model_runner import ModelRunner
 from hotspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-log = logging.getLogger("hotspec")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class Worker(Protocol):
-    reserve: int
-
-    def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]: ...
-
-    def step(self, reqs: list[Request]) -> list[list[int]]: ...
 
 
 @dataclass
@@ -53,15 +34,10 @@ class StepOutput:
     new_token_ids: list[int]
 
 
-def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
-                          if cfg.device == "auto" else cfg.device)
-    if cfg.dtype == "auto":
-        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
-    return device, _DTYPES[cfg.dtype]
+class Engine(EngineBuilder):
+    """Requests in, tokens out. Construction (device, KV pools, backend, graphs, worker) lives in
+    EngineBuilder (engine/builder.py); this class owns the request lifecycle."""
 
-
-class Engine:
     def __init__(self, cfg: EngineConfig) -> None:
         device, dtype = resolve_device_dtype(cfg)
         path = resolve_model_path(cfg.model)
@@ -77,7 +53,7 @@ class Engine:
         """An engine around a target that is already built (random weights for benchmarks, tests):
         no checkpoint is read and `cfg.model` is ignored; device and dtype are the target's."""
         param = next(target.parameters())
-        if cfg.dtype != "auto" and _DTYPES[cfg.dtype] != param.dtype:
+        if cfg.dtype != "auto" and DTYPES[cfg.dtype] != param.dtype:
             raise ConfigError(f"dtype={cfg.dtype!r} but the model is {param.dtype}; use dtype='auto'")
         if cfg.device != "auto" and torch.device(cfg.device).type != param.device.type:
             raise ConfigError(f"device={cfg.device!r} but the model is on {param.device}; "
@@ -115,83 +91,6 @@ class Engine:
         # preemption cannot evict it in favour of nothing (see _reserve_step_slots).
         self.kv_capacity = self.allocator.num_blocks * self.block_size
         self.max_model_len = min(self.max_model_len, self.kv_capacity)
-
-    # -- construction --------------------------------------------------------------------------
-    def _kv_blocks(self, bytes_per_slot: int) -> int:
-        if self.cfg.num_kv_blocks is not None:
-            return self.cfg.num_kv_blocks
-        return max(1, int(self.cfg.kv_cache_memory_gb * 2**30) // (bytes_per_slot * self.block_size))
-
-    def _target_pool(self, num_blocks: int) -> KVPool:
-        c = self.model_config
-        return KVPool(c.num_hidden_layers, num_blocks + 1, self.block_size, c.num_key_value_heads,
-                      c.head_dim, self.dtype, self.device)  # + block 0, the null block
-
-    def _backend(self) -> AttentionBackend:
-        choice = self.cfg.attention_backend
-        if choice == "auto":
-            choice = "triton" if self.device.type == "cuda" else "torch"
-        if choice == "triton":
-            from hotspec.layers.attention.triton_backend import TritonBackend
-
-            return TritonBackend(self.block_size)
-        return TorchRefBackend(self.block_size)
-
-    def _graph_runner(self) -> GraphRunner:
-        mode = "cuda" if self.device.type == "cuda" and not self.cfg.disable_cuda_graph else "eager"
-        sizes = default_batch_sizes(min(self.cfg.cuda_graph_max_bs, self.cfg.max_num_seqs))
-        return GraphRunner(self.device, mode, sizes, self.cfg.allow_eager_fallback)
-
-    def _build_worker(self) -> Worker:
-        from hotspec.engine.eagle_worker import EagleWorker
-        from hotspec.engine.vanilla_worker import VanillaWorker
-
-        c = self.model_config
-        per_slot = KVPool.bytes_per_slot(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
-                                         self.dtype)
-        backend = self._backend()
-        self.graphs = self._graph_runner()
-        max_blocks = self._blocks_for(self.max_model_len)
-        worker: Worker
-        if self.cfg.speculative_algorithm is None:
-            num_blocks = self._kv_blocks(per_slot)
-            self.allocator = BlockAllocator(num_blocks, first_block=1)
-            runner = ModelRunner(self.target, self._target_pool(num_blocks), backend)
-            worker = VanillaWorker(self.target, runner, self.graphs, self.block_size, self.device,
-                                   max_blocks)
-        else:
-            self.draft = self._load_draft()
-            d = self.draft.config
-            per_slot += KVPool.bytes_per_slot(1, d.num_key_value_heads, d.head_dim, self.dtype)
-            num_blocks = self._kv_blocks(per_slot)
-            self.allocator = BlockAllocator(num_blocks, first_block=1)
-            steps, topk, ntok = self.cfg.spec_shape
-            draft_pool = self.draft.make_kv_pool(num_blocks + 1, self.block_size, self.dtype, self.device)
-            worker = EagleWorker(
-                self.target, self.draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
-                ModelRunner(self.draft, draft_pool, backend), self.graphs, self.block_size, self.device,
-                steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases)
-        self.graphs.capture_all()
-        if self.graphs.mode == "cuda":
-            log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())
-        return worker
-
-    def _load_draft(self) -> DraftHead:
-        from hotspec.models.draft_loader import load_draft_head
-
-        path = self.cfg.speculative_draft_model_path
-        if path is None:
-            raise ConfigError("speculative_algorithm needs speculative_draft_model_path (a folder "
-                              "with config.json and the head's weights)")
-        head = load_draft_head(path, self.target, self.cfg.speculative_algorithm, self.dtype,
-                               self.device)
-        if self.cfg.speculative_token_map is not None:
-            from hotspec.spec.token_map import apply_token_map, load_token_map
-
-            apply_token_map(head, self.target, load_token_map(self.cfg.speculative_token_map,
-                                                               self.model_config.vocab_size))
-        check_hot_vocab_size(path, head)
-        return head
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> Request:
@@ -293,9 +192,6 @@ class Engine:
         self.in_flight = []
         return outs
 
-    def _blocks_for(self, n_slots: int) -> int:
-        return -(-n_slots // self.block_size)
-
     def _grow(self, req: Request, n_slots: int) -> None:
         extra = self._blocks_for(n_slots) - len(req.blocks)
         if extra > 0:
@@ -360,19 +256,3 @@ class Engine:
         if req.blocks:
             self.allocator.free(req.blocks)
         req.blocks = []
-
-
-def check_hot_vocab_size(path: str, head: DraftHead) -> None:
-    """A draft config may name `hot_vocab_size` (SGLang's FR-Spec key); it never sizes anything,
-    but if it disagrees with the head actually built, the user's setup is not what they think."""
-    cfg_file = os.path.join(path, "config.json")
-    named = None
-    if os.path.isfile(cfg_file):
-        with open(cfg_file) as f:
-            named = json.load(f).get("hot_vocab_size")
-    if named is not None and named != head.draft_vocab_size:
-        raise ConfigError(
-            f"the draft config names hot_vocab_size={named} but the draft LM head has "
-            f"{head.draft_vocab_size} rows after the token map; pass --speculative-token-map with "
-            f"{named} ids, or remove hot_vocab_size from {cfg_file}")
-

@@ -1,0 +1,153 @@
+"""Engine construction: device and dtype, KV pools sized from memory, attention backend, graph
+runner, and the worker (vanilla, or EAGLE with its draft head and token map)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from hotspec.config import ConfigError, EngineConfig
+from hotspec.engine.block_allocator import BlockAllocator
+from hotspec.engine.kv_pool import KVPool
+from hotspec.engine.request import Request
+from hotspec.layers.attention.base import AttentionBackend
+from hotspec.layers.attention.torch_ref import TorchRefBackend
+from hotspec.models.draft_head import DraftHead
+from hotspec.runtime.graph_runner import GraphRunner, default_batch_sizes
+from hotspec.runtime.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from hotspec.models.config import ModelConfig
+    from hotspec.models.llama import LlamaForCausalLM
+
+log = logging.getLogger("hotspec")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Worker(Protocol):
+    reserve: int
+
+    def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]: ...
+
+    def step(self, reqs: list[Request]) -> list[list[int]]: ...
+
+
+def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
+                          if cfg.device == "auto" else cfg.device)
+    if cfg.dtype == "auto":
+        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+    return device, DTYPES[cfg.dtype]
+
+
+class EngineBuilder:
+    """The construction half of Engine (a mixin: Engine sets these attributes in _setup)."""
+
+    cfg: EngineConfig
+    model_config: ModelConfig
+    target: LlamaForCausalLM
+    device: torch.device
+    dtype: torch.dtype
+    block_size: int
+    max_model_len: int
+    allocator: BlockAllocator
+    graphs: GraphRunner
+    draft: DraftHead
+
+    def _blocks_for(self, n_slots: int) -> int:
+        return -(-n_slots // self.block_size)
+
+    def _kv_blocks(self, bytes_per_slot: int) -> int:
+        if self.cfg.num_kv_blocks is not None:
+            return self.cfg.num_kv_blocks
+        return max(1, int(self.cfg.kv_cache_memory_gb * 2**30) // (bytes_per_slot * self.block_size))
+
+    def _target_pool(self, num_blocks: int) -> KVPool:
+        c = self.model_config
+        return KVPool(c.num_hidden_layers, num_blocks + 1, self.block_size, c.num_key_value_heads,
+                      c.head_dim, self.dtype, self.device)  # + block 0, the null block
+
+    def _backend(self) -> AttentionBackend:
+        choice = self.cfg.attention_backend
+        if choice == "auto":
+            choice = "triton" if self.device.type == "cuda" else "torch"
+        if choice == "triton":
+            from hotspec.layers.attention.triton_backend import TritonBackend
+
+            return TritonBackend(self.block_size)
+        return TorchRefBackend(self.block_size)
+
+    def _graph_runner(self) -> GraphRunner:
+        mode = "cuda" if self.device.type == "cuda" and not self.cfg.disable_cuda_graph else "eager"
+        sizes = default_batch_sizes(min(self.cfg.cuda_graph_max_bs, self.cfg.max_num_seqs))
+        return GraphRunner(self.device, mode, sizes, self.cfg.allow_eager_fallback)
+
+    def _build_worker(self) -> Worker:
+        from hotspec.engine.eagle_worker import EagleWorker
+        from hotspec.engine.vanilla_worker import VanillaWorker
+
+        c = self.model_config
+        per_slot = KVPool.bytes_per_slot(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
+                                         self.dtype)
+        backend = self._backend()
+        self.graphs = self._graph_runner()
+        max_blocks = self._blocks_for(self.max_model_len)
+        worker: Worker
+        if self.cfg.speculative_algorithm is None:
+            num_blocks = self._kv_blocks(per_slot)
+            self.allocator = BlockAllocator(num_blocks, first_block=1)
+            runner = ModelRunner(self.target, self._target_pool(num_blocks), backend)
+            worker = VanillaWorker(self.target, runner, self.graphs, self.block_size, self.device,
+                                   max_blocks)
+        else:
+            self.draft = self._load_draft()
+            d = self.draft.config
+            per_slot += KVPool.bytes_per_slot(1, d.num_key_value_heads, d.head_dim, self.dtype)
+            num_blocks = self._kv_blocks(per_slot)
+            self.allocator = BlockAllocator(num_blocks, first_block=1)
+            steps, topk, ntok = self.cfg.spec_shape
+            draft_pool = self.draft.make_kv_pool(num_blocks + 1, self.block_size, self.dtype, self.device)
+            worker = EagleWorker(
+                self.target, self.draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
+                ModelRunner(self.draft, draft_pool, backend), self.graphs, self.block_size, self.device,
+                steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases)
+        self.graphs.capture_all()
+        if self.graphs.mode == "cuda":
+            log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())
+        return worker
+
+    def _load_draft(self) -> DraftHead:
+        from hotspec.models.draft_loader import load_draft_head
+
+        path = self.cfg.speculative_draft_model_path
+        if path is None:
+            raise ConfigError("speculative_algorithm needs speculative_draft_model_path (a folder "
+                              "with config.json and the head's weights)")
+        head = load_draft_head(path, self.target, self.cfg.speculative_algorithm, self.dtype,
+                               self.device)
+        if self.cfg.speculative_token_map is not None:
+            from hotspec.spec.token_map import apply_token_map, load_token_map
+
+            apply_token_map(head, self.target, load_token_map(self.cfg.speculative_token_map,
+                                                               self.model_config.vocab_size))
+        check_hot_vocab_size(path, head)
+        return head
+
+
+def check_hot_vocab_size(path: str, head: DraftHead) -> None:
+    """A draft config may name `hot_vocab_size` (SGLang's FR-Spec key); it never sizes anything,
+    but if it disagrees with the head actually built, the user's setup is not what they think."""
+    cfg_file = os.path.join(path, "config.json")
+    named = None
+    if os.path.isfile(cfg_file):
+        with open(cfg_file) as f:
+            named = json.load(f).get("hot_vocab_size")
+    if named is not None and named != head.draft_vocab_size:
+        raise ConfigError(
+            f"the draft config names hot_vocab_size={named} but the draft LM head has "
+            f"{head.draft_vocab_size} rows after the token map; pass --speculative-token-map with "
+            f"{named} ids, or remove hot_vocab_size from {cfg_file}")
