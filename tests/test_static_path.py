@@ -3,6 +3,8 @@ padding rows), run on the CPU: greedy and sampled outputs equal the eager engine
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -63,3 +65,59 @@ def test_static_buffer_path_matches_eager(spec, tiny, monkeypatch):
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
     if spec:
         assert max(llm.engine.worker.stats.accept_hist) > 1  # acceptance happens, too
+
+
+class HostSync(AssertionError):
+    pass
+
+
+@contextlib.contextmanager
+def forbid_host_sync():
+    """Inside a phase, reading a tensor's value on the host (what would sync a GPU) raises."""
+    names = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def make(name):
+        def refuse(self, *a, **k):
+            raise HostSync(f"Tensor.{name}() inside a phase")
+        return refuse
+
+    for n in names:
+        setattr(torch.Tensor, n, make(n))
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.Tensor, n, f)
+
+
+def test_phases_never_read_device_values_on_the_host(tiny, monkeypatch):
+    """Invariant 4: draft, verify (greedy and sampled), draft_extend and decode run without a host
+    read of any tensor value; the step's one sync happens outside the phases."""
+    target, head = tiny
+    _static(monkeypatch)
+    real_run = GraphRunner.run
+    seen: set[str] = set()
+
+    def guarded(self, name, inputs):
+        out_inputs = {k: v.clone() for k, v in inputs.items()}
+        with forbid_host_sync():
+            out = real_run(self, name, out_inputs)
+        seen.add(name)
+        return out
+
+    monkeypatch.setattr(GraphRunner, "run", guarded)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (4, 9, 13)]
+    for spec in (None, (4, 3, 8)):
+        kw = dict(model=str(target), dtype="float32", device="cpu", skip_tokenizer_init=True,
+                  num_kv_blocks=128, block_size=4, max_model_len=128)
+        if spec:
+            kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head),
+                      speculative_num_steps=spec[0], speculative_eagle_topk=spec[1],
+                      speculative_num_draft_tokens=spec[2])
+        llm = LLM(**kw)
+        for p in (SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                  SamplingParams(temperature=0.9, seed=3, max_tokens=6, ignore_eos=True)):
+            llm.generate(prompt_token_ids=prompts, sampling_params=p)
+    assert seen == {"decode", "decode[sample]", "draft", "verify", "verify[sample]", "draft_extend"}
