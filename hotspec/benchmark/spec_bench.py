@@ -20,12 +20,11 @@ import torch
 
 from hotspec.benchmark.device import sync
 from hotspec.config import EngineConfig
+from hotspec.engine.builder import load_target as load_target_parts
 from hotspec.engine.eagle_worker import SpecStats
-from hotspec.engine.engine import Engine, resolve_device_dtype
-from hotspec.models.build import build_target
+from hotspec.engine.engine import Engine
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
-from hotspec.models.loader import load_checkpoint, load_tokenizer, resolve_model_path
 from hotspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -60,13 +59,7 @@ class BatchRun:
 
 def load_target(cfg: EngineConfig) -> LoadedTarget:
     """The checkpoint named by `cfg` (model, dtype, device) built as Engine(cfg) would build it."""
-    device, dtype = resolve_device_dtype(cfg)
-    path = resolve_model_path(cfg.model)
-    model_cfg, state = load_checkpoint(path, dtype)
-    target = build_target(model_cfg, state, dtype, device)
-    del state
-    tokenizer = None if cfg.skip_tokenizer_init else load_tokenizer(path)
-    return LoadedTarget(model_cfg, target, tokenizer)
+    return LoadedTarget(*load_target_parts(cfg))
 
 
 def run_with_engine(cfg: EngineConfig, target: LoadedTarget, fn: Callable[[Engine], T]) -> T:

@@ -21,6 +21,8 @@ from hotspec.runtime.graph_runner import GraphRunner, default_batch_sizes
 from hotspec.runtime.model_runner import ModelRunner
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from hotspec.models.config import ModelConfig
     from hotspec.models.llama import LlamaForCausalLM
 
@@ -42,6 +44,19 @@ def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
     if cfg.dtype == "auto":
         return device, torch.bfloat16 if device.type == "cuda" else torch.float32
     return device, DTYPES[cfg.dtype]
+
+
+def load_target(cfg: EngineConfig) -> tuple[ModelConfig, LlamaForCausalLM, PreTrainedTokenizerBase | None]:
+    """The checkpoint named by `cfg` (model, dtype, device): config, built target, tokenizer."""
+    from hotspec.models.build import build_target
+    from hotspec.models.loader import load_checkpoint, load_tokenizer, resolve_model_path
+
+    device, dtype = resolve_device_dtype(cfg)
+    path = resolve_model_path(cfg.model)
+    model_cfg, state = load_checkpoint(path, dtype)
+    target = build_target(model_cfg, state, dtype, device)
+    del state
+    return model_cfg, target, None if cfg.skip_tokenizer_init else load_tokenizer(path)
 
 
 class EngineBuilder:

@@ -13,14 +13,12 @@ import torch
 
 from hotspec.config import ConfigError, EngineConfig
 from hotspec.engine.block_allocator import OutOfBlocks
-from hotspec.engine.builder import DTYPES, EngineBuilder, Worker, resolve_device_dtype
+from hotspec.engine.builder import DTYPES, EngineBuilder, Worker, load_target, resolve_device_dtype
 from hotspec.engine.request import Request, Status
 from hotspec.engine.stop_checker import StopChecker
 from hotspec.errors import InvalidRequestError
-from hotspec.models.build import build_target
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
-from hotspec.models.loader import load_checkpoint, load_tokenizer, resolve_model_path
 from hotspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -39,12 +37,8 @@ class Engine(EngineBuilder):
     EngineBuilder (engine/builder.py); this class owns the request lifecycle."""
 
     def __init__(self, cfg: EngineConfig) -> None:
+        model_cfg, target, tokenizer = load_target(cfg)
         device, dtype = resolve_device_dtype(cfg)
-        path = resolve_model_path(cfg.model)
-        model_cfg, state = load_checkpoint(path, dtype)
-        target = build_target(model_cfg, state, dtype, device)
-        del state
-        tokenizer = None if cfg.skip_tokenizer_init else load_tokenizer(path)
         self._setup(cfg, model_cfg, target, tokenizer, device, dtype)
 
     @classmethod
