@@ -40,3 +40,36 @@ def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
         toks.append(nxt)
         out = hf(torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True)
     return toks
+
+
+def save_tiny_llama(path, *, vocab: int, hidden: int, layers: int, std: float, **extra):
+    """A random-weight Llama HF folder (seed 0, weights N(0, std): larger than the default init so
+    that greedy outputs are not degenerate). Loads in well under a second."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, **extra)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, std)
+    model.save_pretrained(path)
+    return path
+
+
+def write_gemma_gguf(path):
+    """A minimal GGUF of an architecture hotspec does not run (gemma3)."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

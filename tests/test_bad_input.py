@@ -6,10 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
-import torch
+from engine_utils import save_tiny_llama, write_gemma_gguf
 
 from hotspec import LLM, SamplingParams
 from hotspec.entrypoints.cli import main
@@ -24,20 +22,8 @@ VOCAB = 128
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight Llama HF folder (no tokenizer): loads in well under a second."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # larger than default init so that greedy outputs are not degenerate
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.15)
-    path = tmp_path_factory.mktemp("tiny_llama")
-    model.save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), vocab=VOCAB, hidden=32, layers=2,
+                           std=0.15)
 
 
 def _tiny_llm(folder: Path, **kwargs: object) -> LLM:
@@ -75,13 +61,7 @@ def test_folder_without_config_json(tmp_path: Path) -> None:
 
 def test_gguf_of_an_unsupported_architecture(tmp_path: Path) -> None:
     path = tmp_path / "gemma.gguf"
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gemma_gguf(path)
     with pytest.raises(ModelLoadError, match=r"'gemma3'.*not supported.*llama.*qwen3.*Fix: use"):
         LLM(model=str(path))
 

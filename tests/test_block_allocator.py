@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
+from engine_utils import save_tiny_llama
 
 from hotspec import LLM, SamplingParams
 from hotspec.engine.block_allocator import BlockAllocator, OutOfBlocks
@@ -224,19 +224,7 @@ def test_engine_frees_every_block_after_a_batch(smol_llm: LLM) -> None:
 
 
 def _tiny_hf_folder(path: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # larger than default init so that greedy outputs are not degenerate
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.15)
-    model.save_pretrained(path)
-    return path
+    return save_tiny_llama(path, vocab=128, hidden=32, layers=2, std=0.15)
 
 
 def test_preemption_under_block_pressure_frees_everything_and_keeps_outputs(tmp_path: Path) -> None:

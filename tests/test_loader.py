@@ -11,6 +11,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from engine_utils import write_gemma_gguf
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -220,13 +221,7 @@ def test_rope_freqs_that_are_not_llama3_are_refused() -> None:
 
 def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
     path = tmp_path / "gemma.gguf"
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gemma_gguf(path)
     with pytest.raises(ModelLoadError, match=r"'gemma3'.*llama, qwen2, qwen3.*Fix:") as info:
         load_checkpoint(path, torch.float32)
     assert isinstance(info.value, ValueError) and isinstance(info.value, HotspecError)

@@ -7,6 +7,7 @@ import contextlib
 
 import pytest
 import torch
+from engine_utils import save_tiny_llama
 
 from hotspec import LLM, SamplingParams
 from hotspec.engine.engine import Engine
@@ -17,18 +18,8 @@ from hotspec.runtime.graph_runner import GraphRunner
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    hf = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
     root = tmp_path_factory.mktemp("tiny")
-    hf.save_pretrained(root / "target")
+    save_tiny_llama(root / "target", vocab=96, hidden=64, layers=4, std=0.2)
     mcfg = load_checkpoint(root / "target", torch.float32)[0]
     head = random_draft_checkpoint(root / "head", mcfg, "EAGLE3", seed=0, scale=0.3)
     return root / "target", head
