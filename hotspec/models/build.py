@@ -41,6 +41,7 @@ def build_target(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()},
                           strict=False, assign=True)
     model.tie_weights()
+    model.fuse_projections()
     model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                    cfg.rope_scaling).to(device)
     return model.eval().requires_grad_(False)

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hotspec.engine.kv_pool import KVPool
+from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend, store_kv
+from hotspec.layers.linear import merge_linears
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
@@ -36,18 +38,36 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.scale = d ** -0.5
+        self.qkv_proj: nn.Linear | None = None  # set by fuse_projections()
+
+    def fuse_projections(self) -> None:
+        """Replace q/k/v_proj by one qkv_proj (one GEMM instead of three); after loading."""
+        self.qkv_proj = merge_linears(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t, d = x.shape[0], self.head_dim
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)
+            q, k, v = qkv.split((self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d), -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return (q.view(t, self.num_heads, d), k.view(t, self.num_kv_heads, d),
+                v.view(t, self.num_kv_heads, d))
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, rope: RotaryEmbedding, kv: KVPool,
                 backend: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self._qkv(x)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(fb.positions, q, k)
         k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
-        store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
+        if fused.enabled(q) and k_cache.dtype == q.dtype:
+            q = fused.rope_store(q, k, v, fb.positions, rope.cos, rope.sin, k_cache, v_cache,
+                                 fb.out_cache_loc)
+        else:
+            q, k = rope(fb.positions, q, k)
+            store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
         o = backend.forward(fb, q, k_cache, v_cache, self.scale)
         return self.o_proj(o.reshape(t, -1))
 
@@ -58,9 +78,21 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # set by fuse_projections()
+
+    def fuse_projections(self) -> None:
+        """Replace gate/up_proj by one gate_up_proj (one GEMM instead of two); after loading."""
+        self.gate_up_proj = merge_linears(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_proj(x)
+        if fused.enabled(gate_up):
+            return self.down_proj(fused.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -71,10 +103,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h: torch.Tensor, fb: ForwardBatch, rope: RotaryEmbedding, kv: KVPool,
-                backend: AttentionBackend) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), fb, rope, kv, backend)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch,
+                rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream is carried as (h, residual) with stream = h + residual, so each
+        residual add fuses into the norm after it (residual None: h is the whole stream)."""
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            x, residual = self.input_layernorm.add_forward(h, residual)
+        x = self.self_attn(x, fb, rope, kv, backend)
+        x, residual = self.post_attention_layernorm.add_forward(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -102,15 +142,23 @@ class LlamaForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def fuse_projections(self) -> None:
+        """One GEMM for q/k/v and one for gate/up in every layer (call once, after loading)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+
     def forward(self, fb: ForwardBatch, kv: KVPool, backend: AttentionBackend
                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         h = self.model.embed_tokens(fb.input_ids)
+        residual: torch.Tensor | None = None
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             if i in self.capture_layers:
-                aux.append(h)
-            h = layer(h, fb, self.rotary, kv, backend)
-        return self.model.norm(h), aux
+                aux.append(h if residual is None else h + residual)
+            h, residual = layer(h, residual, fb, self.rotary, kv, backend)
+        assert residual is not None, "a model has at least one layer"
+        return self.model.norm.add_forward(h, residual)[0], aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

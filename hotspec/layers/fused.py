@@ -1,0 +1,50 @@
+"""When to use the fused Triton kernels (layers/fused_kernels.py), and thin entry points to them.
+
+They run for CUDA tensors whenever Triton imports; everything else (the CPU, CI) takes the torch
+reference code next to each call site. `HOTSPEC_FUSED_KERNELS=0` turns them off on CUDA too, to
+compare the two paths on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.cache
+def _available() -> bool:
+    if os.environ.get("HOTSPEC_FUSED_KERNELS", "1") == "0":
+        return False
+    try:
+        import hotspec.layers.fused_kernels  # noqa: F401
+    except ImportError:  # no triton: the torch path
+        return False
+    return True
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """True when the fused kernels should handle `x` (a CUDA tensor, Triton importable)."""
+    return x.is_cuda and _available()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    from hotspec.layers.fused_kernels import rms_norm as kernel
+
+    return kernel(x, weight, eps, residual)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    from hotspec.layers.fused_kernels import silu_mul as kernel
+
+    return kernel(gate_up)
+
+
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               loc: torch.Tensor) -> torch.Tensor:
+    from hotspec.layers.fused_kernels import rope_store as kernel
+
+    return kernel(q, k, v, positions, cos, sin, k_cache, v_cache, loc)

@@ -1,0 +1,145 @@
+"""Triton kernels that fuse a decoder layer's small elementwise steps (the CUDA fast path).
+
+A decode step of a Llama layer in plain torch is about 60 kernels: RMSNorm alone is seven
+(cast, square, mean, add, rsqrt, multiply, cast, weight), RoPE about ten per tensor, the KV store
+two. Inside a CUDA graph each still costs 2-3 us, which at batch 1 is as much time as reading the
+8B model's weights. These kernels bring a layer down to ~10 launches:
+
+  rms_norm          [T, H]: y = w * (x * rsqrt(mean(x^2) + eps)), optionally after
+                    s = x + residual (returned as the new residual)
+  silu_mul          [T, 2I] -> [T, I]: silu(gate) * up of a fused gate_up projection
+  rope_store        q, k, v of a fused qkv projection: rotate q (to a new tensor) and k, write k
+                    and v to their KV-cache slots, in one launch
+
+Each is written to round exactly where the torch reference (layers/norm.py, layers/rotary.py,
+models/llama.py MLP) rounds, so the two agree to the last bit up to reduction order: the residual
+sum is rounded to the model dtype before the norm reads it, the normalised row is rounded before
+the weight multiplies it, silu(gate) is rounded before the product. RoPE is computed in float32
+from the float32 cos/sin table and rounded once.
+
+Only the CUDA path calls these; the CPU path (and CI) uses the torch code, and the tests run these
+kernels against it under TRITON_INTERPRET=1 (tests/test_fused_kernels.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Importing the attention kernels applies their TRITON_INTERPRET numpy fix for these kernels too.
+from hotspec.layers.attention import triton_kernels  # noqa: F401
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@triton.jit
+def _rms_norm_kernel(X, R, W, Y, R_OUT, n, eps, stride_x, stride_r, stride_y, stride_ro,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(R_OUT + row * stride_ro + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / n + eps)
+    normed = (xf * inv).to(X.dtype.element_ty).to(tl.float32)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, (w * normed).to(Y.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(norm(x [+ residual]), x + residual or None). x, residual: [T, H], unit stride along H."""
+    t, n = x.shape
+    y = torch.empty((t, n), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    r_out = torch.empty_like(x) if residual is not None else None
+    if t:
+        r = residual if residual is not None else x
+        ro = r_out if r_out is not None else y
+        _rms_norm_kernel[(t,)](x, r, weight, y, ro, n, eps, x.stride(0), r.stride(0), y.stride(0),
+                               ro.stride(0), HAS_RES=residual is not None, BLOCK=_pow2(n),
+                               num_warps=4 if n <= 4096 else 8)
+    return y, r_out
+
+
+@triton.jit
+def _silu_mul_kernel(GU, Y, inter, stride_gu, stride_y, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    g = tl.load(GU + row * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(GU + row * stride_gu + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, (s * u).to(Y.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate_up[:, :I]) * gate_up[:, I:] -> [T, I]."""
+    t, two_i = gate_up.shape
+    inter = two_i // 2
+    y = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, _pow2(inter))
+    if t:
+        _silu_mul_kernel[(t, triton.cdiv(inter, block))](gate_up, y, inter, gate_up.stride(0),
+                                                         y.stride(0), BLOCK=block, num_warps=4)
+    return y
+
+
+@triton.jit
+def _rope_store_kernel(Q, K, V, Q_OUT, K_CACHE, V_CACHE, POS, LOC, COS, SIN,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                       stride_ot, stride_oh, stride_kc, stride_khc, stride_vc, stride_vhc, stride_cs,
+                       HQ: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (t, h): h < HQ rotates query head h; h >= HQ rotates kv head h - HQ and stores it
+    and the matching V row in the token's cache slot."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK)
+    m = d < HALF
+    pos = tl.load(POS + t).to(tl.int64)
+    cos = tl.load(COS + pos * stride_cs + d, mask=m, other=0.0)
+    sin = tl.load(SIN + pos * stride_cs + d, mask=m, other=0.0)
+    if h < HQ:
+        src = Q + t * stride_qt + h * stride_qh
+        dst = Q_OUT + t * stride_ot + h * stride_oh
+    else:
+        hk = h - HQ
+        slot = tl.load(LOC + t).to(tl.int64)
+        src = K + t * stride_kt + hk * stride_kh
+        dst = K_CACHE + slot * stride_kc + hk * stride_khc
+        v = tl.load(V + t * stride_vt + hk * stride_vh + d, mask=m)
+        v2 = tl.load(V + t * stride_vt + hk * stride_vh + HALF + d, mask=m)
+        vdst = V_CACHE + slot * stride_vc + hk * stride_vhc
+        tl.store(vdst + d, v.to(V_CACHE.dtype.element_ty), mask=m)
+        tl.store(vdst + HALF + d, v2.to(V_CACHE.dtype.element_ty), mask=m)
+    x1 = tl.load(src + d, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + d, mask=m, other=0.0).to(tl.float32)
+    # rotate-half: [x1, x2] * [cos, cos] + [-x2, x1] * [sin, sin]
+    tl.store(dst + d, (x1 * cos + (-x2) * sin).to(dst.dtype.element_ty), mask=m)
+    tl.store(dst + HALF + d, (x2 * cos + x1 * sin).to(dst.dtype.element_ty), mask=m)
+
+
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               loc: torch.Tensor) -> torch.Tensor:
+    """q: [T, Hq, D], k, v: [T, Hkv, D] (unit stride along D; views of a qkv output are fine);
+    cos, sin: [max_pos, D/2] float32. Returns rotated q as a new [T, Hq, D] tensor; rotated k and v
+    go to cache rows `loc` (padding rows all point at the trash slot: written in any order)."""
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    if t:
+        half = d // 2
+        _rope_store_kernel[(t, hq + hkv)](
+            q, k, v, q_out, k_cache, v_cache, positions, loc, cos, sin,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), cos.stride(0),
+            HQ=hq, HALF=half, BLOCK=_pow2(half), num_warps=1)
+    return q_out
