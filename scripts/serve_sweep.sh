@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Request-rate sweep of `hotspec serve`, vanilla and speculative (issue 7), in one shot:
+# start both servers side by side, wait for /health, run benchmarks/load_test.py against each
+# (Poisson rates, streaming clients, 10 % hang-ups, greedy spot check), write the JSON to $OUT,
+# stop the servers. Exit status: load_test's (1 when any check failed), or 2 when a server did not
+# come up. The caller sets PYTHONPATH (scripts/gpu_job.sh does: the repo, /tmp/site with the
+# carried wheels and the staged default model).
+#   bash scripts/serve_sweep.sh
+# Knobs (environment; defaults suit one H200 and SmolLM2-135M, ~2 minutes in all):
+#   SERVE_ARGS  engine options for both servers (default: --kv-cache-memory-gb 8)
+#   SPEC_ARGS   the speculative server's extra options; SPEC_ARGS=none runs vanilla only.
+#               Skipped, with a note, when its --speculative-draft-model-path does not exist.
+#   LOAD_ARGS   benchmarks/load_test.py options (rates, requests, lengths, ...)
+#   START_S     seconds to wait for both servers to be healthy (default 120)
+#   PY, OUT, LOGDIR, PORT (vanilla; PORT+1 speculative)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+OUT=${OUT:-/tmp/hotspec_sweep}
+LOGDIR=${LOGDIR:-/tmp/hotspec_sweep_logs}
+PORT=${PORT:-30000}
+START_S=${START_S:-120}
+SERVE_ARGS=${SERVE_ARGS:---kv-cache-memory-gb 8}
+HEAD=hotspec/assets/smollm2-eagle3
+SPEC_ARGS=${SPEC_ARGS:---speculative-algorithm EAGLE3 --speculative-draft-model-path $HEAD \
+--speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 16}
+LOAD_ARGS=${LOAD_ARGS:---num-requests 200 --concurrency 64 --rates 4,16,64,inf --max-arrival-s 8 \
+--min-prompt-words 4 --max-prompt-words 200 --min-tokens 16 --max-tokens 256 --verify-greedy 8 \
+--timeout 60 --drain-timeout 20}
+mkdir -p "$OUT" "$LOGDIR"
+export PYTHONUNBUFFERED=1
+
+if [ "$SPEC_ARGS" != none ]; then
+  read -ra spec <<< "$SPEC_ARGS"
+  for i in "${!spec[@]}"; do
+    if [ "${spec[$i]}" = --speculative-draft-model-path ] && [ ! -e "${spec[$((i + 1))]}" ]; then
+      echo "serve_sweep: no draft head at ${spec[$((i + 1))]}: vanilla only"
+      SPEC_ARGS=none
+    fi
+  done
+fi
+
+names=(vanilla) ports=("$PORT") pids=()
+[ "$SPEC_ARGS" != none ] && names+=(spec) && ports+=($((PORT + 1)))
+
+stop_servers() {  # SIGINT (graceful), then SIGKILL whatever is left after 15 s
+  for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null; done
+  for _ in $(seq 30); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && return
+    sleep 0.5
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+}
+trap stop_servers EXIT
+
+t0=$(date +%s)
+for i in "${!names[@]}"; do
+  extra=""
+  [ "${names[$i]}" = spec ] && extra=$SPEC_ARGS
+  # shellcheck disable=SC2086  # option strings split into words on purpose
+  $PY -m hotspec.entrypoints.cli serve $SERVE_ARGS $extra --port "${ports[$i]}" \
+    >"$LOGDIR/serve_${names[$i]}.log" 2>&1 &
+  pids+=($!)
+  echo "serve_sweep: ${names[$i]} server pid $! on port ${ports[$i]}: serve $SERVE_ARGS $extra"
+done
+
+for i in "${!names[@]}"; do
+  until curl -sf "http://127.0.0.1:${ports[$i]}/health" >/dev/null; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null || [ $(($(date +%s) - t0)) -ge "$START_S" ]; then
+      echo "serve_sweep: ${names[$i]} server did not come up in ${START_S}s; its log ends:"
+      tail -n 40 "$LOGDIR/serve_${names[$i]}.log"
+      exit 2
+    fi
+    sleep 0.5
+  done
+  echo "serve_sweep: ${names[$i]} healthy after $(($(date +%s) - t0))s"
+  curl -s "http://127.0.0.1:${ports[$i]}/metrics" | grep -E "^hotspec_(cuda_graph_batch_sizes|kv_blocks_total)"
+done
+
+targets=()
+for i in "${!names[@]}"; do targets+=(--target "${names[$i]}=http://127.0.0.1:${ports[$i]}"); done
+# shellcheck disable=SC2086
+$PY benchmarks/load_test.py "${targets[@]}" $LOAD_ARGS --out "$OUT/serve_sweep.json"
+rc=$?
+stop_servers
+trap - EXIT
+for n in "${names[@]}"; do  # errors the servers logged (tracebacks, warnings), if any
+  grep -E -m5 "Traceback|ERROR|WARNING" "$LOGDIR/serve_$n.log" | sed "s/^/serve_sweep: $n log: /"
+done
+echo "serve_sweep: rc=$rc after $(($(date +%s) - t0))s; JSON in $OUT/serve_sweep.json"
+exit $rc
