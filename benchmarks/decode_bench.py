@@ -66,6 +66,7 @@ class Result:
     weight_gb_per_s: float
     roofline_fraction: float | None  # cuda only
     prefill_ms: float
+    replay_ms: float | None = None  # graphed: the decode graph replayed alone (GPU time)
 
 
 def random_state(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
@@ -159,11 +160,53 @@ def measure(engine: Engine, batch: int, context: int, warmup: int, tokens: int, 
     if engine.has_unfinished() or engine.allocator.num_free != engine.allocator.num_blocks:
         raise RuntimeError("requests still running or KV blocks held after the last step")
     med = statistics.median(times)
-    return Result(batch_size=batch, steps=len(times), ms_per_step=med * 1e3,
+    replay_ms = _replay_only_ms(engine, batch, tokens)
+    return Result(replay_ms=replay_ms, batch_size=batch, steps=len(times), ms_per_step=med * 1e3,
                   ms_per_step_min=min(times) * 1e3, tokens_per_s=batch / med,
                   weight_bytes_per_step=weight_bytes, weight_gb_per_s=weight_bytes / med / 1e9,
                   roofline_fraction=weight_bytes / med / H200_BANDWIDTH if dev.type == "cuda" else None,
                   prefill_ms=prefill_ms)
+
+
+def _replay_only_ms(engine: Engine, batch: int, n: int) -> float | None:
+    """Median of 5 timings of `n` back-to-back replays of the captured decode graph (one sync per
+    timing): the GPU's own time per step, so step time minus this is the host's share."""
+    graphs = engine.graphs
+    if graphs.mode != "cuda":
+        return None
+    padded = next(b for b in graphs.batch_sizes if b >= batch)
+    graph, _ = graphs.graphs[("decode", padded)]
+    runs = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            graph.replay()
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter() - t0) / n * 1e3)
+    return statistics.median(runs)
+
+
+def kernel_table(engine: Engine, batch: int, top: int = 15) -> str:
+    """The kernels of one replayed decode step (torch.profiler over 10 replays), by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = engine.graphs
+    padded = next(b for b in graphs.batch_sizes if b >= batch)
+    graph, _ = graphs.graphs[("decode", padded)]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            graph.replay()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    rows.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows) / 10
+    n = sum(e.count for e in rows) / 10
+    lines = [f"batch {batch}: {n:.0f} kernels per step, {total / 1e3:.3f} ms of kernel time per step"]
+    for e in rows[:top]:
+        lines.append(f"  {e.device_time_total / 10 / 1e3:8.3f} ms  x{e.count / 10:5.0f}  {e.key[:90]}")
+    return "\n".join(lines)
 
 
 def machine(device: torch.device) -> str:
@@ -172,13 +215,14 @@ def machine(device: torch.device) -> str:
 
 def table(results: list[Result], cuda: bool) -> str:
     head = f"{'batch':>5} {'tok/s':>10} {'ms/step':>9} {'weights MB/step':>15} {'GB/s':>8}"
-    head += f" {'of 4.37 TB/s':>12}" if cuda else ""
+    head += f" {'of 4.37 TB/s':>12} {'replay ms':>9}" if cuda else ""
     rows = [head]
     for r in results:
         row = (f"{r.batch_size:>5} {r.tokens_per_s:>10.1f} {r.ms_per_step:>9.2f} "
                f"{r.weight_bytes_per_step / 1e6:>15.1f} {r.weight_gb_per_s:>8.1f}")
         if cuda and r.roofline_fraction is not None:
             row += f" {r.roofline_fraction:>12.1%}"
+            row += f" {r.replay_ms:>9.2f}" if r.replay_ms is not None else f" {'-':>9}"
         rows.append(row)
     return "\n".join(rows)
 
@@ -201,6 +245,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("eager-torch", "eager-triton", "graphed"), default="eager-torch")
     p.add_argument("--vs-hf", action="store_true",
                    help="also time transformers generate (static cache) on the same weights")
+    p.add_argument("--kernels", action="store_true",
+                   help="graphed: print the kernels of one decode step (torch.profiler)")
     p.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -229,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batch {b}: prefill {r.prefill_ms:.0f} ms, decode {r.ms_per_step:.2f} ms/step "
               f"(min {r.ms_per_step_min:.2f})", file=sys.stderr)
         results.append(r)
+        if args.kernels and engine.graphs.mode == "cuda":
+            print(kernel_table(engine, b))
     hf_rows = []
     if args.vs_hf:
         for b in args.batch_sizes:

@@ -60,6 +60,13 @@ if [ "$stage" = all ] || [ "$stage" = smollm2 ] || [ "$stage" = smollm2+phases ]
     --iters 30 --out "$OUT/draft_frspec_smol.json"
 fi
 
+if [ "$stage" = perf8b ]; then  # issue 5: fused kernels, 8B-shape decode vs transformers
+  step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_fused_kernels.py tests/test_triton_attention.py -x
+  step decode_8b_graphed 330 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
+    --batch-sizes 1,8,32,64 --context 512 --tokens 64 --kernels --vs-hf --out "$OUT/decode_8b_graphed.json"
+  HOTSPEC_FUSED_KERNELS=0 step decode_8b_unfused 90 python3 benchmarks/decode_bench.py --model llama8b-shape \
+    --mode graphed --batch-sizes 1 --context 512 --tokens 32 --out "$OUT/decode_8b_unfused.json"
+fi
 if [ "$stage" = frspec8b+hf ]; then
   step draft_frspec_8b 110 python3 benchmarks/spec_phase_bench.py --target llama8b-shape --target-layers 1 \
     --batch-sizes 1,16 --shapes 6,8,16 --hot full,32768,16384,8192 --modes graphed --phases draft \
@@ -74,7 +81,7 @@ fi
 
 echo; echo "================ summary ================"
 cat "$OUT/status.txt"
-for f in "$OUT"/decode_*.log; do [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs transformers" "$f"; done
+for f in "$OUT"/decode_*.log; do [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs transformers|kernels per step" "$f"; done
 for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep -E "^(llama8b|default) " "$f"; done
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log
