@@ -112,8 +112,10 @@ def build_engine(args: argparse.Namespace, num_kv_blocks: int, max_batch: int) -
                   "cuda_graph_max_bs": max_batch}
     elif args.mode == "eager-triton":
         pinned = {"attention_backend": "triton", "disable_cuda_graph": True}
+    # the whole batch prefills in one step (no chunking), so every timed step is a decode step
     cfg = EngineConfig(dtype=args.dtype, device=args.device, block_size=BLOCK_SIZE,
                        num_kv_blocks=num_kv_blocks, max_num_seqs=max_batch, skip_tokenizer_init=True,
+                       max_prefill_tokens=None,
                        seed=args.seed, **pinned)
     if args.model == "default":
         return Engine(cfg)
