@@ -1,8 +1,5 @@
-"""`hotspec train-draft` on a tiny target (64-token character vocabulary with a chat template).
-
-The target's layers are weak (std 0.1) next to a strong embedding and LM head, so its greedy
-continuations are mostly a function of the last few tokens and settle into short repeating
-patterns: a head can learn them in a few hundred CPU steps, so acceptance really happens.
+"""`hotspec train-draft` on a tiny target (chat_target.py: 64-token character vocabulary with a
+chat template, whose greedy continuations a head learns in a few hundred CPU steps).
 
   * EAGLE-3 is trained through the Python API on prompts the target synthesizes itself, with a
     40-token draft vocabulary (d2t / t2d) and 3 TTT steps; EAGLE-1/2 through the CLI on a
@@ -26,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from chat_target import save_chat_target, torch_threads
 from safetensors import safe_open
 
 from hotspec import LLM, SamplingParams
@@ -43,10 +41,6 @@ from hotspec.training.pipeline import run_train_draft
 from hotspec.training.prompt_files import read_prompts
 from hotspec.training.prompts import synthesize_prompts
 
-SPECIALS = ["<unk>", "<s>", "<|end|>", "<|user|>", "<|assistant|>"]
-CHARS = "abcdefghijklmnopqrstuvwxyz .,?!'0123456789ABCDEFGHIJKLMNOPQ"  # 59: a 64-token vocabulary
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 ENGINE = {"num_kv_blocks": 256, "block_size": 16, "max_model_len": 256}
 TTT = 3
 
@@ -60,10 +54,8 @@ class Run:
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: threads only add synchronisation on shared cores
-    yield
-    torch.set_num_threads(n)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -73,33 +65,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def target(root: Path) -> Path:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one char, one token
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(SPECIALS)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="<|end|>")
-    fast.chat_template = TEMPLATE
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=1,
-                      eos_token_id=2)
-    hf = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.1)
-        hf.model.embed_tokens.weight.normal_(0, 1.0)
-        hf.lm_head.weight.normal_(0, 0.5)
-    path = root / "target"
-    hf.save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
+    return save_chat_target(root / "target")
 
 
 @pytest.fixture(scope="module")

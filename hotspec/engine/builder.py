@@ -138,19 +138,32 @@ class EngineBuilder:
     def _load_draft(self) -> DraftHead:
         from hotspec.models.draft_loader import load_draft_head
 
-        path = self.cfg.speculative_draft_model_path
-        if path is None:
-            raise ConfigError("speculative_algorithm needs speculative_draft_model_path (a folder "
-                              "with config.json and the head's weights)")
-        head = load_draft_head(path, self.target, self.cfg.speculative_algorithm, self.dtype,
-                               self.device)
+        path, algorithm = self._draft_source()
+        head = load_draft_head(path, self.target, algorithm, self.dtype, self.device)
         if self.cfg.speculative_token_map is not None:
             from hotspec.spec.token_map import apply_token_map, load_token_map
 
             apply_token_map(head, self.target, load_token_map(self.cfg.speculative_token_map,
                                                                self.model_config.vocab_size))
         check_hot_vocab_size(path, head)
+        log.info("draft head: %s (%s, %d draft tokens)", path, algorithm, head.draft_vocab_size)
         return head
+    def _draft_source(self) -> tuple[str, str]:
+        """(head folder, algorithm): the configured head, or the default model's shipped one."""
+        path, algorithm = self.cfg.speculative_draft_model_path, self.cfg.speculative_algorithm
+        assert algorithm is not None  # only called for speculative engines
+        if path is not None:
+            return path, algorithm
+        if self.cfg.model is not None:
+            raise ConfigError("speculative_algorithm needs speculative_draft_model_path (a folder "
+                              "with config.json and the head's weights); only the default model "
+                              "has a built-in draft head")
+        from hotspec.models.default_model import DEFAULT_DRAFT_ALGORITHM, default_draft_head
+
+        if algorithm != DEFAULT_DRAFT_ALGORITHM:
+            log.warning("speculative_algorithm %s: the default model's built-in draft head is %s "
+                        "and runs as such", algorithm, DEFAULT_DRAFT_ALGORITHM)
+        return str(default_draft_head()), DEFAULT_DRAFT_ALGORITHM
 
 
 def check_hot_vocab_size(path: str, head: DraftHead) -> None:

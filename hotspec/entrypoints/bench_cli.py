@@ -81,7 +81,8 @@ def _command(args: argparse.Namespace) -> str:
 def _check(args: argparse.Namespace, cfg: EngineConfig) -> None:
     if cfg.speculative_algorithm is None:
         raise HotspecError("hotspec bench compares speculative decoding with vanilla decoding: pass "
-                           "--speculative-algorithm and --speculative-draft-model-path")
+                           "--speculative-algorithm and --speculative-draft-model-path (the default "
+                           "model needs no path: it has a built-in head)")
     for name in ("batch_size", "max_tokens", "num_prompts"):
         value = getattr(args, name)
         if value is not None and value < 1:

@@ -65,7 +65,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hotspec.entrypoints import bench_cli, serve_cli, token_map_cli, train_cli
+    from hotspec.entrypoints import bench_cli, prune_cli, serve_cli, token_map_cli, train_cli
     p = argparse.ArgumentParser(prog="hotspec", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt, streamed to the terminal")
@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     token_map_cli.add_parser(sub)
     train_cli.add_parser(sub)
+    prune_cli.add_parser(sub)
     serve_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     return p

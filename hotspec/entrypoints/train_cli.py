@@ -26,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="EAGLE-3: draft vocabulary size (default min(32000, vocab)); EAGLE: also "
                    "write the FR-Spec map DIR/freq_N.pt of the N most frequent response tokens")
+    p.add_argument("--token-maps", nargs="+", type=int, default=(), metavar="N",
+                   help="also write FR-Spec maps DIR/freq_N.pt of the N most frequent response tokens "
+                   "(EOS / end-of-turn forced in), for --speculative-token-map; either arch")
     p.add_argument("--prompts", nargs="+", type=Path, default=(), metavar="FILE",
                    help="ShareGPT .json/.jsonl (first user turn of each conversation) or .txt (one "
                    "prompt per line); default: prompts sampled from the target itself")
@@ -49,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="target dtype for data and evaluation (auto: bfloat16 on CUDA, else float32)")
     p.add_argument("--kv-cache-memory-gb", type=float, default=None,
                    help="KV cache of the data and evaluation engines (default: the engine's)")
+    p.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                   help="requests the data and evaluation engines decode at once (default: the "
+                   "engine's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in DIR (its data shards and last checkpoint)")
@@ -65,6 +71,7 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         engine_kwargs["kv_cache_memory_gb"] = args.kv_cache_memory_gb
     cfg = TrainConfig(
         out=args.out, model=args.model, arch=args.arch, draft_vocab=args.draft_vocab,
+        token_maps=tuple(args.token_maps), max_num_seqs=args.max_num_seqs,
         prompts=tuple(args.prompts), num_prompts=args.num_prompts, eval_prompts=args.eval_prompts,
         max_new_tokens=args.max_new_tokens, response_temperature=args.temperature,
         max_seq_len=args.max_seq_len, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,

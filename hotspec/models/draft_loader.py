@@ -45,8 +45,8 @@ def load_draft_head(path: str | os.PathLike, target: LlamaForCausalLM, algorithm
     if algorithm not in ALGORITHMS:
         raise ModelLoadError(f"speculative algorithm {algorithm!r} has no draft head loader; choose "
                              f"one of {', '.join(ALGORITHMS)}")
-    folder = _draft_folder(path)
-    config = _read_json(folder / "config.json")
+    folder = draft_folder(path)
+    config = read_json_object(folder / "config.json")
     state = read_draft_tensors(folder, dtype)
     _check_algorithm(state, algorithm, folder)
     cfg = _draft_config(config, algorithm, target.config, folder)
@@ -85,9 +85,9 @@ def load_draft_head(path: str | os.PathLike, target: LlamaForCausalLM, algorithm
     return head.eval().requires_grad_(False)
 
 
-def read_draft_tensors(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def read_draft_tensors(folder: Path, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """All tensors of the folder's weight files but derived rotary tables; floating ones cast to
-    `dtype`, others (d2t, t2d) kept."""
+    `dtype` (None: kept as stored), others (d2t, t2d) kept."""
     for index_name, single_name in _WEIGHT_FILES:
         index, single = folder / index_name, folder / single_name
         if index.is_file():
@@ -100,7 +100,8 @@ def read_draft_tensors(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tens
         tensors: dict[str, torch.Tensor] = {}
         for f in files:
             tensors.update(reader(f))
-        return {k: t.to(dtype) if t.is_floating_point() else t for k, t in tensors.items()
+        return {k: t.to(dtype) if dtype is not None and t.is_floating_point() else t
+                for k, t in tensors.items()
                 if not k.endswith(_DERIVED_BUFFERS)}
     found = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
     raise ModelLoadError(
@@ -112,7 +113,7 @@ def read_draft_tensors(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tens
 # ---------------------------------------------------------------- files
 
 
-def _draft_folder(path: str | os.PathLike) -> Path:
+def draft_folder(path: str | os.PathLike) -> Path:
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise ModelLoadError(f"draft model path {folder} is not a folder. Fix: pass the folder that "
@@ -123,7 +124,7 @@ def _draft_folder(path: str | os.PathLike) -> Path:
     return folder
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -135,7 +136,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _shards(index: Path) -> list[Path]:
-    weight_map = _read_json(index).get("weight_map")
+    weight_map = read_json_object(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ModelLoadError(f"{index} has no weight_map. Fix: restore the original file.")
     shards = [index.parent / name for name in sorted(set(weight_map.values()))]

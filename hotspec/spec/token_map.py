@@ -51,14 +51,20 @@ def load_token_map(path: str | os.PathLike, vocab_size: int) -> torch.Tensor:
     else:
         raise ModelLoadError(f"token map {path} holds a {type(obj).__name__}; expected a list of "
                              "token ids or a 1-D integer tensor")
+    return check_token_ids(ids, vocab_size, f"token map {path}")
+
+
+def check_token_ids(ids: torch.Tensor, vocab_size: int, what: str) -> torch.Tensor:
+    """`ids` (1-D LongTensor) if it is a non-empty set of ids in [0, vocab_size); `what` names it
+    in the error."""
     if ids.numel() == 0:
-        raise ModelLoadError(f"token map {path} is empty")
+        raise ModelLoadError(f"{what} is empty")
     out = ids[(ids < 0) | (ids >= vocab_size)]
     if out.numel():
-        raise ModelLoadError(f"token map {path} has ids outside the target vocabulary "
+        raise ModelLoadError(f"{what} has ids outside the target vocabulary "
                              f"[0, {vocab_size}): {out[:5].tolist()}; was it built for another model?")
     if torch.unique(ids).numel() != ids.numel():
-        raise ModelLoadError(f"token map {path} repeats token ids; each id must appear once")
+        raise ModelLoadError(f"{what} repeats token ids; each id must appear once")
     return ids
 
 

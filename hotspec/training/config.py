@@ -24,6 +24,8 @@ class TrainConfig:
     # EAGLE-3: rows of the head's own LM head (d2t). EAGLE: size of the FR-Spec map written next to
     # the head (freq_<N>.pt). None: EAGLE-3 takes min(32000, vocab), EAGLE writes no map.
     draft_vocab: int | None = None
+    # FR-Spec maps DIR/freq_<N>.pt of the N most frequent response tokens, for either arch.
+    token_maps: tuple[int, ...] = ()
     prompts: tuple[Path, ...] = ()  # empty: prompts synthesized by the target itself
     num_prompts: int = 256
     eval_prompts: int = 8  # held back from training, decoded with the trained head for tau
@@ -47,6 +49,7 @@ class TrainConfig:
     # Stop after this many optimizer steps as if interrupted (the schedule still spans all epochs);
     # tests use it to exercise --resume.
     halt_after: int | None = None
+    max_num_seqs: int | None = None  # data and evaluation engines; None: the engine's default
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra EngineConfig fields
     command: str = ""  # the command line, for the report
 
@@ -62,6 +65,10 @@ class TrainConfig:
             raise TrainConfigError(f"eval_prompts must be >= 0, got {self.eval_prompts}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise TrainConfigError(f"--draft-vocab must be >= 1, got {self.draft_vocab}")
+        if any(n < 1 for n in self.token_maps):
+            raise TrainConfigError(f"--token-maps sizes must be >= 1, got {list(self.token_maps)}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise TrainConfigError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
         if self.ttt_steps is not None and self.ttt_steps < 1:
             raise TrainConfigError(f"--ttt-steps must be >= 1, got {self.ttt_steps}")
         if not self.lr > 0:
@@ -86,4 +93,7 @@ class TrainConfig:
 
     def engine_options(self) -> dict[str, Any]:
         """EngineConfig keywords shared by the data and evaluation engines."""
-        return {"dtype": self.dtype, "device": self.device, "seed": self.seed, **self.engine_kwargs}
+        opts: dict[str, Any] = {"dtype": self.dtype, "device": self.device, "seed": self.seed}
+        if self.max_num_seqs is not None:
+            opts["max_num_seqs"] = self.max_num_seqs
+        return {**opts, **self.engine_kwargs}

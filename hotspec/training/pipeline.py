@@ -2,7 +2,8 @@
 
 Output folder DIR:
   config.json, model.safetensors   the head, public format (draft_loader.load_draft_head reads it)
-  freq_<N>.pt                      EAGLE-1/2 with --draft-vocab N: FR-Spec map (list of int)
+  freq_<N>.pt                      FR-Spec maps (list of int): EAGLE-1/2 with --draft-vocab N,
+                                   and each N of --token-maps (either arch)
   train_report.json, loss.png      what was done and how well the head drafts (tau)
   data/                            prompts and feature shards (data.py)
   checkpoints/last.pt              the latest training state (trainer.py)
@@ -32,7 +33,7 @@ from hotspec.training.head_init import (
 )
 from hotspec.training.report import measure_tau, plot_losses, write_report
 from hotspec.training.trainer import Trainer, Vocab
-from hotspec.training.vocab import choose_draft_vocab, response_token_counts
+from hotspec.training.vocab import choose_draft_vocab, response_token_counts, write_token_maps
 
 log = logging.getLogger("hotspec")
 
@@ -48,6 +49,9 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     llm = LLM(cfg.model, **cfg.engine_options())
     engine = llm.engine
     tcfg, vocab_size = engine.model_config, engine.model_config.vocab_size
+    forced = end_of_turn_ids(llm.tokenizer, vocab_size) if llm.tokenizer is not None else []
+    forced += sorted(t for t in engine.eos_token_ids if t < vocab_size)
+    _check_token_maps(cfg, vocab_size, forced)
     split = prepare_prompts(llm, cfg, data_dir)
     # EAGLE-3: rows of the head's own LM head; EAGLE-1/2: size of the FR-Spec map (or none).
     n_draft = cfg.draft_vocab
@@ -60,9 +64,8 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
 
     data = load_dataset(data_dir)
     counts = response_token_counts(data, vocab_size)
-    forced = end_of_turn_ids(llm.tokenizer, vocab_size) if llm.tokenizer is not None else []
-    forced += sorted(t for t in engine.eos_token_ids if t < vocab_size)
     vocab = choose_draft_vocab(cfg.algorithm, n_draft, counts, forced, out)
+    token_maps = write_token_maps(cfg.token_maps, counts, forced, out)
 
     device = engine.device
     ttt = cfg.resolved_ttt_steps(device.type)
@@ -108,6 +111,7 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
                     "train": len(split.train), "held_back": len(split.eval)},
         "data": data_stats,
         "draft_vocab": vocab.info,
+        "token_maps": token_maps,
         "aux_layer_ids": list(aux),
         "training": {"steps": len(history.loss), "epochs": cfg.epochs,
                      "batch_size": cfg.batch_size, "ttt_steps": ttt, "lr": cfg.lr,
@@ -140,6 +144,19 @@ def _check_out_dir(cfg: TrainConfig, data_dir: Path, ckpt_dir: Path) -> None:
         raise TrainConfigError(
             f"{cfg.out} already holds a training run ({', '.join(p.name for p in used)}/). Fix: pass "
             "--resume to continue it, or choose a new --out.")
+
+
+def _check_token_maps(cfg: TrainConfig, vocab_size: int, forced: list[int]) -> None:
+    """Before any work: every --token-maps size fits the vocabulary and holds the forced ids."""
+    too_big = [n for n in cfg.token_maps if n > vocab_size]
+    if too_big:
+        raise TrainConfigError(f"--token-maps {' '.join(map(str, too_big))}: larger than the target "
+                               f"vocabulary ({vocab_size} tokens). Fix: pass sizes <= {vocab_size}.")
+    n_forced = len(set(forced))
+    too_small = [n for n in cfg.token_maps if n < n_forced]
+    if too_small:
+        raise TrainConfigError(f"--token-maps {' '.join(map(str, too_small))}: a map must hold the "
+                               f"{n_forced} end-of-turn / EOS token(s) {sorted(set(forced))}")
 
 
 def _to_float(data: FeatureBlock, device: torch.device) -> FeatureBlock:

@@ -7,6 +7,8 @@ token_map_builder's: most frequent first, ties to the lower id, EOS / end-of-tur
     them; `t2d` is the boolean membership mask over the target vocabulary.
   * EAGLE-1/2: the kept ids are written as an FR-Spec token map (most frequent first) for
     `--speculative-token-map`; the head itself keeps the target's full LM head.
+  * `--token-maps N ...` (either arch): more FR-Spec maps, DIR/freq_<N>.pt, ranked the same way
+    over the whole target vocabulary (the engine intersects an EAGLE-3 head's vocabulary with them).
 """
 
 from __future__ import annotations
@@ -72,8 +74,28 @@ def choose_draft_vocab(algorithm: str, size: int | None, counts: np.ndarray, for
         draft_to_target, d2t, t2d = eagle3_vocab(kept, vocab_size)
         return DraftVocab({"size": len(kept), "kind": "EAGLE-3 d2t", "coverage": coverage},
                           draft_to_target, d2t, t2d, kept=kept)
-    token_map = out_dir / f"freq_{size}.pt"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    torch.save([int(i) for i in kept], token_map)
+    token_map = _save_map(kept, out_dir, size)
     return DraftVocab({"size": len(kept), "kind": "FR-Spec token map", "file": token_map.name,
                        "coverage": coverage}, token_map=token_map, kept=kept)
+
+
+def write_token_maps(sizes: tuple[int, ...], counts: np.ndarray, forced: list[int],
+                     out_dir: Path) -> list[dict[str, Any]]:
+    """out_dir/freq_<N>.pt for each N in `sizes` (most frequent first, `forced` ids included);
+    returns, per map, its file, size and coverage of the counted tokens (for the report)."""
+    total = int(counts.sum())
+    maps = []
+    for n in sizes:
+        kept = ranked_ids(counts, n, forced)
+        path = _save_map(kept, out_dir, n)
+        maps.append({"file": path.name, "size": len(kept),
+                     "coverage": float(counts[kept].sum()) / total if total else 0.0})
+    return maps
+
+
+def _save_map(kept: list[int], out_dir: Path, size: int) -> Path:
+    """The public FR-Spec format: torch.save(list_of_int), most frequent first."""
+    path = out_dir / f"freq_{size}.pt"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.save([int(i) for i in kept], path)
+    return path

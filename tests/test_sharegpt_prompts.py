@@ -1,0 +1,33 @@
+"""scripts/sharegpt_prompts.py: first user turns of a ShareGPT file, filtered by length and ASCII."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sharegpt_prompts.py"
+
+
+def _script():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("sharegpt_prompts", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_filters_and_writes_jsonl(tmp_path: Path) -> None:
+    firsts = ["short", "a prompt of a good length", "x" * 1501, "中文的问题中文的问题中文的问题中文的问题",
+              "mostly ascii with one é in forty-odd characters", "a prompt of a good length"]
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": t},
+                                              {"from": "gpt", "value": "ignored answer"}]}
+             for i, t in enumerate(firsts)]
+    src = tmp_path / "sg.json"
+    text = json.dumps(convs)
+    src.write_text(text + text[:40], encoding="utf-8")  # a broken tail, as the package ships
+    out = tmp_path / "p.jsonl"
+    assert _script().main(["--json", str(src), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert rows == [{"prompt": "a prompt of a good length"},
+                    {"prompt": "mostly ascii with one é in forty-odd characters"}]
