@@ -5,7 +5,8 @@ tokens per request with different GEMM shapes than 1-token decode, so accumulati
 and a near-tie between the top two logits can flip. For every divergence this prints the
 position and the top-2 logit gap of the target at that point (prefill over the common prefix).
 
-    python benchmarks/gpu_agreement.py --tokens 64
+    python benchmarks/gpu_agreement.py --tokens 64 [--head DIR]   (DIR: a trained EAGLE-3 head;
+                                                                   default: a random EAGLE head)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ PROMPTS = [json.loads(line)["turns"][0] for line in
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--head", default=None, help="an EAGLE-3 head folder (default: random EAGLE)")
     args = p.parse_args()
     sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     common = dict(dtype="bfloat16", device="cuda", kv_cache_memory_gb=1.0, max_num_seqs=16,
@@ -42,13 +44,14 @@ def main() -> None:
     vanilla = [o.token_ids for o in van_llm.chat(msgs, sp)]
     cfg = load_checkpoint(default_model_path(), torch.float32)[0]
     tmp = Path(tempfile.mkdtemp())
-    head = random_draft_checkpoint(tmp / "e", cfg, "EAGLE", seed=1)
+    algo = "EAGLE3" if args.head else "EAGLE"
+    head = args.head or random_draft_checkpoint(tmp / "e", cfg, "EAGLE", seed=1)
     tmap = str(tmp / "m.pt")
     torch.save(list(range(8192)), tmap)
     print(f"{'config':<22} {'identical':>10} {'mean match %':>13}  divergences (pos: gap)")
     for name, shape, hot in [("chain", (5, 1, 6), None), ("tree", (6, 8, 16), None),
                              ("chain+frspec8k", (5, 1, 6), tmap), ("tree+frspec8k", (6, 8, 16), tmap)]:
-        llm = LLM(**common, speculative_algorithm="EAGLE", speculative_draft_model_path=str(head),
+        llm = LLM(**common, speculative_algorithm=algo, speculative_draft_model_path=str(head),
                   speculative_num_steps=shape[0], speculative_eagle_topk=shape[1],
                   speculative_num_draft_tokens=shape[2], speculative_token_map=hot)
         outs = [o.token_ids for o in llm.chat(msgs, sp)]

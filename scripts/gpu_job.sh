@@ -67,6 +67,60 @@ if [ "$stage" = perf8b ]; then  # issue 5: fused kernels, 8B-shape decode vs tra
   HOTSPEC_FUSED_KERNELS=0 step decode_8b_unfused 90 python3 benchmarks/decode_bench.py --model llama8b-shape \
     --mode graphed --batch-sizes 1 --context 512 --tokens 32 --out "$OUT/decode_8b_unfused.json"
 fi
+if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
+  step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
+    --batch-sizes 1,8,32,64 --context 512 --tokens 64 --vs-hf --out "$OUT/decode_8b_graphed.json"
+fi
+
+# issue 6: the default head. Full-vocabulary EAGLE-3 head trained in /root/heads/full (kept on the
+# machine for the next stage while it stays warm), pruned to the 8,192 most frequent tokens, and
+# sent back as head.tar split in 15 MB parts (cat head.tar.part-* > head.tar).
+HEADS=/root/heads
+TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab 49152 --token-maps 16384 8192
+  --prompts .data/sharegpt_prompts.jsonl --num-prompts ${NUM_PROMPTS:-4000} --eval-prompts 16
+  --max-new-tokens 256 --epochs 3 --batch-size 16 --lr 3e-4 --device cuda --max-num-seqs 64
+  --no-progress)
+if [ "$stage" = train ]; then
+  mkdir -p $HEADS
+  step train 540 python3 -m hotspec train-draft "${TRAIN_ARGS[@]}"
+fi
+if [ "$stage" = train ] || [ "$stage" = spec ]; then
+  if [ ! -f $HEADS/full/model.safetensors ] && [ -d $HEADS/full/data ]; then
+    step train_resume 300 python3 -m hotspec train-draft "${TRAIN_ARGS[@]}" --resume
+  fi
+  if [ -f $HEADS/full/model.safetensors ] && [ ! -f $HEADS/shipped/model.safetensors ]; then
+    python3 -m hotspec prune-draft $HEADS/full --token-map $HEADS/full/freq_8192.pt --out $HEADS/shipped
+    (cd $HEADS && cp full/train_report.json full/loss.png full/freq_*.pt shipped/ 2>/dev/null;
+     tar cf - shipped | split -b 15M - "$OUT/head.tar.part-")
+    ls -la "$OUT"
+  fi
+fi
+if [ "$stage" = train ] && [ -f $HEADS/shipped/model.safetensors ]; then  # issue 7 sweep
+  OUT="$OUT" SPEC_ARGS="--speculative-algorithm EAGLE3 --speculative-draft-model-path $HEADS/shipped \
+--speculative-num-steps 6 --speculative-eagle-topk 8 --speculative-num-draft-tokens 16" \
+    step serve_sweep 170 bash scripts/serve_sweep.sh
+fi
+if [ "$stage" = spec ]; then  # needs the default GGUF and $HEADS/full from the train stage
+  step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+  SPEC=(--speculative-algorithm EAGLE3 --speculative-draft-model-path $HEADS/full
+    --speculative-num-steps 6 --speculative-eagle-topk 8 --speculative-num-draft-tokens 16)
+  BENCH=(--prompts .data/spec_bench_dev.jsonl --max-tokens 256 --no-profile-pass)
+  MAP8=(--speculative-token-map $HEADS/full/freq_8192.pt)
+  step bench_b1 200 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 1 \
+    --num-prompts 52 --vs-hf --out "$OUT/bench_b1"
+  step bench_b8 90 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 8 \
+    --num-prompts 104 --out "$OUT/bench_b8"
+  step bench_b32 90 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 32 \
+    --num-prompts 128 --out "$OUT/bench_b32"
+  step frspec_full 100 python3 -m hotspec bench "${SPEC[@]}" "${BENCH[@]}" --batch-size 1 \
+    --num-prompts 52 --out "$OUT/frspec_full"
+  step frspec_16k 100 python3 -m hotspec bench "${SPEC[@]}" --speculative-token-map $HEADS/full/freq_16384.pt \
+    "${BENCH[@]}" --batch-size 1 --num-prompts 52 --out "$OUT/frspec_16k"
+  step decode_smol 90 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
+    --batch-sizes 1,8 --context 512 --tokens 64 --vs-hf --out "$OUT/decode_smol.json"
+  step agreement_bf16 90 python3 benchmarks/gpu_agreement.py --tokens 64 --head $HEADS/full
+fi
+
 if [ "$stage" = frspec8b+hf ]; then
   step draft_frspec_8b 110 python3 benchmarks/spec_phase_bench.py --target llama8b-shape --target-layers 1 \
     --batch-sizes 1,16 --shapes 6,8,16 --hot full,32768,16384,8192 --modes graphed --phases draft \
@@ -85,3 +139,10 @@ for f in "$OUT"/decode_*.log; do [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs 
 for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep -E "^(llama8b|default) " "$f"; done
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log
+for f in "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
+  [ -f "$f" ] && { echo "--- $(basename "$f")"; tail -n 14 "$f"; }
+done
+# The device tool returns at most 8 files: everything but the head parts goes into one archive.
+(cd "$OUT" && tar czf /tmp/results.tgz --exclude='head.tar.part-*' . && mv /tmp/results.tgz . &&
+ find . -mindepth 1 ! -name 'head.tar.part-*' ! -name results.tgz -delete)
+exit 0
