@@ -52,8 +52,7 @@ def hf_llama(engine: Engine) -> HFLlama:
         bos_token_id=mc.bos_token_id, eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
     with torch.device("meta"):
         hf = HFLlama(hf_cfg)
-    state = {k: v for k, v in engine.target.state_dict().items() if not k.startswith("rotary")}
-    hf.load_state_dict(state, strict=False, assign=True)
+    hf.load_state_dict(engine.target.hf_state_dict(), strict=True, assign=True)
     hf.tie_weights()
     with torch.device(engine.device):
         hf.model.rotary_emb = type(hf.model.rotary_emb)(hf_cfg)

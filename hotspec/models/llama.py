@@ -148,6 +148,31 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
 
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights under Hugging Face's names (`model.layers.{i}.self_attn.q_proj.weight`, ...),
+        fused or not: a fused qkv_proj / gate_up_proj is split back into q/k/v_proj and
+        gate/up_proj (row views, no copies); the rotary tables (buffers, not weights) are left
+        out. The one place that maps the engine's target back to a transformers state dict."""
+        out: dict[str, torch.Tensor] = {}
+        for name, t in self.state_dict().items():
+            if name.startswith("rotary."):
+                continue
+            prefix, _, leaf = name.rpartition(".")  # leaf: weight / bias
+            if prefix.endswith(".self_attn.qkv_proj"):
+                attn = prefix.removesuffix(".qkv_proj")
+                nq = self.config.num_attention_heads * self.config.head_dim
+                nkv = self.config.num_key_value_heads * self.config.head_dim
+                q, k, v = t.split((nq, nkv, nkv), dim=0)
+                out.update({f"{attn}.q_proj.{leaf}": q, f"{attn}.k_proj.{leaf}": k,
+                            f"{attn}.v_proj.{leaf}": v})
+            elif prefix.endswith(".mlp.gate_up_proj"):
+                mlp = prefix.removesuffix(".gate_up_proj")
+                gate, up = t.split(self.config.intermediate_size, dim=0)
+                out.update({f"{mlp}.gate_proj.{leaf}": gate, f"{mlp}.up_proj.{leaf}": up})
+            else:
+                out[name] = t
+        return out
+
     def forward(self, fb: ForwardBatch, kv: KVPool, backend: AttentionBackend
                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         h = self.model.embed_tokens(fb.input_ids)
