@@ -43,6 +43,13 @@ fi
 names=(vanilla) ports=("$PORT") pids=()
 [ "$SPEC_ARGS" != none ] && names+=(spec) && ports+=($((PORT + 1)))
 
+http_get() {  # http_get PORT PATH: the response (status line first); bash only, no curl needed
+  { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
+  printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
+  timeout 10 cat <&3
+  exec 3<&-
+}
+
 stop_servers() {  # SIGINT (graceful), then SIGKILL whatever is left after 15 s
   for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null; done
   for _ in $(seq 30); do
@@ -67,7 +74,7 @@ for i in "${!names[@]}"; do
 done
 
 for i in "${!names[@]}"; do
-  until curl -sf "http://127.0.0.1:${ports[$i]}/health" >/dev/null; do
+  until http_get "${ports[$i]}" /health | head -n 1 | grep -q " 200 "; do
     if ! kill -0 "${pids[$i]}" 2>/dev/null || [ $(($(date +%s) - t0)) -ge "$START_S" ]; then
       echo "serve_sweep: ${names[$i]} server did not come up in ${START_S}s; its log ends:"
       tail -n 40 "$LOGDIR/serve_${names[$i]}.log"
@@ -76,7 +83,7 @@ for i in "${!names[@]}"; do
     sleep 0.5
   done
   echo "serve_sweep: ${names[$i]} healthy after $(($(date +%s) - t0))s"
-  curl -s "http://127.0.0.1:${ports[$i]}/metrics" | grep -E "^hotspec_(cuda_graph_batch_sizes|kv_blocks_total)"
+  http_get "${ports[$i]}" /metrics | grep -E "^hotspec_(cuda_graph_batch_sizes|kv_blocks_total)"
 done
 
 targets=()

@@ -1,0 +1,67 @@
+"""benchmarks/load_test.py against a tiny server: a clean run passes every check (exit 0), and an
+engine that fails steps makes it report FAIL (exit 1)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from engine_utils import save_tiny_llama
+
+from hotspec import LLM
+from hotspec.entrypoints.server import BackgroundServer, ServerSettings, create_app
+from hotspec.models.loader import load_tokenizer, resolve_model_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import load_test  # noqa: E402 - a script folder, not a package
+
+ARGS = ["--num-requests", "12", "--concurrency", "4", "--rates", "inf", "--min-tokens", "2",
+        "--max-tokens", "12", "--max-prompt-words", "30", "--disconnect-fraction", "0.25",
+        "--timeout", "60", "--drain-timeout", "10"]
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tok = load_tokenizer(resolve_model_path(None))  # a real chat template: the load test chats
+    path = save_tiny_llama(tmp_path_factory.mktemp("load") / "tiny", vocab=49152, hidden=64, layers=2,
+                           std=0.3, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    tok.save_pretrained(path)
+    yield LLM(model=str(path), dtype="float32", device="cpu", block_size=8, num_kv_blocks=64,
+              max_model_len=256)
+    torch.set_num_threads(n)
+
+
+def test_clean_run_passes(llm: LLM, tmp_path: Path) -> None:
+    with BackgroundServer(create_app(llm.engine, ServerSettings("tiny"))) as srv:
+        rc = load_test.main(["--target", f"t={srv.url}", *ARGS, "--out", str(tmp_path / "o.json")])
+    out = json.loads((tmp_path / "o.json").read_text())
+    assert rc == 0 and out["passed"], out["checks"]
+    (report,) = out["reports"]
+    assert report["disconnected"] == report["server_aborts"] == 3
+    assert report["completed"] == 9 and report["greedy_checked"] > 0 and report["drained"]
+
+
+def test_failed_steps_fail_the_run(llm: LLM, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    worker = llm.engine.worker
+    real_step, calls = worker.step, [0]
+
+    def flaky_step(reqs: list) -> list[list[int]]:
+        calls[0] += 1
+        if calls[0] % 5 == 0:
+            raise RuntimeError("injected step failure")
+        return real_step(reqs)
+
+    monkeypatch.setattr(worker, "step", flaky_step)
+    with BackgroundServer(create_app(llm.engine, ServerSettings("tiny"))) as srv:
+        rc = load_test.main(["--target", f"t={srv.url}", *ARGS, "--verify-greedy", "0",
+                             "--out", str(tmp_path / "o.json")])
+    out = json.loads((tmp_path / "o.json").read_text())
+    assert rc == 1 and not out["passed"]
+    (report,) = out["reports"]
+    assert report["http_5xx"] > 0 and report["step_errors"] > 0 and report["drained"]
