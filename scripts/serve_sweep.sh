@@ -60,7 +60,13 @@ stop_servers() {  # SIGINT (graceful), then SIGKILL whatever is left after 15 s
   done
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
 }
+lt=""
+on_signal() {  # `timeout` (scripts/gpu_job.sh's step) or ^C: stop the load test, then the servers
+  [ -n "$lt" ] && kill -INT "$lt" 2>/dev/null
+  exit 143
+}
 trap stop_servers EXIT
+trap on_signal TERM INT
 
 t0=$(date +%s)
 for i in "${!names[@]}"; do
@@ -89,8 +95,11 @@ done
 targets=()
 for i in "${!names[@]}"; do targets+=(--target "${names[$i]}=http://127.0.0.1:${ports[$i]}"); done
 # shellcheck disable=SC2086
-$PY benchmarks/load_test.py "${targets[@]}" $LOAD_ARGS --out "$OUT/serve_sweep.json"
+$PY benchmarks/load_test.py "${targets[@]}" $LOAD_ARGS --out "$OUT/serve_sweep.json" &
+lt=$!
+wait "$lt"  # in the background so that a signal is handled at once
 rc=$?
+lt=""
 stop_servers
 trap - EXIT
 for n in "${names[@]}"; do  # errors the servers logged (tracebacks, warnings), if any
