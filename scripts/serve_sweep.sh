@@ -6,7 +6,7 @@
 # come up. The caller sets PYTHONPATH (scripts/gpu_job.sh does: the repo, /tmp/site with the
 # carried wheels and the staged default model).
 #   bash scripts/serve_sweep.sh
-# Knobs (environment; defaults suit one H200 and SmolLM2-135M, ~2 minutes in all):
+# Knobs (environment; defaults meant for one H200 and SmolLM2-135M within ~150 s, unmeasured):
 #   SERVE_ARGS  engine options for both servers (default: --kv-cache-memory-gb 8)
 #   SPEC_ARGS   the speculative server's extra options; SPEC_ARGS=none runs vanilla only.
 #               Skipped, with a note, when its --speculative-draft-model-path does not exist.
