@@ -53,7 +53,7 @@ fi
 if [ "$stage" = all ] || [ "$stage" = smollm2 ] || [ "$stage" = smollm2+phases ]; then
   step engine_tests 300 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
   step decode_smol 150 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
-    --batch-sizes 1,8 --context 512 --tokens 64 --vs-hf --out "$OUT/decode_smol.json"
+    --batch-sizes 1,8 --context 512 --tokens 64 --out "$OUT/decode_smol.json"
   step agreement_bf16 200 python3 benchmarks/gpu_agreement.py --tokens 64
   step draft_frspec_smol 150 python3 benchmarks/spec_phase_bench.py --target default --batch-sizes 1,16 \
     --shapes 6,8,16 --hot full,32768,16384,8192 --modes graphed,eager --phases draft,verify,draft_extend \
@@ -80,11 +80,11 @@ TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab 49152 --token-maps 163
   --prompts .data/sharegpt_prompts.jsonl --num-prompts ${NUM_PROMPTS:-4000} --eval-prompts 16
   --max-new-tokens 256 --epochs 3 --batch-size 16 --lr 3e-4 --device cuda --max-num-seqs 64
   --no-progress)
-if [ "$stage" = train ]; then
+if [ "$stage" = train ] || [ "$stage" = retrain ]; then
   mkdir -p $HEADS
-  step train 540 python3 -m hotspec train-draft "${TRAIN_ARGS[@]}"
+  step train ${TRAIN_S:-540} python3 -m hotspec train-draft "${TRAIN_ARGS[@]}"
 fi
-if [ "$stage" = train ] || [ "$stage" = spec ]; then
+if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec ]; then
   if [ ! -f $HEADS/full/model.safetensors ] && [ -d $HEADS/full/data ]; then
     step train_resume 300 python3 -m hotspec train-draft "${TRAIN_ARGS[@]}" --resume
   fi
@@ -100,6 +100,15 @@ if [ "$stage" = train ] && [ -f $HEADS/shipped/model.safetensors ]; then  # issu
 --speculative-num-steps 6 --speculative-eagle-topk 8 --speculative-num-draft-tokens 16" \
     step serve_sweep 170 bash scripts/serve_sweep.sh
 fi
+if [ "$stage" = retrain ]; then  # quick end-to-end figures with the new head
+  SPEC=(--speculative-algorithm EAGLE3 --speculative-draft-model-path $HEADS/shipped
+    --speculative-num-steps 6 --speculative-eagle-topk 8 --speculative-num-draft-tokens 16)
+  BENCH=(--prompts .data/spec_bench_dev.jsonl --max-tokens 256 --no-profile-pass)
+  step bench_b1 100 python3 -m hotspec bench "${SPEC[@]}" "${BENCH[@]}" --batch-size 1 \
+    --num-prompts 26 --out "$OUT/bench_b1"
+  step bench_b8 70 python3 -m hotspec bench "${SPEC[@]}" "${BENCH[@]}" --batch-size 8 \
+    --num-prompts 52 --out "$OUT/bench_b8"
+fi
 if [ "$stage" = spec ]; then  # needs the default GGUF and $HEADS/full from the train stage
   step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
   SPEC=(--speculative-algorithm EAGLE3 --speculative-draft-model-path $HEADS/full
@@ -107,7 +116,7 @@ if [ "$stage" = spec ]; then  # needs the default GGUF and $HEADS/full from the 
   BENCH=(--prompts .data/spec_bench_dev.jsonl --max-tokens 256 --no-profile-pass)
   MAP8=(--speculative-token-map $HEADS/full/freq_8192.pt)
   step bench_b1 200 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 1 \
-    --num-prompts 52 --vs-hf --out "$OUT/bench_b1"
+    --num-prompts 52 --out "$OUT/bench_b1"
   step bench_b8 90 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 8 \
     --num-prompts 104 --out "$OUT/bench_b8"
   step bench_b32 90 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 32 \
@@ -117,7 +126,7 @@ if [ "$stage" = spec ]; then  # needs the default GGUF and $HEADS/full from the 
   step frspec_16k 100 python3 -m hotspec bench "${SPEC[@]}" --speculative-token-map $HEADS/full/freq_16384.pt \
     "${BENCH[@]}" --batch-size 1 --num-prompts 52 --out "$OUT/frspec_16k"
   step decode_smol 90 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
-    --batch-sizes 1,8 --context 512 --tokens 64 --vs-hf --out "$OUT/decode_smol.json"
+    --batch-sizes 1,8 --context 512 --tokens 64 --out "$OUT/decode_smol.json"
   step agreement_bf16 90 python3 benchmarks/gpu_agreement.py --tokens 64 --head $HEADS/full
 fi
 

@@ -134,7 +134,26 @@ def test_engine_on_fused_kernels_matches_torch_path(tmp_path, monkeypatch):
         return [o.token_ids for o in outs], prefill_logits(llm.engine, prompts)
 
     ref_tokens, ref_logits = run()
-    monkeypatch.setattr(fused, "enabled", lambda x: True)  # CPU tensors through the interpreter
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)  # CPU tensors through the interpreter
     tokens, logits = run()
     assert tokens == ref_tokens
     assert rel_l2(logits, ref_logits) < 1e-5
+
+
+def test_fused_kernels_never_cut_gradients(monkeypatch):
+    """The kernels have no backward: while autograd records through a trainable weight or input
+    (train-draft's head on CUDA), the torch code runs, so gradients reach every parameter."""
+    from hotspec.layers import fused
+
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)  # CPU tensors count as CUDA here
+    norm = RMSNorm(SMALL[0], 1e-5)
+    x = torch.randn(3, SMALL[0], requires_grad=True)
+    assert not fused.enabled(x, norm.weight)
+    norm(x).sum().backward()
+    assert x.grad is not None and norm.weight.grad is not None
+    y, _ = norm.add_forward(torch.randn(3, SMALL[0]), x)
+    assert y.grad_fn is not None
+    with torch.no_grad():
+        assert fused.enabled(x, norm.weight), "inference takes the kernels"
+    frozen = RMSNorm(SMALL[0], 1e-5).requires_grad_(False)
+    assert fused.enabled(torch.randn(2, SMALL[0]), frozen.weight), "nothing to differentiate"

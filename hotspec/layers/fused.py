@@ -24,9 +24,17 @@ def _available() -> bool:
     return True
 
 
-def enabled(x: torch.Tensor) -> bool:
-    """True when the fused kernels should handle `x` (a CUDA tensor, Triton importable)."""
-    return x.is_cuda and _available()
+def enabled(x: torch.Tensor, *params: torch.Tensor) -> bool:
+    """True when the fused kernels should handle `x` (a CUDA tensor, Triton importable) read with
+    `params`. Never while autograd records: the kernels have no backward, so a trained draft head
+    (training/) takes the torch code, or its gradients would silently stop at every norm."""
+    if not (_on_device(x) and _available()):
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params)))
+
+
+def _on_device(x: torch.Tensor) -> bool:
+    return x.is_cuda
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -20,7 +20,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fused.enabled(x):
+        if fused.enabled(x, self.weight):
             shape = x.shape
             return fused.rms_norm(x.reshape(-1, shape[-1]), self.weight, self.eps)[0].view(shape)
         return self._norm(x)
@@ -28,7 +28,7 @@ class RMSNorm(nn.Module):
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual) for [T, H] tensors."""
-        if fused.enabled(x) and x.dim() == 2 and x.stride(1) == 1 and residual.stride(1) == 1:
+        if fused.enabled(x, self.weight) and x.dim() == 2 and x.stride(1) == 1 and residual.stride(1) == 1:
             y, s = fused.rms_norm(x, self.weight, self.eps, residual)
             assert s is not None
             return y, s
