@@ -198,11 +198,16 @@ def test_lossless_in_engine(arch: str, shape: tuple[int, int], runs: dict[str, R
 # ---------------------------------------------------------------- training forward == engine
 
 
+@pytest.mark.parametrize("fused_kernels", [False, True], ids=["torch", "fused"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_training_forward_matches_engine(arch: str, runs: dict[str, Run], target: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_forward_matches_engine(arch: str, fused_kernels: bool, runs: dict[str, Run],
+                                         target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Step 0 at every prompt position (the engine's draft prefill) and steps 1..K-1 of the chain
-    rooted at the last position (the engine's draft phase) give the training forward's logits."""
+    rooted at the last position (the engine's draft phase) give the training forward's logits.
+    `fused`: the engine runs the CUDA path's fused kernels (Triton interpreter on the CPU), as on
+    the GPU, while training runs the torch code: a head trained on the GPU drafts what it learned."""
+    from hotspec.layers import fused
+
     llm = _llm(target, runs[arch], steps=TTT, topk=1)
     engine, worker = llm.engine, llm.engine.worker
     head = engine.draft
@@ -221,6 +226,8 @@ def test_training_forward_matches_engine(arch: str, runs: dict[str, Run], target
         captured.append(out[2])
         return out
 
+    if fused_kernels:
+        monkeypatch.setattr(fused, "_on_device", lambda x: True)
     try:
         with torch.inference_mode():
             fb = prefill_batch(reqs, prompts, engine.block_size, engine.device)
@@ -243,6 +250,7 @@ def test_training_forward_matches_engine(arch: str, runs: dict[str, Run], target
     finally:
         for r in reqs:
             engine.allocator.free(r.blocks)
+        monkeypatch.setattr(fused, "_on_device", lambda x: x.is_cuda)  # training: the torch code
     assert len(captured) == TTT - 1
     # The chain the engine drafted: root, then each step's top-1 (target ids).
     chain = [roots, ids[:, 0]] + [head.to_target_ids(c.argmax(-1)) for c in captured[:-1]]
