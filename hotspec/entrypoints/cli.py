@@ -4,6 +4,7 @@ the Python API cannot drift apart (`speculative_num_steps` <-> `--speculative-nu
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import types
 import typing
@@ -67,6 +68,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from hotspec.entrypoints import bench_cli, prune_cli, serve_cli, token_map_cli, train_cli
     p = argparse.ArgumentParser(prog="hotspec", description=__doc__)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="hotspec's log messages on stderr, e.g. the CUDA-graph table at start-up "
+                   "(default: info)")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt, streamed to the terminal")
     add_engine_args(g)
@@ -86,8 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def setup_logging(level: str) -> None:
+    """hotspec's loggers ("hotspec", "hotspec.server", ...) to stderr at `level`; other libraries'
+    loggers keep Python's default (warnings and errors only)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                           datefmt="%H:%M:%S"))
+    root = logging.getLogger("hotspec")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
     try:
         args.func(args)
     except HotspecError as e:
