@@ -112,3 +112,26 @@ def test_shipped_head_on_smollm2() -> None:
     spec = run_with_engine(replace(cfg, speculative_algorithm="EAGLE3"), target, run)
     assert spec.output_token_ids == vanilla.output_token_ids
     assert spec.stats.tau > 1.5  # a trained head drafts well
+
+
+def test_serve_speculates_with_the_shipped_head_by_default(tiny: tuple[Path, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """`hotspec serve` with no model and no speculative option serves the default model with its
+    shipped head; without the head it says so and serves without speculation."""
+    from hotspec.config import EngineConfig
+    from hotspec.entrypoints.serve_cli import serve_config
+
+    _, head = tiny
+    monkeypatch.setattr(default_model, "DEFAULT_DRAFT_HEAD", head)
+    cfg = serve_config(EngineConfig(), default_head=True)
+    assert (cfg.speculative_algorithm, cfg.speculative_draft_model_path) == ("EAGLE3", str(head))
+    assert serve_config(EngineConfig(), default_head=False).speculative_algorithm is None
+    assert serve_config(EngineConfig(model="m.gguf"), default_head=True).speculative_algorithm is None
+    chosen = EngineConfig(speculative_algorithm="EAGLE", speculative_draft_model_path="h")
+    assert serve_config(chosen, default_head=True) == chosen
+    monkeypatch.setattr(default_model, "DEFAULT_DRAFT_HEAD", tmp_path / "missing")
+    with caplog.at_level(logging.WARNING, logger="hotspec"):
+        cfg = serve_config(EngineConfig(), default_head=True)
+    assert cfg.speculative_algorithm is None
+    assert "serving WITHOUT speculative decoding" in caplog.text and "missing" in caplog.text

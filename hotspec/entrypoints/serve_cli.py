@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
+from dataclasses import replace
 from pathlib import Path
 
+from hotspec.config import EngineConfig
 from hotspec.errors import HotspecError
+
+log = logging.getLogger("hotspec.server")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +30,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model name clients send (default: the model folder or file name)")
     g.add_argument("--max-body-bytes", type=_positive_int, default=4 * 2**20,
                    help="largest request body accepted; larger ones get 413 (default: 4 MiB)")
+    g.add_argument("--default-head", action=argparse.BooleanOptionalAction, default=True,
+                   help="with no --model and no --speculative-algorithm, speculate with the "
+                   "default model's shipped EAGLE-3 head (default: on)")
     p.set_defaults(func=cmd_serve)
+
+
+def serve_config(cfg: EngineConfig, default_head: bool) -> EngineConfig:
+    """The engine configuration `hotspec serve` runs: with no model and no speculative options,
+    the default model speculates with its shipped head; if that head is not installed, the server
+    says so (a warning) and serves without speculation."""
+    if cfg.model is not None or cfg.speculative_algorithm is not None or not default_head:
+        return cfg
+    from hotspec.models import default_model
+
+    try:
+        head = default_model.default_draft_head()
+    except HotspecError as e:
+        log.warning("serving WITHOUT speculative decoding: %s", e)
+        return cfg
+    return replace(cfg, speculative_algorithm=default_model.DEFAULT_DRAFT_ALGORITHM,
+                   speculative_draft_model_path=str(head))
 
 
 def served_model_name(args: argparse.Namespace) -> str:
@@ -44,7 +69,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from hotspec.entrypoints.cli import engine_config
     from hotspec.entrypoints.server import ServerSettings, run
 
-    cfg = engine_config(args)  # a bad option fails here, before any weight is read
+    # a bad option fails here, before any weight is read
+    cfg = serve_config(engine_config(args), args.default_head)
     settings = ServerSettings(served_model_name(args), args.api_key, args.max_body_bytes)
     try:
         engine = Engine(cfg)
