@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from engine_utils import save_tiny_llama
 
 from hotspec import LLM
@@ -24,17 +22,17 @@ ARGS = ["--num-requests", "12", "--concurrency", "4", "--rates", "inf", "--min-t
         "--timeout", "60", "--drain-timeout", "10"]
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
     tok = load_tokenizer(resolve_model_path(None))  # a real chat template: the load test chats
     path = save_tiny_llama(tmp_path_factory.mktemp("load") / "tiny", vocab=49152, hidden=64, layers=2,
                            std=0.3, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
     tok.save_pretrained(path)
-    yield LLM(model=str(path), dtype="float32", device="cpu", block_size=8, num_kv_blocks=64,
-              max_model_len=256)
-    torch.set_num_threads(n)
+    return LLM(model=str(path), dtype="float32", device="cpu", block_size=8, num_kv_blocks=64,
+               max_model_len=256)
 
 
 def test_clean_run_passes(llm: LLM, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import torch
 
 from hotspec import LLM, RequestOutput, SamplingParams
 from hotspec.entrypoints.cli import build_parser, engine_config
@@ -31,12 +30,7 @@ CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()  # the engine thread inherits it: no spin-waits on shared cores
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hotspec.entrypoints.async_engine import RequestEvent
+from hotspec.entrypoints.request_handle import RequestEvent
 
 
 @dataclass(frozen=True)

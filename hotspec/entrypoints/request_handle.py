@@ -1,0 +1,73 @@
+"""The event-loop side of a served request: its events, its handle, and how results arrive.
+
+The engine thread never touches a handle's queue or future itself: it hands (handle, item) pairs to
+`deliver`, scheduled on the handle's event loop with `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from hotspec.engine.request import Request
+from hotspec.errors import HotspecError
+
+
+class EngineDeadError(HotspecError, RuntimeError):
+    """The engine thread is not running (never started, stopped, or crashed)."""
+
+
+class RequestFailedError(HotspecError, RuntimeError):
+    """The engine failed while computing this request (an internal error, not the request's)."""
+
+
+@dataclass
+class RequestEvent:
+    """Output of one engine step for one request. The last event has `finish_reason` set:
+    "stop" or "length" (done), "abort" (cancelled) or "error" (`error` says what failed)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # generated so far, this event's tokens included
+
+
+@dataclass(eq=False)
+class RequestHandle:
+    """The event-loop side of one request. `req` is set by the engine thread and read only there."""
+
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[RequestEvent] = field(default_factory=asyncio.Queue)
+    accepted: asyncio.Future[None] | None = None
+    req: Request | None = None
+    finished: bool = False  # event-loop side: the final event was received
+
+    async def stream(self) -> AsyncIterator[list[RequestEvent]]:
+        """Events as they arrive, coalesced: each item is every event queued at that moment (a
+        slow consumer catches up in one chunk). Ends after the final event."""
+        while not self.finished:
+            batch = [await self.events.get()]
+            while not self.events.empty():
+                batch.append(self.events.get_nowait())
+            self.finished = batch[-1].finish_reason is not None
+            yield batch
+
+
+def deliver(items: list[tuple[RequestHandle, object]]) -> None:
+    """On the event loop: resolve submissions and queue events. An item is an event (a stream
+    item), or the outcome of the handle's submission (None: accepted; an exception: rejected)."""
+    for handle, item in items:
+        fut = handle.accepted
+        if isinstance(item, RequestEvent):
+            if fut is not None and not fut.done():  # an abort/stop raced the acceptance
+                fut.set_exception(EngineDeadError(item.error or "the request was cancelled"))
+            handle.events.put_nowait(item)
+        elif fut is not None and not fut.done():
+            if item is None:
+                fut.set_result(None)
+            else:
+                assert isinstance(item, BaseException)
+                fut.set_exception(item)

@@ -1,0 +1,45 @@
+"""/v1/chat/completions: messages rendered with the chat template, answered streamed or whole."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from hotspec.engine.engine import Engine
+from hotspec.entrypoints import openai_format as fmt
+from hotspec.entrypoints.api_errors import APIError
+from hotspec.entrypoints.protocol import ChatCompletionRequest
+from hotspec.entrypoints.request_checks import parse_request
+from hotspec.entrypoints.server_state import ServerState
+from hotspec.entrypoints.submission import answer
+
+
+def add_routes(app: FastAPI, s: ServerState) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await parse_request(request, s.settings, ChatCompletionRequest)
+        ids = await _tokenize(s.engine, [m.as_template_input() for m in body.messages])
+        return await answer(request, s, body, ids,
+                            default_max_tokens=s.engine.max_model_len,  # up to the context limit
+                            id_prefix="chatcmpl-", chunks=fmt.chat_chunks, whole=fmt.chat_completion)
+
+
+async def _tokenize(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
+    tok = engine.tokenizer
+    if tok is None:
+        raise APIError(400, "this server has no tokenizer (skip_tokenizer_init): use "
+                       "/v1/completions with token ids", param="messages")
+
+    def render() -> list[int]:  # same as LLM.chat
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tok.encode(text, add_special_tokens=False)
+
+    try:
+        return await asyncio.to_thread(render)
+    except Exception as e:  # noqa: BLE001 - jinja raises its own errors from inside the template
+        if type(e).__module__.startswith("jinja2") or isinstance(e, ValueError):
+            raise APIError(400, f"the chat template rejected these messages: {e}",
+                           param="messages") from None
+        raise

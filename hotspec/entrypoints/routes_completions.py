@@ -1,0 +1,38 @@
+"""/v1/completions: a prompt (text or token ids) continued, streamed or whole."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from hotspec.engine.engine import Engine
+from hotspec.entrypoints import openai_format as fmt
+from hotspec.entrypoints.api_errors import APIError
+from hotspec.entrypoints.protocol import CompletionRequest
+from hotspec.entrypoints.request_checks import parse_request
+from hotspec.entrypoints.server_state import ServerState
+from hotspec.entrypoints.submission import answer, or_400
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def add_routes(app: FastAPI, s: ServerState) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await parse_request(request, s.settings, CompletionRequest)
+        prompt = or_400(body.single_prompt)
+        ids = await _tokenize(s.engine, prompt)
+        return await answer(request, s, body, ids, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+                            id_prefix="cmpl-", chunks=fmt.completion_chunks, whole=fmt.completion)
+
+
+async def _tokenize(engine: Engine, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, list):
+        return prompt  # token ids: the engine checks them against the vocabulary
+    tok = engine.tokenizer
+    if tok is None:
+        raise APIError(400, "this server has no tokenizer (skip_tokenizer_init): send the prompt "
+                       "as a list of token ids", param="prompt")
+    return await asyncio.to_thread(tok.encode, prompt)  # same as LLM.generate

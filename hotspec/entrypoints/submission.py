@@ -1,0 +1,72 @@
+"""From a parsed request to its answer: sampling parameters, submission to the engine thread (the
+engine's errors turned into API errors), and the response, streamed or whole."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from hotspec.entrypoints import openai_format as fmt
+from hotspec.entrypoints.api_errors import APIError
+from hotspec.entrypoints.async_engine import AsyncEngine
+from hotspec.entrypoints.protocol import _SamplingRequest
+from hotspec.entrypoints.request_handle import (
+    EngineDeadError,
+    RequestEvent,
+    RequestFailedError,
+    RequestHandle,
+)
+from hotspec.entrypoints.responses import collect, stream_sse
+from hotspec.entrypoints.server_state import ServerState
+from hotspec.errors import InvalidRequestError
+from hotspec.sampling_params import SamplingParams
+
+_SP_FIELD = re.compile(r"^SamplingParams\.(\w+) ")
+
+
+def _invalid(e: InvalidRequestError, param: str | None = None) -> APIError:
+    message = str(e)
+    match = _SP_FIELD.match(message)
+    if match:  # "SamplingParams.top_p must be ..." -> param top_p, "top_p must be ..."
+        param, message = match.group(1), message[len("SamplingParams."):]
+    param = getattr(e, "param", param)
+    return APIError(400, message, param=param)
+
+
+def or_400(fn: Callable[[], Any]) -> Any:
+    """`fn()`, an InvalidRequestError from it answered as a 400."""
+    try:
+        return fn()
+    except InvalidRequestError as e:
+        raise _invalid(e) from None
+
+
+async def _submit(engine: AsyncEngine, ids: list[int], params: SamplingParams) -> RequestHandle:
+    try:
+        return await engine.submit(ids, params)
+    except InvalidRequestError as e:
+        raise _invalid(e, "prompt") from None
+    except EngineDeadError as e:
+        raise APIError(503, f"the engine is not running: {e}") from None
+    except RequestFailedError as e:
+        raise APIError(500, str(e)) from None
+
+
+async def answer(request: Request, s: ServerState, body: _SamplingRequest, ids: list[int], *,
+                 default_max_tokens: int, id_prefix: str,
+                 chunks: Callable[[fmt.Meta, bool], fmt.ChunkWriter],
+                 whole: Callable[[fmt.Meta, str, RequestEvent], dict[str, Any]]) -> Response:
+    """Run the request `body` on prompt `ids`; answer with `chunks` (stream) or `whole`."""
+    params = or_400(lambda: body.sampling_params(default_max_tokens))
+    handle = await _submit(s.async_engine, ids, params)
+    meta = fmt.Meta(id_prefix + uuid.uuid4().hex, int(time.time()), s.settings.served_model_name)
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return stream_sse(s.async_engine, handle, chunks(meta, include_usage))
+    return await collect(request, s.async_engine, handle, lambda text, ev: whole(meta, text, ev))
