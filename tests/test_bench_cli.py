@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +31,7 @@ MAX_TOKENS = 12
 CATEGORIES = {"alpha": 3, "beta": 2}  # file order, prompts per category
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny matrices gain nothing from threads, and on a shared CPU idle-spinning OpenMP threads
-    make each op up to 100x slower."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

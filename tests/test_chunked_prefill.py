@@ -5,7 +5,6 @@ same target and draft KV and draft state as a one-shot prefill, no block leaks u
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,7 @@ BLOCK = 4
 SPECS = {"vanilla": None, "chain": ("EAGLE3", 3, 1, 4), "tree": ("EAGLE", 3, 3, 6)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()  # tiny matmuls: extra intra-op threads only spin on shared cores
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

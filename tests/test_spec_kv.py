@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,7 @@ class Models:
     heads: dict[str, Path]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny matmuls: intra-op threads only add synchronisation (and spin-waits on shared cores).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

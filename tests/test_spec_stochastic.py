@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import hotspec.engine.eagle_worker as eagle_worker
+import hotspec.engine.eagle_phases as eagle_phases
 from hotspec import LLM, SamplingParams
 from hotspec.layers.sampler import random_uniform, sample_from_probs
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
@@ -52,14 +51,7 @@ class Models:
     exact: dict[tuple[float, float], np.ndarray] = field(default_factory=dict)  # by (T, top_p)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # These matmuls are tiny: intra-op threads only add synchronisation, and on shared cores
-    # OpenMP's spin-waits made a 4096-request batch 8x slower (0.6 s vs 5.1 s).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +244,7 @@ def _verify_without_renormalising(tree: DraftTree, probs: torch.Tensor, max_dept
 
 def test_biased_verifier_is_rejected(models: Models, monkeypatch: pytest.MonkeyPatch) -> None:
     """Power against a realistic verification bug, through the whole speculative engine."""
-    monkeypatch.setattr(eagle_worker, "verify_stochastic", _verify_without_renormalising)
+    monkeypatch.setattr(eagle_phases, "verify_stochastic", _verify_without_renormalising)
     tokens, _ = sample_tokens(models, 1.0, 1.0, **spec_kwargs(models, "EAGLE3", "tree"))
     pvals = depth_pvalues(tokens, exact_joint(models, 1.0, 1.0))
     print("unnormalised residual: p-values", pvals)
