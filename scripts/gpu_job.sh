@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# The whole GPU job (tests + benchmarks) for the device tool, printing a short table last.
-#   bash scripts/gpu_job.sh [all|kernels|smollm2]
-# all: everything in one call (needs the default GGUF on the machine, or both parts carried).
-# kernels: Triton tests and Llama-3.1-8B-shaped benchmarks (no model file needed).
-# smollm2: engine GPU tests and benchmarks on the real default model.
-# Carried extras (ignored by git): .whl/ (the gguf wheel; the GPU image lacks it) and
+# The whole GPU job (tests + benchmarks) for the device tool, by stage, printing a short table last.
+#   bash scripts/gpu_job.sh STAGE
+# Stages without the model file:
+#   kernels    Triton tests and Llama-3.1-8B-shaped benchmarks (decode, phases, FR-Spec draft)
+#   perf8b     fused-kernel tests, 8B decode at batch 1/8 with the kernel table, fused-off A/B
+#   decode8b   8B decode at batch 1/8/32/64 beside transformers' static-cache generate
+#   trainstep / stash   the train-draft step cost (train_step_bench.py; stash = the first call of
+#              a chain, carrying .models/p1, so it does this useful work while stashing)
+# Stages with the default GGUF (the second call of a chain, carrying .models/p2):
+#   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
+#   train      train the default head in /root/heads/full (NUM_PROMPTS, TRAIN_S), prune it to the
+#              8k map, send it back as head.tar.part-*, then the server sweep (issue 7)
+#   retrain    train + prune + a short bench of the new head
+#   spec       (after train, machine still warm) engine tests, hotspec bench b1/b8/b32, FR-Spec
+#              full/16k, SmolLM2 decode, bf16 agreement
+# Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
 # .models/p1, .models/p2 (the default GGUF split in two 48 MB parts: the first call stashes p1 in
-# /root/models, the next one appends p2; see ../shared/GUIDE.md section 5).
+# /root/models, the next one appends p2; a machine goes back 30 s after a call, so issue the next
+# call at once), .data/ (sharegpt_prompts.jsonl from scripts/sharegpt_prompts.py and a copy of
+# ../shared/data/spec_bench_dev.jsonl). The device tool returns at most 8 files: all results are
+# packed into results.tgz at the end.
 set -uo pipefail
 stage=${1:-all}
 cd "$(dirname "$0")/.."
@@ -66,6 +79,14 @@ if [ "$stage" = perf8b ]; then  # issue 5: fused kernels, 8B-shape decode vs tra
     --batch-sizes 1,8,32,64 --context 512 --tokens 64 --kernels --vs-hf --out "$OUT/decode_8b_graphed.json"
   HOTSPEC_FUSED_KERNELS=0 step decode_8b_unfused 90 python3 benchmarks/decode_bench.py --model llama8b-shape \
     --mode graphed --batch-sizes 1 --context 512 --tokens 32 --out "$OUT/decode_8b_unfused.json"
+fi
+if [ "$stage" = trainstep ] || [ "$stage" = stash ]; then  # train-draft step cost, no model file
+  step trainstep 120 python3 benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 49152 \
+    --ttt 7 --steps 10 --kernels
+  step trainstep_eff 60 python3 benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 49152 \
+    --ttt 7 --steps 10 --sdpa efficient
+  step trainstep_16k 60 python3 benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 16384 \
+    --ttt 7 --steps 10
 fi
 if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
   step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
