@@ -95,7 +95,7 @@ def build_token_map(
     tokens_counted = int(counts.sum()) + out_of_vocab
     if tokens_counted == 0:
         raise ValueError(f"the corpus ({', '.join(map(str, files))}) holds no text to count")
-    ids = _rank(counts, n_keep, forced)
+    ids = rank_ids(counts, n_keep, forced)
     coverage = float(counts[ids].sum()) / tokens_counted
     return TokenMapResult(ids=ids, tokens_counted=tokens_counted, coverage=coverage,
                           forced=forced, skipped=skipped)
@@ -142,7 +142,9 @@ def save_token_map(
     return sidecar
 
 
-def _rank(counts: np.ndarray, n_keep: int, forced: list[int]) -> list[int]:
+def rank_ids(counts: np.ndarray, n_keep: int, forced: list[int]) -> list[int]:
+    """The `n_keep` most frequent ids (the FR-Spec ranking), with every id of `forced` kept: they
+    replace the least frequent ones. Most frequent first."""
     # Stable sort on -count: equal counts keep id order, so ties go to the lower id.
     order = np.argsort(-counts, kind="stable")
     top = order[:n_keep].tolist()

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hotspec.spec.token_map_builder import _rank
+from hotspec.spec.token_map_builder import rank_ids
 from hotspec.training.features import FeatureBlock
 
 
@@ -38,7 +38,7 @@ def ranked_ids(counts: np.ndarray, size: int, forced: list[int]) -> list[int]:
     if size < len(set(forced)):
         raise ValueError(f"a draft vocabulary of {size} cannot hold the {len(set(forced))} "
                          f"end-of-turn / EOS token(s) {sorted(set(forced))}")
-    return _rank(counts, min(size, counts.shape[0]), list(dict.fromkeys(forced)))
+    return rank_ids(counts, min(size, counts.shape[0]), list(dict.fromkeys(forced)))
 
 
 def eagle3_vocab(ids: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
