@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hotspec.benchmark.hf_baseline import HFRun
+from hotspec.benchmark.modes import NOT_PROFILED
 from hotspec.benchmark.prompts import BenchPrompt
 from hotspec.benchmark.spec_bench import BatchRun
 from hotspec.engine.spec_stats import SpecStats
@@ -218,7 +219,9 @@ def table(results: dict[str, Any], header: str) -> str:
              for n, p in pb["phases"].items()]
     parts.append(f"other {_num(pb['other_fraction'], '.1%')}")
     hist = " ".join(f"{k}:{v}" for k, v in o["speculative"]["accept_hist"].items())
-    lines += [f"phases [{pb['source']}]: " + ", ".join(parts),
+    phases = (f"phases: {NOT_PROFILED}" if pb["source"] == NOT_PROFILED
+              else f"phases [{pb['source']}]: " + ", ".join(parts))
+    lines += [phases,
               f"accept length histogram (tokens per verify pass): {hist or '-'}; "
               f"mean {_num(o['speculative']['accept_len_mean'], '.2f')}",
               f"hot-set coverage: {o['speculative']['hot_coverage']:.1%} of "
