@@ -26,6 +26,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_model_len: int | None = None  # None: the model's context length
     max_prefill_tokens: int | None = 8192  # chunked prefill: prompt tokens per step (None: no limit)
+    # while prompts prefill, alternate their chunks with decode steps of the running requests
+    # (else every prefill chunk goes first and running requests stall until all are prefilled)
+    decode_during_prefill: bool = True
     seed: int = 0
     attention_backend: str = "auto"  # auto: triton on GPU, torch reference on CPU
     disable_cuda_graph: bool = False  # debugging: every phase eager

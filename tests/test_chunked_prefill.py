@@ -163,3 +163,34 @@ def test_chunked_prefill_under_preemption_and_aborts(models: dict[str, Path]) ->
     assert max(preempted) > 0  # a recompute prefilled generated tokens too, in chunks
     assert [r.output_token_ids for r in reqs] == [o.token_ids for o in ref]
     assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+@pytest.mark.parametrize("spec", ["vanilla", "chain"])
+@pytest.mark.parametrize("interleave", [True, False])
+def test_running_requests_keep_decoding_while_a_long_prompt_prefills(
+        models: dict[str, Path], spec: str, interleave: bool) -> None:
+    """decode_during_prefill (the default): a long prompt's chunks alternate with decode steps, so
+    a running request gets tokens every other step; without it, it waits for the whole prefill.
+    The tokens themselves are the same either way."""
+    llm = make_llm(models, spec, max_prefill_tokens=8, decode_during_prefill=interleave)
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    short = engine.add_request([5, 6, 7], params)
+    engine.step()  # prefills the short prompt: it is running
+    long = engine.add_request(prompts(1, 7, longest=70)[0] * 2 + [9] * 40, params)
+    tokens_during_prefill, steps = 0, 0
+    while not long.output_token_ids:  # its first token comes with its last prefill chunk
+        before = len(short.output_token_ids)
+        engine.step()
+        steps += 1
+        tokens_during_prefill += len(short.output_token_ids) > before
+    assert steps >= 6  # the long prompt took many chunks
+    if interleave:
+        assert tokens_during_prefill >= (steps - 1) // 2
+    else:
+        assert tokens_during_prefill == 0
+    while engine.has_unfinished():
+        engine.step()
+    alone = make_llm(models, spec).generate(
+        prompt_token_ids=[short.prompt_token_ids, long.prompt_token_ids], sampling_params=params)
+    assert [short.output_token_ids, long.output_token_ids] == [o.token_ids for o in alone]

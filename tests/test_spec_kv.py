@@ -93,10 +93,11 @@ def random_workload(n: int, seed: int) -> list[tuple[list[int], SamplingParams]]
 
 
 def check_blocks(engine: Engine) -> None:
-    """Running requests own disjoint blocks with refcount 1 that cover their committed KV; every
-    other block is free; waiting and finished requests own nothing."""
+    """Running and prefilling (admitted, prompt not all in the KV yet) requests own disjoint blocks
+    with refcount 1 that cover their committed KV; every other block is free; waiting and finished
+    requests own nothing."""
     alloc = engine.allocator
-    owned = [b for r in engine.running for b in r.blocks]
+    owned = [b for r in (*engine.running, *engine.prefilling) for b in r.blocks]
     assert len(owned) == len(set(owned)), "a block is owned by two requests"
     assert alloc.num_free + len(owned) == alloc.num_blocks, "leaked or double-freed block"
     assert all(alloc.refcount(b) == 1 for b in owned)

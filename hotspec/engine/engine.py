@@ -80,6 +80,7 @@ class Engine(EngineBuilder):
         # The requests the current step hands to a model pass; when step() raises, exactly these
         # may have half-written KV or draft state (see fail_in_flight).
         self.in_flight: list[Request] = []
+        self._prefill_turn = True  # decode_during_prefill: whose turn the next step is
         self.worker: Worker = self._build_worker()
         # A request may never need more KV than the whole cache holds: alone, it always fits, so
         # preemption cannot evict it in favour of nothing (see _reserve_step_slots).
@@ -146,11 +147,18 @@ class Engine(EngineBuilder):
     def step(self) -> list[StepOutput]:
         self.in_flight = []
         self._admit()
-        if self.prefilling:  # prefill first (as before chunking): decode waits for admissions
+        # Prefill chunks go first, except that with decode_during_prefill the running requests
+        # get every other step, so they keep streaming while long prompts prefill.
+        alternate = self.cfg.decode_during_prefill and self.running and not self._prefill_turn
+        if self.prefilling and not alternate:
+            self._prefill_turn = False
             return self._prefill_step()
+        self._prefill_turn = True
         if not self.running:
             return []
         reqs = self._reserve_step_slots()
+        if not reqs:  # every running request was preempted for room: prefill goes next
+            return []
         self.in_flight = reqs
         outs = self._emit(reqs, self.worker.step(reqs))
         record = getattr(self.worker, "record_served", None)
