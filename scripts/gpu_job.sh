@@ -137,7 +137,7 @@ if [ "$stage" = spec ]; then  # needs the default GGUF and $HEADS/full from the 
   BENCH=(--prompts .data/spec_bench_dev.jsonl --max-tokens 256 --no-profile-pass)
   MAP8=(--speculative-token-map $HEADS/full/freq_8192.pt)
   step bench_b1 200 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 1 \
-    --num-prompts 52 --out "$OUT/bench_b1"
+    --num-prompts 52 --vs-hf --out "$OUT/bench_b1"
   step bench_b8 90 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 8 \
     --num-prompts 104 --out "$OUT/bench_b8"
   step bench_b32 90 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 32 \
@@ -147,7 +147,7 @@ if [ "$stage" = spec ]; then  # needs the default GGUF and $HEADS/full from the 
   step frspec_16k 100 python3 -m hotspec bench "${SPEC[@]}" --speculative-token-map $HEADS/full/freq_16384.pt \
     "${BENCH[@]}" --batch-size 1 --num-prompts 52 --out "$OUT/frspec_16k"
   step decode_smol 90 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
-    --batch-sizes 1,8 --context 512 --tokens 64 --out "$OUT/decode_smol.json"
+    --batch-sizes 1,8 --context 512 --tokens 64 --vs-hf --out "$OUT/decode_smol.json"
   step agreement_bf16 90 python3 benchmarks/gpu_agreement.py --tokens 64 --head $HEADS/full
 fi
 
