@@ -8,8 +8,6 @@ learns them in a few hundred CPU steps. Token ids: 0 <unk>, 1 <s>, 2 <|end|> (EO
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -19,17 +17,6 @@ CHARS = "abcdefghijklmnopqrstuvwxyz .,?!'0123456789ABCDEFGHIJKLMNOPQ"  # 59: a 6
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 EOS = 2
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run with `n` torch threads (tiny matmuls: more only add synchronisation on shared cores)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def save_chat_target(path: Path) -> Path:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from chat_target import save_chat_target, torch_threads
+from chat_target import save_chat_target
 from safetensors import safe_open
 
 from hotspec import LLM, SamplingParams
@@ -52,10 +51,7 @@ class Run:
     algorithm: str
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

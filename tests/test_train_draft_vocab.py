@@ -12,13 +12,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from chat_target import EOS, save_chat_target, torch_threads
+from chat_target import EOS, save_chat_target
 from safetensors import safe_open
 
 from hotspec import LLM, SamplingParams
@@ -35,10 +34,7 @@ SMALL = ["--num-prompts", "24", "--eval-prompts", "2", "--max-new-tokens", "32",
          "--no-progress"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

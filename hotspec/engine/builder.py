@@ -148,6 +148,7 @@ class EngineBuilder:
         check_hot_vocab_size(path, head)
         log.info("draft head: %s (%s, %d draft tokens)", path, algorithm, head.draft_vocab_size)
         return head
+
     def _draft_source(self) -> tuple[str, str]:
         """(head folder, algorithm): the configured head, or the default model's shipped one."""
         path, algorithm = self.cfg.speculative_draft_model_path, self.cfg.speculative_algorithm

@@ -149,7 +149,7 @@ class Engine(EngineBuilder):
         self._admit()
         # Prefill chunks go first, except that with decode_during_prefill the running requests
         # get every other step, so they keep streaming while long prompts prefill.
-        alternate = self.cfg.decode_during_prefill and self.running and not self._prefill_turn
+        alternate = self.cfg.decode_during_prefill and bool(self.running) and not self._prefill_turn
         if self.prefilling and not alternate:
             self._prefill_turn = False
             return self._prefill_step()

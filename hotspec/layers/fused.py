@@ -8,9 +8,12 @@ compare the two paths on a GPU.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
+
+log = logging.getLogger("hotspec")
 
 
 @functools.cache
@@ -19,7 +22,10 @@ def _available() -> bool:
         return False
     try:
         import hotspec.layers.fused_kernels  # noqa: F401
-    except ImportError:  # no triton: the torch path
+    except ImportError as e:  # no triton: the torch path, said once where it costs speed
+        if torch.cuda.is_available():
+            log.warning("fused Triton layer kernels unavailable (%s): CUDA runs the slower torch "
+                        "layer code", e)
         return False
     return True
 

@@ -62,6 +62,7 @@ class Attention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
+        # (the KV pool is always in the model's dtype; another cache dtype takes the torch path)
         if fused.enabled(q) and k_cache.dtype == q.dtype:
             q = fused.rope_store(q, k, v, fb.positions, rope.cos, rope.sin, k_cache, v_cache,
                                  fb.out_cache_loc)
