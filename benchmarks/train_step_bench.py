@@ -31,6 +31,7 @@ from decode_bench import random_state  # noqa: E402
 
 from hotspec.models.build import build_target  # noqa: E402
 from hotspec.models.config import ModelConfig  # noqa: E402
+from hotspec.training import head_forward  # noqa: E402
 from hotspec.training.config import TrainConfig  # noqa: E402
 from hotspec.training.features import FeatureBlock  # noqa: E402
 from hotspec.training.head_init import aux_layers, build_head, head_config  # noqa: E402
@@ -87,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=None, help="target layers (default: 30)")
     p.add_argument("--sdpa", choices=("default", "efficient", "math", "cudnn"), default="default")
     p.add_argument("--kernels", action="store_true", help="CUDA: top kernels of one step")
+    p.add_argument("--dense-mask", action="store_true",
+                   help="A/B: attention through SDPA and the dense TTT mask (the trainer before "
+                        "head_forward.ttt_attention)")
+    p.add_argument("--host-data", action="store_true",
+                   help="A/B: features stay in host memory (copied every step)")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -97,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     data = synthetic_block(cfg, len(aux), args.records, (args.min_len, args.max_len),
                            args.prompt_len, dtype, seed=0, n_ids=min(args.draft_vocab, cfg.vocab_size))
     counts = np.bincount(data.tokens.numpy(), minlength=cfg.vocab_size)
+    if not args.host_data:
+        data = data.to(dev)  # as train-draft does when the features fit
+    if args.dense_mask:
+        head_forward.ttt_attention = head_forward.dense_ttt_attention
     with tempfile.TemporaryDirectory() as tmp:
         vocab = choose_draft_vocab("EAGLE3", args.draft_vocab, counts, [2], Path(tmp))
         head = build_head(target, config, "EAGLE3", vocab.draft_to_target, dev, seed=0)
@@ -130,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
                 for e in rows_[:15]:
                     print(f"  {e.device_time_total / 1e3:8.2f} ms  x{e.count:5d}  {e.key[:90]}")
     med = statistics.median(times)
+    variant = "dense mask" if args.dense_mask else "ttt_attention"
+    variant += ", host data" if args.host_data else ""
     print(f"{dev.type} {str(dtype).removeprefix('torch.')}: batch {args.batch_size}, draft vocab "
-          f"{args.draft_vocab}, TTT {args.ttt}, sdpa {args.sdpa}: {med * 1e3:.1f} ms/step, "
+          f"{args.draft_vocab}, TTT {args.ttt}, {variant}, sdpa {args.sdpa}: {med * 1e3:.1f} ms/step, "
           f"{statistics.mean(counted) / med:.0f} loss positions/s")
     return 0
 

@@ -9,7 +9,7 @@
 #              a chain, carrying .models/p1, so it does this useful work while stashing)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
-#   train      train the default head in /root/heads/full (NUM_PROMPTS, TRAIN_S), prune it to the
+#   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, TRAIN_S), prune it to the
 #              8k map, send it back as head.tar.part-*, then the server sweep (issue 7)
 #   retrain    train + prune + a short bench of the new head
 #   spec       (after train, machine still warm) engine tests, hotspec bench b1/b8/b32, FR-Spec
@@ -81,12 +81,12 @@ if [ "$stage" = perf8b ]; then  # issue 5: fused kernels, 8B-shape decode vs tra
     --mode graphed --batch-sizes 1 --context 512 --tokens 32 --out "$OUT/decode_8b_unfused.json"
 fi
 if [ "$stage" = trainstep ] || [ "$stage" = stash ]; then  # train-draft step cost, no model file
-  step trainstep 120 python3 benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 49152 \
-    --ttt 7 --steps 10 --kernels
-  step trainstep_eff 60 python3 benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 49152 \
-    --ttt 7 --steps 10 --sdpa efficient
-  step trainstep_16k 60 python3 benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 16384 \
-    --ttt 7 --steps 10
+  TS=(--batch-size 16 --draft-vocab 49152 --ttt 7 --steps 10)
+  step trainstep 120 python3 benchmarks/train_step_bench.py "${TS[@]}" --kernels
+  step trainstep_dense 120 python3 benchmarks/train_step_bench.py "${TS[@]}" --dense-mask --host-data
+  step trainstep_host 60 python3 benchmarks/train_step_bench.py "${TS[@]}" --host-data
+  step trainstep_b32 60 python3 benchmarks/train_step_bench.py "${TS[@]/16/32}"
+  step trainstep_16k 60 python3 benchmarks/train_step_bench.py "${TS[@]/49152/16384}"
 fi
 if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
   step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
@@ -99,8 +99,8 @@ fi
 HEADS=/root/heads
 TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab 49152 --token-maps 16384 8192
   --prompts .data/sharegpt_prompts.jsonl --num-prompts ${NUM_PROMPTS:-4000} --eval-prompts 16
-  --max-new-tokens 256 --epochs 3 --batch-size 16 --lr 3e-4 --device cuda --max-num-seqs 64
-  --no-progress)
+  --max-new-tokens 256 --epochs ${EPOCHS:-3} --batch-size ${BATCH:-16} --lr ${LR:-3e-4} --device cuda
+  --max-num-seqs 256 --kv-cache-memory-gb 8 --save-every 100 --no-progress)
 if [ "$stage" = train ] || [ "$stage" = retrain ]; then
   mkdir -p $HEADS
   step train ${TRAIN_S:-540} python3 -m hotspec train-draft "${TRAIN_ARGS[@]}"

@@ -38,6 +38,13 @@ class FeatureBlock:
     def num_records(self) -> int:
         return self.offsets.shape[0] - 1
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.to_dict().values())
+
+    def to(self, device: torch.device) -> FeatureBlock:
+        return FeatureBlock.from_dict({k: v.to(device) for k, v in self.to_dict().items()})
+
     def to_dict(self) -> dict[str, torch.Tensor]:
         d = {"tokens": self.tokens, "offsets": self.offsets, "n_prompt": self.n_prompt,
              "feature": self.feature}

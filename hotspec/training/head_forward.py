@@ -95,13 +95,46 @@ def attention(attn: Attention, x: torch.Tensor, positions: torch.Tensor, rope: R
     q, k = rope(positions.repeat(b), q.reshape(b * t, hq, d), k.reshape(b * t, hk, d))
     q = q.view(b, t, hq, d).transpose(1, 2)
     cache.append((k.view(b, t, hk, d).transpose(1, 2), v.transpose(1, 2)))
+    out = ttt_attention(q, cache, attn.scale)
+    return attn.o_proj(out.transpose(1, 2).reshape(b, t, hq * d))
+
+
+def ttt_attention(q: torch.Tensor, cache: Cache, scale: float) -> torch.Tensor:
+    """Attention of the TTT mask (`ttt_mask`) without building it: one softmax over the T causal
+    scores against step 0's keys and the len(cache) - 1 scores against each later step's key at
+    the query's own index. q [B, Hq, T, D], cache entries [B, Hkv, T, D]; returns [B, Hq, T, D].
+
+    Exact, and T x (T + k) scores instead of the dense mask's T x kT: at TTT 7 the dense
+    scaled_dot_product_attention (a bool mask, so no flash kernel) computed and stored 4x more on
+    average, nearly all of it masked out."""
+    b, hq, t, d = q.shape
+    hk = cache[0][0].shape[1]
     group = hq // hk  # GQA: query head h reads kv head h // group (as the torch reference backend)
+    qg = q.reshape(b, hk, group * t, d)  # rows (group g, index i) of kv head h
+    k0, v0 = (x.to(q.dtype) for x in cache[0])
+    scores = torch.matmul(qg, k0.transpose(-1, -2)).view(b, hq, t, t) * scale
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    later = [(kv[0].to(q.dtype).repeat_interleave(group, dim=1),
+              kv[1].to(q.dtype).repeat_interleave(group, dim=1)) for kv in cache[1:]]
+    diag = [(q * k).sum(-1, keepdim=True) * scale for k, _ in later]  # [B, Hq, T, 1] each
+    acc = torch.promote_types(q.dtype, torch.float32)  # the softmax in float32 at least
+    probs = torch.softmax(torch.cat([scores, *diag], dim=-1).to(acc), dim=-1).to(q.dtype)
+    out = torch.matmul(probs[..., :t].reshape(b, hk, group * t, t), v0).view(b, hq, t, d)
+    for s, (_, v) in enumerate(later):
+        out = out + probs[..., t + s:t + s + 1] * v
+    return out
+
+
+def dense_ttt_attention(q: torch.Tensor, cache: Cache, scale: float) -> torch.Tensor:
+    """The same attention through scaled_dot_product_attention and the dense mask (the reference
+    tests compare `ttt_attention` against)."""
+    group = q.shape[1] // cache[0][0].shape[1]
     keys = torch.cat([c[0] for c in cache], dim=2).repeat_interleave(group, dim=1)
     values = torch.cat([c[1] for c in cache], dim=2).repeat_interleave(group, dim=1)
-    mask = ttt_mask(t, len(cache), x.device)
-    out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
-                                         scale=attn.scale)
-    return attn.o_proj(out.transpose(1, 2).reshape(b, t, hq * d))
+    mask = ttt_mask(q.shape[2], len(cache), q.device)
+    return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
+                                          scale=scale)
 
 
 def ttt_mask(t: int, n_steps: int, device: torch.device) -> torch.Tensor:

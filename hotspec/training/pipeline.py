@@ -160,8 +160,17 @@ def _check_token_maps(cfg: TrainConfig, vocab_size: int, forced: list[int]) -> N
 
 
 def _to_float(data: FeatureBlock, device: torch.device) -> FeatureBlock:
-    """Features stay in the target's dtype on CUDA (autocast reads them); float32 on the CPU."""
-    if device.type == "cuda" or data.feature.dtype == torch.float32:
+    """On CUDA the features stay in the target's dtype (autocast reads them) and move to the GPU
+    when they take under half its free memory, so a batch is gathered there instead of copied
+    over PCIe every step; float32 on the CPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if data.nbytes < free // 2:
+            return data.to(device)
+        log.warning("training features (%.1f GB) stay in host memory: over half the GPU's free "
+                    "%.1f GB; every batch is copied to the GPU", data.nbytes / 1e9, free / 1e9)
+        return data
+    if data.feature.dtype == torch.float32:
         return data
     return FeatureBlock(data.tokens, data.offsets, data.n_prompt, data.feature.float(),
                         None if data.final is None else data.final.float(), data.argmax)

@@ -1,11 +1,12 @@
 """The training loop: AdamW, cosine schedule with linear warm-up, gradient clipping, bf16 autocast
 on CUDA, a tqdm bar, and checkpoints that `--resume` continues from exactly.
 
-Data order is a pure function of (seed, epoch): epoch e visits records in
-randperm(R, seed + e), B at a time, so optimizer step s is batch s % steps_per_epoch of epoch
-s // steps_per_epoch. A checkpoint (DIR/checkpoints/last.pt, written atomically every
-`save_every` steps and at the end) holds the step counter, the trainable weights, the optimizer
-and scheduler states and the loss history; resuming from it replays nothing and skips nothing.
+Data order is a pure function of (seed, epoch): epoch e visits the batches
+`epoch_batches(data, B, seed + e)` (random order, grouped by length), so optimizer step s is
+batch s % steps_per_epoch of epoch s // steps_per_epoch. A checkpoint (DIR/checkpoints/last.pt,
+written atomically every `save_every` steps and at the end) holds the step counter, the trainable
+weights, the optimizer and scheduler states and the loss history; resuming from it replays
+nothing and skips nothing.
 """
 
 from __future__ import annotations
@@ -151,36 +152,55 @@ class Trainer:
 
     def batch(self, step: int) -> TrainBatch:
         epoch, i = divmod(step, self.steps_per_epoch)
-        g = torch.Generator().manual_seed(self.cfg.seed + epoch)
-        order = torch.randperm(self.data.num_records, generator=g)
-        b = self.cfg.batch_size
-        return make_batch(self.data, order[i * b:(i + 1) * b].tolist(), self.device)
+        records = epoch_batches(self.data, self.cfg.batch_size, self.cfg.seed + epoch)[i]
+        return make_batch(self.data, records, self.device)
+
+
+GROUP_BATCHES = 32  # length grouping: batches are cut from runs of this many batches' records
+
+
+def epoch_batches(data: FeatureBlock, batch_size: int, seed: int) -> list[list[int]]:
+    """The batches of one epoch, a pure function of `seed`: records in random order, each run of
+    GROUP_BATCHES * batch_size of them sorted by length and cut into batches, the batches shuffled.
+    A batch is padded to its longest record and attention costs T^2, so grouping similar lengths
+    saves most of the padding (as transformers' group_by_length); all but the last batch hold
+    `batch_size` records."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(data.num_records, generator=g)
+    lengths = torch.diff(data.offsets.cpu())
+    run = GROUP_BATCHES * batch_size
+    batches: list[list[int]] = []
+    for start in range(0, len(order), run):
+        chunk = order[start:start + run]
+        chunk = chunk[torch.argsort(lengths[chunk], descending=True, stable=True)].tolist()
+        batches += [chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size)]
+    # The last (possibly short) batch stays last, so every other step sees `batch_size` records.
+    full = batches[:-1] if len(batches[-1]) < batch_size else batches
+    perm = torch.randperm(len(full), generator=g).tolist()
+    return [full[j] for j in perm] + batches[len(full):]
 
 
 def make_batch(data: FeatureBlock, records: list[int], device: torch.device) -> TrainBatch:
-    """Zero-padded [B, T] batch of the given records."""
-    starts = data.offsets[records]
-    lengths = data.offsets[[r + 1 for r in records]] - starts
+    """Zero-padded [B, T] batch of the given records, gathered where the data lives (the GPU when
+    the trainer put it there) and moved to `device`."""
+    where = data.offsets.device
+    rec = torch.tensor(records, dtype=torch.long, device=where)
+    starts = data.offsets[rec]
+    lengths = data.offsets[rec + 1] - starts
     t = int(lengths.max())
-    b = len(records)
-    tokens = torch.zeros(b, t, dtype=torch.long)
-    feature = data.feature.new_zeros(b, t, data.feature.shape[1])
-    final = argmax = None
-    if data.final is not None and data.argmax is not None:  # EAGLE-3
-        final = data.final.new_zeros(b, t, data.final.shape[1])
-        argmax = torch.zeros(b, t, dtype=torch.long)
-    for i, (s, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
-        tokens[i, :n] = data.tokens[s:s + n]
-        feature[i, :n] = data.feature[s:s + n]
-        if final is not None and argmax is not None:
-            final[i, :n] = data.final[s:s + n]  # type: ignore[index]
-            argmax[i, :n] = data.argmax[s:s + n]  # type: ignore[index]
+    col = torch.arange(t, device=where)
+    valid = col.view(1, -1) < lengths.view(-1, 1)  # [B, T]
+    idx = torch.where(valid, starts.view(-1, 1) + col.view(1, -1), 0)
 
-    def dev(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x.to(device, non_blocking=True)
+    def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+        if x is None:
+            return None
+        m = valid.view(*valid.shape, *([1] * (x.dim() - 1)))  # [B, T] or [B, T, 1]
+        return torch.where(m, x[idx], 0).to(device, non_blocking=True)
 
-    return TrainBatch(tokens.to(device), feature.to(device), lengths.to(device),
-                      data.n_prompt[records].to(device), dev(final), dev(argmax))
+    final, argmax = (rows(data.final), rows(data.argmax)) if data.final is not None else (None, None)
+    return TrainBatch(rows(data.tokens), rows(data.feature), lengths.to(device),  # type: ignore[arg-type]
+                      data.n_prompt[rec].to(device), final, argmax)
 
 
 def cosine_with_warmup(total: int, warmup_ratio: float) -> Callable[[int], float]:

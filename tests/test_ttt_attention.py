@@ -1,0 +1,34 @@
+"""The trainer's TTT attention (no dense mask) equals scaled_dot_product_attention over the dense
+TTT mask, in value and in gradient, with GQA and every unroll depth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotspec.training.head_forward import dense_ttt_attention, ttt_attention
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)])
+def test_ttt_attention_equals_dense_mask(steps: int, heads: tuple[int, int]) -> None:
+    hq, hk = heads
+    g = torch.Generator().manual_seed(steps * 10 + hq)
+    b, t, d = 2, 9, 8
+    q = torch.randn(b, hq, t, d, generator=g, dtype=torch.float64, requires_grad=True)
+    cache = [(torch.randn(b, hk, t, d, generator=g, dtype=torch.float64, requires_grad=True),
+              torch.randn(b, hk, t, d, generator=g, dtype=torch.float64, requires_grad=True))
+             for _ in range(steps)]
+    leaves = [q] + [x for kv in cache for x in kv]
+    w = torch.randn(b, hq, t, d, generator=g, dtype=torch.float64)
+
+    fast = ttt_attention(q, cache, 0.3)
+    grads_fast = torch.autograd.grad((fast * w).sum(), leaves)
+    ref = dense_ttt_attention(q, cache, 0.3)
+    grads_ref = torch.autograd.grad((ref * w).sum(), leaves)
+
+    torch.testing.assert_close(fast, ref)
+    for a, r in zip(grads_fast, grads_ref):
+        torch.testing.assert_close(a, r)
