@@ -9,11 +9,13 @@
 #              a chain, carrying .models/p1, so it does this useful work while stashing)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
-#   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, TRAIN_S), prune it to the
-#              8k map, send it back as head.tar.part-*, then the server sweep (issue 7)
+#   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
+#              TRAIN_S), continuing the run there if an earlier call started it; once finished,
+#              prune it to the 8k map, send it back as head.tar.part-*, then the server sweep
+#              (issue 7). 13k prompts: ~6 min of data, ~0.2 s per step of batch 32.
 #   retrain    train + prune + a short bench of the new head
-#   spec       (after train, machine still warm) engine tests, hotspec bench b1/b8/b32, FR-Spec
-#              full/16k, SmolLM2 decode, bf16 agreement
+#   spec       engine tests, hotspec bench b1 (tree, chain)/b8/b32 with the head of a warm `train`
+#              call (and FR-Spec full/16k) or else the shipped default head, SmolLM2 decode vs HF
 # Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
 # .models/p1, .models/p2 (the default GGUF split in two 48 MB parts: the first call stashes p1 in
 # /root/models, the next one appends p2; a machine goes back 30 s after a call, so issue the next
@@ -100,15 +102,16 @@ HEADS=/root/heads
 TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab 49152 --token-maps 16384 8192
   --prompts .data/sharegpt_prompts.jsonl --num-prompts ${NUM_PROMPTS:-4000} --eval-prompts 16
   --max-new-tokens 256 --epochs ${EPOCHS:-3} --batch-size ${BATCH:-16} --lr ${LR:-3e-4} --device cuda
-  --max-num-seqs 256 --kv-cache-memory-gb 8 --save-every 100 --no-progress)
+  --max-num-seqs ${SEQS:-128} --kv-cache-memory-gb 8 --save-every 100 --no-progress)
 if [ "$stage" = train ] || [ "$stage" = retrain ]; then
   mkdir -p $HEADS
-  step train ${TRAIN_S:-540} python3 -m hotspec train-draft "${TRAIN_ARGS[@]}"
+  # A run already under $HEADS/full (an earlier call of this warm machine) is continued: the data
+  # shards and the checkpoint are resumable, so repeat the stage until the head is written.
+  RESUME=(); [ -d $HEADS/full/data ] && RESUME=(--resume)
+  [ -f $HEADS/full/model.safetensors ] || step train ${TRAIN_S:-540} python3 -m hotspec train-draft \
+    "${TRAIN_ARGS[@]}" "${RESUME[@]}"
 fi
 if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec ]; then
-  if [ ! -f $HEADS/full/model.safetensors ] && [ -d $HEADS/full/data ]; then
-    step train_resume 300 python3 -m hotspec train-draft "${TRAIN_ARGS[@]}" --resume
-  fi
   if [ -f $HEADS/full/model.safetensors ] && [ ! -f $HEADS/shipped/model.safetensors ]; then
     python3 -m hotspec prune-draft $HEADS/full --token-map $HEADS/full/freq_8192.pt --out $HEADS/shipped
     (cd $HEADS && cp full/train_report.json full/loss.png full/freq_*.pt shipped/ 2>/dev/null;
@@ -130,25 +133,33 @@ if [ "$stage" = retrain ]; then  # quick end-to-end figures with the new head
   step bench_b8 70 python3 -m hotspec bench "${SPEC[@]}" "${BENCH[@]}" --batch-size 8 \
     --num-prompts 52 --out "$OUT/bench_b8"
 fi
-if [ "$stage" = spec ]; then  # needs the default GGUF and $HEADS/full from the train stage
+if [ "$stage" = spec ]; then  # the head of a warm train stage in $HEADS/full, else the shipped one
   step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
-  SPEC=(--speculative-algorithm EAGLE3 --speculative-draft-model-path $HEADS/full
-    --speculative-num-steps 6 --speculative-eagle-topk 8 --speculative-num-draft-tokens 16)
+  TREE=(--speculative-algorithm EAGLE3 --speculative-num-steps 6 --speculative-eagle-topk 8
+    --speculative-num-draft-tokens 16)
   BENCH=(--prompts .data/spec_bench_dev.jsonl --max-tokens 256 --no-profile-pass)
-  MAP8=(--speculative-token-map $HEADS/full/freq_8192.pt)
-  step bench_b1 200 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 1 \
+  HEAD=(); FULL=()  # no draft path: the default model's shipped head (8,192 draft tokens)
+  if [ -f $HEADS/full/model.safetensors ]; then
+    HEAD=(--speculative-draft-model-path $HEADS/full --speculative-token-map $HEADS/full/freq_8192.pt)
+    FULL=(--speculative-draft-model-path $HEADS/full)
+  fi
+  step bench_b1 200 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --batch-size 1 \
     --num-prompts 52 --vs-hf --out "$OUT/bench_b1"
-  step bench_b8 90 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 8 \
+  step bench_b1_chain 100 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
+    --speculative-eagle-topk 1 --speculative-num-draft-tokens 5 "${HEAD[@]}" "${BENCH[@]}" --batch-size 1 \
+    --num-prompts 52 --out "$OUT/bench_b1_chain"
+  step bench_b8 90 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --batch-size 8 \
     --num-prompts 104 --out "$OUT/bench_b8"
-  step bench_b32 90 python3 -m hotspec bench "${SPEC[@]}" "${MAP8[@]}" "${BENCH[@]}" --batch-size 32 \
+  step bench_b32 90 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --batch-size 32 \
     --num-prompts 128 --out "$OUT/bench_b32"
-  step frspec_full 100 python3 -m hotspec bench "${SPEC[@]}" "${BENCH[@]}" --batch-size 1 \
-    --num-prompts 52 --out "$OUT/frspec_full"
-  step frspec_16k 100 python3 -m hotspec bench "${SPEC[@]}" --speculative-token-map $HEADS/full/freq_16384.pt \
-    "${BENCH[@]}" --batch-size 1 --num-prompts 52 --out "$OUT/frspec_16k"
+  if [ ${#FULL[@]} -gt 0 ]; then  # FR-Spec: the same full head with no map and with the 16k map
+    step frspec_full 100 python3 -m hotspec bench "${TREE[@]}" "${FULL[@]}" "${BENCH[@]}" --batch-size 1 \
+      --num-prompts 52 --out "$OUT/frspec_full"
+    step frspec_16k 100 python3 -m hotspec bench "${TREE[@]}" "${FULL[@]}" --speculative-token-map \
+      $HEADS/full/freq_16384.pt "${BENCH[@]}" --batch-size 1 --num-prompts 52 --out "$OUT/frspec_16k"
+  fi
   step decode_smol 90 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
     --batch-sizes 1,8 --context 512 --tokens 64 --vs-hf --out "$OUT/decode_smol.json"
-  step agreement_bf16 90 python3 benchmarks/gpu_agreement.py --tokens 64 --head $HEADS/full
 fi
 
 if [ "$stage" = frspec8b+hf ]; then

@@ -94,6 +94,7 @@ class TrainConfig:
     def engine_options(self) -> dict[str, Any]:
         """EngineConfig keywords shared by the data and evaluation engines."""
         opts: dict[str, Any] = {"dtype": self.dtype, "device": self.device, "seed": self.seed}
-        if self.max_num_seqs is not None:
+        if self.max_num_seqs is not None:  # batches that large are graphed too
             opts["max_num_seqs"] = self.max_num_seqs
+            opts["cuda_graph_max_bs"] = self.max_num_seqs
         return {**opts, **self.engine_kwargs}

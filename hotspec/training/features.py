@@ -43,7 +43,11 @@ class FeatureBlock:
         return sum(t.numel() * t.element_size() for t in self.to_dict().values())
 
     def to(self, device: torch.device) -> FeatureBlock:
-        return FeatureBlock.from_dict({k: v.to(device) for k, v in self.to_dict().items()})
+        """The per-token tensors on `device`; `offsets` and `n_prompt` stay on the host, where the
+        trainer plans its batches without waiting for the device."""
+        host = ("offsets", "n_prompt")
+        return FeatureBlock.from_dict({k: v if k in host else v.to(device)
+                                       for k, v in self.to_dict().items()})
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         d = {"tokens": self.tokens, "offsets": self.offsets, "n_prompt": self.n_prompt,

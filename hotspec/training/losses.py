@@ -16,13 +16,12 @@ a mean over its counted positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from hotspec.models.draft_head import DraftHead
-from hotspec.training.head_forward import shift_left
 
 STEP_DECAY = 0.8
 EAGLE_CE_WEIGHT = 0.1
@@ -36,37 +35,44 @@ class TrainBatch:
     n_prompt: torch.Tensor  # [B] long
     final: torch.Tensor | None = None  # [B, T, H] target's final normed hidden (EAGLE-3)
     argmax: torch.Tensor | None = None  # [B, T] target's full-vocabulary argmax (EAGLE-3)
+    # Per TTT step k: flat indices b * T + j of the counted (index j, step k) pairs, planned on the
+    # host (`counted_rows`) so that no loss term waits for the GPU to count its positions.
+    rows: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass
 class LossOut:
     loss: torch.Tensor  # weighted sum over steps, differentiable
-    step_loss: list[float]
-    step_acc: list[float]  # head top-1 == target top-1 over counted positions
-    counted: list[int]  # positions counted per step
+    step_loss: torch.Tensor  # [K] detached, per step
+    step_acc: torch.Tensor  # [K] head top-1 == target top-1 over counted positions
+    counted: list[int]  # positions counted per step (before EAGLE-3's vocabulary filter)
 
 
-def counted_positions(batch: TrainBatch, k: int) -> torch.Tensor:
-    """[B, T] bool: index j of step k has a label (see the module docstring)."""
-    q = torch.arange(batch.tokens.shape[1], device=batch.tokens.device).view(1, -1) + k + 1
-    return (q < batch.lengths.view(-1, 1)) & (q >= batch.n_prompt.view(-1, 1) - 1)
+def counted_rows(lengths: torch.Tensor, n_prompt: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:
+    """Host tensors in, per step k the flat [B * T] indices of index j with a label (see the module
+    docstring): q = j + k + 1 < L and q >= n_prompt - 1."""
+    q = torch.arange(t).view(1, -1) + 1
+    return [((q + k < lengths.view(-1, 1)) & (q + k >= n_prompt.view(-1, 1) - 1)).view(-1).nonzero().view(-1)
+            for k in range(steps)]
 
 
 def eagle_loss(head: DraftHead, batch: TrainBatch,
                outs: list[tuple[torch.Tensor, torch.Tensor]]) -> LossOut:
-    terms, step_loss, step_acc, counted = [], [], [], []
+    terms, losses, accs, counted = [], [], [], []
+    features = batch.feature.flatten(0, 1)
     for k, (hidden, _) in enumerate(outs):
-        mask = counted_positions(batch, k)
-        h = hidden[mask]
-        f_next = shift_left(batch.feature, k + 1)[mask]  # the target's feature at q = j + k + 1
+        rows = batch.rows[k]
+        h = hidden.flatten(0, 1)[rows]
+        f_next = features[rows + k + 1]  # the target's feature at q = j + k + 1 (same record)
         with torch.no_grad():
             target_p = torch.softmax(head.compute_logits(f_next), dim=-1)
         logp = torch.log_softmax(head.compute_logits(h), dim=-1)
         vloss = F.smooth_l1_loss(h.float(), f_next.float(), reduction="none").mean(-1)
         ploss = -(target_p * logp).sum(-1)
-        _collect(vloss + EAGLE_CE_WEIGHT * ploss, logp, target_p, k, terms, step_loss, step_acc,
-                 counted)
-    return LossOut(sum(terms), step_loss, step_acc, counted)  # type: ignore[arg-type]
+        weight = torch.ones_like(vloss)
+        _collect(vloss + EAGLE_CE_WEIGHT * ploss, weight, logp, target_p, k, terms, losses, accs)
+        counted.append(rows.numel())
+    return LossOut(sum(terms), torch.stack(losses), torch.stack(accs), counted)  # type: ignore[arg-type]
 
 
 def eagle3_loss(head: DraftHead, batch: TrainBatch, outs: list[tuple[torch.Tensor, torch.Tensor]],
@@ -74,26 +80,29 @@ def eagle3_loss(head: DraftHead, batch: TrainBatch, outs: list[tuple[torch.Tenso
     """`target_rows` [D, H]: the target LM head's rows of the draft vocabulary (draft order);
     `t2d` [V] bool: membership of the draft vocabulary."""
     assert batch.final is not None and batch.argmax is not None, "EAGLE-3 batches carry final/argmax"
-    in_vocab = t2d[batch.argmax]
-    terms, step_loss, step_acc, counted = [], [], [], []
+    finals, argmax = batch.final.flatten(0, 1), batch.argmax.flatten()
+    terms, losses, accs, counted = [], [], [], []
     for k, (hidden, _) in enumerate(outs):
-        mask = counted_positions(batch, k) & shift_left(in_vocab, k + 1)
+        rows = batch.rows[k]
+        nxt = rows + k + 1  # the label position q = j + k + 1 (same record)
         with torch.no_grad():
-            final = shift_left(batch.final, k + 1)[mask]
+            final = finals[nxt]
             target_p = torch.softmax(F.linear(final, target_rows.to(final.dtype)).float(), dim=-1)
-        logp = torch.log_softmax(head.compute_logits(hidden[mask]), dim=-1)
-        _collect(-(target_p * logp).sum(-1), logp, target_p, k, terms, step_loss, step_acc, counted)
-    return LossOut(sum(terms), step_loss, step_acc, counted)  # type: ignore[arg-type]
+            in_vocab = t2d[argmax[nxt]].float()  # 0: the head could not propose the target's token
+        logp = torch.log_softmax(head.compute_logits(hidden.flatten(0, 1)[rows]), dim=-1)
+        _collect(-(target_p * logp).sum(-1), in_vocab, logp, target_p, k, terms, losses, accs)
+        counted.append(rows.numel())
+    return LossOut(sum(terms), torch.stack(losses), torch.stack(accs), counted)  # type: ignore[arg-type]
 
 
-def _collect(per_pos: torch.Tensor, logp: torch.Tensor, target_p: torch.Tensor, k: int,
-             terms: list[torch.Tensor], step_loss: list[float], step_acc: list[float],
-             counted: list[int]) -> None:
-    n = per_pos.shape[0]
-    # An empty step (short records) adds a zero that still depends on the graph.
-    loss = per_pos.mean() if n else per_pos.sum()
+def _collect(per_pos: torch.Tensor, weight: torch.Tensor, logp: torch.Tensor, target_p: torch.Tensor,
+             k: int, terms: list[torch.Tensor], losses: list[torch.Tensor],
+             accs: list[torch.Tensor]) -> None:
+    """Step k's loss: the mean of `per_pos` over the positions of weight 1, computed on the device
+    (an empty step adds a zero that still depends on the graph)."""
+    n = weight.sum().clamp_min(1.0)
+    loss = (per_pos * weight).sum() / n
     terms.append(STEP_DECAY ** k * loss)
-    step_loss.append(float(loss.detach()))
-    acc = (logp.argmax(-1) == target_p.argmax(-1)).float().mean() if n else torch.zeros(())
-    step_acc.append(float(acc))
-    counted.append(n)
+    losses.append(loss.detach())
+    with torch.no_grad():
+        accs.append(((logp.argmax(-1) == target_p.argmax(-1)).float() * weight).sum() / n)

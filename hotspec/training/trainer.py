@@ -26,7 +26,7 @@ from hotspec.training.config import TrainConfig, TrainConfigError
 from hotspec.training.features import FeatureBlock
 from hotspec.training.head_forward import unroll
 from hotspec.training.head_init import trainable_parameters
-from hotspec.training.losses import LossOut, TrainBatch, eagle3_loss, eagle_loss
+from hotspec.training.losses import LossOut, TrainBatch, counted_rows, eagle3_loss, eagle_loss
 
 CHECKPOINT = "last.pt"
 
@@ -63,7 +63,8 @@ class Trainer:
         self.params = trainable_parameters(head)
         self.steps_per_epoch = math.ceil(data.num_records / cfg.batch_size)
         self.total_steps = cfg.epochs * self.steps_per_epoch
-        self.opt = torch.optim.AdamW(self.params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.opt = torch.optim.AdamW(self.params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                     fused=self.device.type == "cuda")
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, cosine_with_warmup(self.total_steps, cfg.warmup_ratio))
         self.step = 0
@@ -111,12 +112,14 @@ class Trainer:
             lr = self.sched.get_last_lr()[0]  # the rate this step uses
             out = self.train_step(self.batch(self.step))
             self.step += 1
-            self.history.loss.append(float(out.loss.detach()))
-            self.history.step_loss.append(out.step_loss)
-            self.history.step_acc.append(out.step_acc)
+            k = out.step_loss.numel()
+            stats = torch.cat((out.loss.detach().view(1), out.step_loss, out.step_acc)).tolist()  # the sync
+            self.history.loss.append(stats[0])
+            self.history.step_loss.append(stats[1:1 + k])
+            self.history.step_acc.append(stats[1 + k:])
             self.history.lr.append(lr)
             bar.update(1)
-            bar.set_postfix(loss=f"{self.history.loss[-1]:.4f}", acc0=f"{out.step_acc[0]:.3f}")
+            bar.set_postfix(loss=f"{stats[0]:.4f}", acc0=f"{stats[1 + k]:.3f}")
             halting = cfg.halt_after is not None and self.step >= cfg.halt_after
             if self.step % cfg.save_every == 0 or self.step == self.total_steps or halting:
                 self.save()
@@ -153,7 +156,7 @@ class Trainer:
     def batch(self, step: int) -> TrainBatch:
         epoch, i = divmod(step, self.steps_per_epoch)
         records = epoch_batches(self.data, self.cfg.batch_size, self.cfg.seed + epoch)[i]
-        return make_batch(self.data, records, self.device)
+        return make_batch(self.data, records, self.device, self.ttt_steps)
 
 
 GROUP_BATCHES = 32  # length grouping: batches are cut from runs of this many batches' records
@@ -180,27 +183,39 @@ def epoch_batches(data: FeatureBlock, batch_size: int, seed: int) -> list[list[i
     return [full[j] for j in perm] + batches[len(full):]
 
 
-def make_batch(data: FeatureBlock, records: list[int], device: torch.device) -> TrainBatch:
-    """Zero-padded [B, T] batch of the given records, gathered where the data lives (the GPU when
-    the trainer put it there) and moved to `device`."""
-    where = data.offsets.device
-    rec = torch.tensor(records, dtype=torch.long, device=where)
-    starts = data.offsets[rec]
-    lengths = data.offsets[rec + 1] - starts
+def make_batch(data: FeatureBlock, records: list[int], device: torch.device, steps: int) -> TrainBatch:
+    """Zero-padded [B, T] batch of the given records with the counted rows of `steps` TTT steps.
+    Planned from the host's offsets, gathered where the per-token data lives (the GPU when the
+    trainer put it there) and moved to `device`; nothing here waits for the GPU."""
+    offsets, n_prompt = data.offsets.cpu(), data.n_prompt.cpu()
+    rec = torch.tensor(records, dtype=torch.long)
+    starts = offsets[rec]
+    lengths = offsets[rec + 1] - starts
     t = int(lengths.max())
-    col = torch.arange(t, device=where)
+    col = torch.arange(t)
     valid = col.view(1, -1) < lengths.view(-1, 1)  # [B, T]
     idx = torch.where(valid, starts.view(-1, 1) + col.view(1, -1), 0)
+    where = data.tokens.device
+    idx_d, valid_d = _h2d(idx, where), _h2d(valid, where)
 
     def rows(x: torch.Tensor | None) -> torch.Tensor | None:
         if x is None:
             return None
-        m = valid.view(*valid.shape, *([1] * (x.dim() - 1)))  # [B, T] or [B, T, 1]
-        return torch.where(m, x[idx], 0).to(device, non_blocking=True)
+        m = valid_d.view(*valid.shape, *([1] * (x.dim() - 1)))  # [B, T] or [B, T, 1]
+        return torch.where(m, x[idx_d], 0).to(device, non_blocking=True)
 
     final, argmax = (rows(data.final), rows(data.argmax)) if data.final is not None else (None, None)
-    return TrainBatch(rows(data.tokens), rows(data.feature), lengths.to(device),  # type: ignore[arg-type]
-                      data.n_prompt[rec].to(device), final, argmax)
+    counted = [_h2d(r, device) for r in counted_rows(lengths, n_prompt[rec], t, steps)]
+    return TrainBatch(rows(data.tokens), rows(data.feature), _h2d(lengths, device),  # type: ignore[arg-type]
+                      _h2d(n_prompt[rec], device), final, argmax, counted)
+
+
+def _h2d(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`; to a GPU through pinned memory, so the copy is queued and the
+    host runs on."""
+    if device.type != "cuda" or x.is_cuda:
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def cosine_with_warmup(total: int, warmup_ratio: float) -> Callable[[int], float]:
