@@ -285,3 +285,35 @@ def test_serve_cli_options() -> None:
     for bad in (["--port", "70000"], ["--max-body-bytes", "0"], ["--port", "http"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", *bad])
+
+
+# ---------------------------------------------------------------- `hotspec serve` with no model
+
+
+def test_serve_default_speculates_with_the_shipped_head(offline: Any) -> None:
+    """The engine `hotspec serve` builds with no model and no option: the default model with its
+    shipped EAGLE-3 head. Greedy chat and completions over HTTP equal the offline vanilla API's,
+    and /metrics shows speculative requests and the head's hot-set coverage."""
+    from hotspec.engine.engine import Engine
+    from hotspec.entrypoints.serve_cli import serve_config
+
+    args = build_parser().parse_args(["serve", "--dtype", "float32", "--device", "cpu"])
+    cfg = serve_config(engine_config(args), args.default_head)
+    assert cfg.speculative_algorithm == "EAGLE3"
+    engine = Engine(cfg)
+    assert engine.draft is not None and engine.draft.draft_vocab_size == 8192
+    app = create_app(engine, ServerSettings(NAME, api_key=KEY, max_body_bytes=MAX_BODY))
+    with BackgroundServer(app) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        for prompt, ref in zip(PROMPTS, offline["generate"]):
+            r = client.completions.create(model=NAME, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+            assert r.choices[0].text == ref.text
+        ref = offline["chat"][0]
+        chunks = list(client.chat.completions.create(model=NAME, messages=CHATS[0], max_tokens=MAX_TOKENS,
+                                                     temperature=0, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == ref.text
+        wait_idle(srv)
+        assert metric(srv, "hotspec_request_tau_count") == 3
+        assert metric(srv, "hotspec_request_tau_sum") > 3  # the head's drafts are accepted
+        assert 0.5 < metric(srv, "hotspec_hot_set_coverage") <= 1.0
+    assert engine.allocator.num_free == engine.allocator.num_blocks
