@@ -35,6 +35,10 @@ class EngineConfig:
     allow_eager_fallback: bool = False  # a failed capture warns (and is counted) instead of stopping
     cuda_graph_max_bs: int = 64
     profile_phases: bool = False  # time each speculative phase (synchronises the device)
+    # One graph per batch size for the whole speculative step (draft -> verify -> draft_extend)
+    # instead of three: fewer launches and input copies per step. Opt-in until measured on a GPU;
+    # the three phase graphs are still captured (profiling and phase benchmarks use them).
+    fuse_spec_step: bool = False
     skip_tokenizer_init: bool = False  # token ids in and out only (no text, no stop strings)
     # Speculative decoding (SGLang's option names)
     speculative_algorithm: str | None = None

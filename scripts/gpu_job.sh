@@ -143,8 +143,12 @@ if [ "$stage" = spec ]; then  # the head of a warm train stage in $HEADS/full, e
     HEAD=(--speculative-draft-model-path $HEADS/full --speculative-token-map $HEADS/full/freq_8192.pt)
     FULL=(--speculative-draft-model-path $HEADS/full)
   fi
-  step bench_b1 200 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --batch-size 1 \
-    --num-prompts 52 --vs-hf --out "$OUT/bench_b1"
+  # batch 1 with the profile pass: the time of each phase (draft, verify, draft_extend, host)
+  step bench_b1 240 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" --prompts .data/spec_bench_dev.jsonl \
+    --max-tokens 256 --batch-size 1 --num-prompts 52 --vs-hf --out "$OUT/bench_b1"
+  step bench_b1_shallow 100 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
+    --speculative-eagle-topk 8 --speculative-num-draft-tokens 12 "${HEAD[@]}" "${BENCH[@]}" --batch-size 1 \
+    --num-prompts 52 --out "$OUT/bench_b1_shallow"
   step bench_b1_chain 100 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
     --speculative-eagle-topk 1 --speculative-num-draft-tokens 5 "${HEAD[@]}" "${BENCH[@]}" --batch-size 1 \
     --num-prompts 52 --out "$OUT/bench_b1_chain"

@@ -51,3 +51,24 @@ def test_graphed_eagle_equals_graphed_vanilla_fp32(shape, hot, head, vanilla, tm
     assert [o.token_ids for o in outs] == vanilla
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
     print(graphs.report())
+
+
+@pytest.mark.parametrize("hot", [None, 8192], ids=["full", "frspec8k"])
+def test_fused_step_graphed_equals_graphed_vanilla_fp32(hot, vanilla, tmp_path):
+    """fuse_spec_step: the whole speculative step replays as one graph per batch size (greedy and
+    sampled), and greedy tokens still equal graphed vanilla's."""
+    tmap = None
+    if hot:
+        tmap = str(tmp_path / "m.pt")
+        torch.save(list(range(hot)), tmap)
+    llm = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8,
+              cuda_graph_max_bs=8, speculative_algorithm="EAGLE3", speculative_num_steps=6,
+              speculative_eagle_topk=8, speculative_num_draft_tokens=16, speculative_token_map=tmap,
+              fuse_spec_step=True)
+    graphs = llm.engine.graphs
+    assert set(graphs.status.values()) == {"graphed"}, graphs.report()
+    assert {"step", "step[sample]"} <= {p for p, _ in graphs.status}
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=N))
+    assert [o.token_ids for o in outs] == vanilla
+    assert llm.engine.worker.stats.phase_calls["step"] > 0
+    assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks

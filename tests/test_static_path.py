@@ -31,8 +31,12 @@ def _static(monkeypatch):
     monkeypatch.setattr(Engine, "_graph_runner", runner)
 
 
-@pytest.mark.parametrize("spec", [None, (3, 1, 4), (4, 3, 8)], ids=["vanilla", "chain", "tree"])
-def test_static_buffer_path_matches_eager(spec, tiny, monkeypatch):
+@pytest.mark.parametrize("spec,fused", [(None, False), ((3, 1, 4), False), ((4, 3, 8), False),
+                                        ((3, 1, 4), True), ((4, 3, 8), True)],
+                         ids=["vanilla", "chain", "tree", "chain-fused", "tree-fused"])
+def test_static_buffer_path_matches_eager(spec, fused, tiny, monkeypatch):
+    """`fused`: the static engine runs the whole speculative step as one phase (fuse_spec_step)
+    and still gives the eager three-phase engine's tokens, greedy and sampled."""
     target, head = tiny
     kw = dict(model=str(target), dtype="float32", device="cpu", skip_tokenizer_init=True, num_kv_blocks=128,
               block_size=4, max_model_len=128)
@@ -48,7 +52,7 @@ def test_static_buffer_path_matches_eager(spec, tiny, monkeypatch):
     ref = [[o.token_ids for o in eager.generate(prompt_token_ids=prompts, sampling_params=p)]
            for p in params]
     _static(monkeypatch)
-    llm = LLM(**kw)
+    llm = LLM(**kw, fuse_spec_step=fused)
     assert llm.engine.graphs.mode == "static"
     for p, r in zip(params, ref):
         outs = llm.generate(prompt_token_ids=prompts, sampling_params=p)  # 5 requests: padded to 8
@@ -56,6 +60,8 @@ def test_static_buffer_path_matches_eager(spec, tiny, monkeypatch):
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
     if spec:
         assert max(llm.engine.worker.stats.accept_hist) > 1  # acceptance happens, too
+        calls = llm.engine.worker.stats.phase_calls
+        assert (calls["step"] > 0, calls["verify"] > 0) == (fused, not fused)
 
 
 class HostSync(AssertionError):
@@ -100,15 +106,16 @@ def test_phases_never_read_device_values_on_the_host(tiny, monkeypatch):
     monkeypatch.setattr(GraphRunner, "run", guarded)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (4, 9, 13)]
-    for spec in (None, (4, 3, 8)):
+    for spec, fused in ((None, False), ((4, 3, 8), False), ((4, 3, 8), True)):
         kw = dict(model=str(target), dtype="float32", device="cpu", skip_tokenizer_init=True,
                   num_kv_blocks=128, block_size=4, max_model_len=128)
         if spec:
             kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head),
                       speculative_num_steps=spec[0], speculative_eagle_topk=spec[1],
-                      speculative_num_draft_tokens=spec[2])
+                      speculative_num_draft_tokens=spec[2], fuse_spec_step=fused)
         llm = LLM(**kw)
         for p in (SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
                   SamplingParams(temperature=0.9, seed=3, max_tokens=6, ignore_eos=True)):
             llm.generate(prompt_token_ids=prompts, sampling_params=p)
-    assert seen == {"decode", "decode[sample]", "draft", "verify", "verify[sample]", "draft_extend"}
+    assert seen == {"decode", "decode[sample]", "draft", "verify", "verify[sample]", "draft_extend",
+                    "step", "step[sample]"}

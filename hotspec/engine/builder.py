@@ -129,7 +129,8 @@ class EngineBuilder:
             worker = EagleWorker(
                 self.target, self.draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
                 ModelRunner(self.draft, draft_pool, backend), self.graphs, self.block_size, self.device,
-                steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases)
+                steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases,
+                fuse_step=self.cfg.fuse_spec_step)
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
             log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())

@@ -1,6 +1,7 @@
 """The speculative step's phases after prefill, as pure functions of batch-leading tensors.
 
-`draft` -> `verify` (or `verify[sample]`) with `accept` -> `draft_extend`. Each reads and returns
+`draft` -> `verify` (or `verify[sample]`) with `accept` -> `draft_extend`, or all three as one
+`step` (`step[sample]`) when the engine fuses them (`fuse_spec_step`). Each reads and returns
 a dict of device tensors and never syncs with the host, so the GraphRunner can serve it as a CUDA
 graph, from static buffers, or eagerly; the `_example_*` methods give each phase's static buffer
 shapes. KV regions are described in runtime/forward_batch.py; target and draft pools share one
@@ -8,6 +9,8 @@ block table. The host-side step that chains the phases is engine/eagle_worker.py
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -169,6 +172,21 @@ class EaglePhases:
         logp, ids, logits = self._topk(h_logits[last], self.topk)
         return {"topk_logp": logp, "topk_ids": ids, "feature": h_feat[last], "logits": logits}
 
+    def step_phase(self, x: Tensors) -> Tensors:
+        """`step`: draft -> verify -> draft_extend as one function (one graph per batch size)."""
+        return self._step(x, self.verify_phase)
+
+    def step_sample_phase(self, x: Tensors) -> Tensors:
+        """`step[sample]`: the same with `verify[sample]`."""
+        return self._step(x, self.verify_sample_phase)
+
+    def _step(self, x: Tensors, verify: Callable[[Tensors], Tensors]) -> Tensors:
+        tree = self.draft_phase(x)
+        acc = verify(dict(x, **tree))
+        ext = self.draft_extend_phase({"seq": x["seq"], "tables": x["tables"], **acc})
+        return {"accept_len": acc["accept_len"], "acc_tokens": acc["acc_tokens"], "bonus": acc["bonus"],
+                "topk_logp": ext["topk_logp"], "topk_ids": ext["topk_ids"], "feature": ext["feature"]}
+
     # -- examples: static buffer shapes and padding rows (null block 0, length 1) ------------
     def _example_base(self, bs: int) -> Tensors:
         dev = self.device
@@ -181,6 +199,9 @@ class EaglePhases:
                     topk_logp=torch.full((bs, k), MAX_LOGP, device=dev),
                     topk_ids=torch.zeros(bs, k, dtype=torch.long, device=dev),
                     feature=torch.zeros(bs, self.draft.hidden_size, device=dev, dtype=self.dtype))
+
+    def _example_step_sample(self, bs: int) -> Tensors:
+        return dict(self._example_draft(bs), **example_sampling(bs, self.device))
 
     def _example_verify(self, bs: int) -> Tensors:
         n, dev = self.num_draft_tokens, self.device

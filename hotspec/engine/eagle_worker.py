@@ -38,11 +38,12 @@ class EagleWorker(EaglePhases):
     def __init__(self, target: LlamaForCausalLM, draft: DraftHead, target_runner: ModelRunner,
                  draft_runner: ModelRunner, graphs: GraphRunner, block_size: int,
                  device: torch.device, num_steps: int, topk: int, num_draft_tokens: int,
-                 max_blocks_per_seq: int, profile: bool = False) -> None:
+                 max_blocks_per_seq: int, profile: bool = False, fuse_step: bool = False) -> None:
         super().__init__(target, draft, target_runner, draft_runner, block_size, device, num_steps,
                          topk, num_draft_tokens, max_blocks_per_seq)
         self.graphs = graphs
         self.profile = profile
+        self.fuse_step = fuse_step  # one `step` graph, except while profiling phases
         self.stats = SpecStats()
         ids = draft.to_target_ids(torch.arange(draft.draft_vocab_size, device=device))
         self.draft_vocab: frozenset[int] = frozenset(ids.tolist())  # host-side, for statistics
@@ -50,6 +51,9 @@ class EagleWorker(EaglePhases):
         graphs.register("verify", self.verify_phase, self._example_verify)
         graphs.register("verify[sample]", self.verify_sample_phase, self._example_verify_sample)
         graphs.register("draft_extend", self.draft_extend_phase, self._example_extend)
+        if fuse_step:
+            graphs.register("step", self.step_phase, self._example_draft)
+            graphs.register("step[sample]", self.step_sample_phase, self._example_step_sample)
 
     def _timed(self, phase: str, t0: float) -> float:
         self.stats.phase_calls[phase] += 1
@@ -104,17 +108,24 @@ class EagleWorker(EaglePhases):
         draft_in = dict(base, root=torch.tensor([r.last_token for r in reqs], dtype=torch.long, device=dev))
         for f in ("topk_logp", "topk_ids", "feature"):
             draft_in[f] = torch.stack([getattr(r.spec_state, f) for r in reqs])
-        tree = self.graphs.run("draft", draft_in)
-        t0 = self._timed("draft", t0)
-        verify_in = dict(base, **{k: tree[k] for k in ("tokens", "parents", "depth", "mask")})
-        if all(r.params.temperature == 0 for r in reqs):
-            acc = self.graphs.run("verify", verify_in)
+        greedy = all(r.params.temperature == 0 for r in reqs)
+        if self.fuse_step and not self.profile:
+            name = "step" if greedy else "step[sample]"
+            acc = ext = self.graphs.run(name, draft_in if greedy else
+                                        dict(draft_in, **sampling_inputs(reqs, dev)))
+            self._timed("step", t0)
         else:
-            acc = self.graphs.run("verify[sample]", dict(verify_in, **sampling_inputs(reqs, dev)))
-        t0 = self._timed("verify", t0)
-        ext = self.graphs.run("draft_extend", dict(base, **{
-            k: acc[k] for k in ("acc_tokens", "accept_len", "bonus", "acc_feature")}))
-        t0 = self._timed("draft_extend", t0)
+            tree = self.graphs.run("draft", draft_in)
+            t0 = self._timed("draft", t0)
+            verify_in = dict(base, **{k: tree[k] for k in ("tokens", "parents", "depth", "mask")})
+            if greedy:
+                acc = self.graphs.run("verify", verify_in)
+            else:
+                acc = self.graphs.run("verify[sample]", dict(verify_in, **sampling_inputs(reqs, dev)))
+            t0 = self._timed("verify", t0)
+            ext = self.graphs.run("draft_extend", dict(base, **{
+                k: acc[k] for k in ("acc_tokens", "accept_len", "bonus", "acc_feature")}))
+            t0 = self._timed("draft_extend", t0)
 
         out = torch.cat([acc["accept_len"].unsqueeze(1), acc["acc_tokens"], acc["bonus"].unsqueeze(1)], 1)
         rows = out.tolist()  # the one host sync of the step

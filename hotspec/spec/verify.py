@@ -50,13 +50,26 @@ def _walk(tree: DraftTree, max_depth: int, accept_fn) -> tuple[torch.Tensor, tor
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor, max_depth: int) -> Acceptance:
-    """logits: [B, N, V] target logits at every tree node."""
-    pred = logits.argmax(-1)  # [B, N]
-    match = tree.tokens == torch.gather(pred, 1, tree.parents)
+    """logits: [B, N, V] target logits at every tree node.
 
-    cur, path = _walk(tree, max_depth, lambda j, _: match[:, j])
+    No walk: node j is on the accepted path iff it and every ancestor match the target's argmax
+    after their parent (one `any` over the tree mask). Siblings carry distinct tokens, so at most
+    one node per depth qualifies and the deepest one ends the path `_walk` would find, in a
+    handful of kernels instead of about eight per node."""
+    pred = logits.argmax(-1)  # [B, N]
+    b, n = tree.tokens.shape
+    match = tree.tokens == torch.gather(pred, 1, tree.parents)
+    match[:, 0] = True  # the root is committed already
+    ok = ~(tree.mask & ~match.unsqueeze(1)).any(-1)  # [B, N]: the whole path to j matches
+    cur = torch.where(ok, tree.depth, -1).argmax(1)  # the deepest such node
+    on_path = torch.gather(tree.mask, 1, cur.view(b, 1, 1).expand(b, 1, n)).squeeze(1)
+    # path[d] = the node of depth d on the path; other nodes land in a spare column, cut off.
+    slot = torch.where(on_path, tree.depth.clamp(max=max_depth), max_depth + 1)
+    nodes = torch.arange(n, device=pred.device).expand(b, n)
+    path = torch.zeros(b, max_depth + 2, dtype=torch.long, device=pred.device).scatter_(1, slot, nodes)
     bonus = torch.gather(pred, 1, cur.unsqueeze(1)).squeeze(1)
-    return Acceptance(path, torch.gather(tree.depth, 1, cur.unsqueeze(1)).squeeze(1) + 1, bonus)
+    return Acceptance(path[:, :max_depth + 1], torch.gather(tree.depth, 1, cur.unsqueeze(1)).squeeze(1) + 1,
+                      bonus)
 
 
 def verify_stochastic(tree: DraftTree, probs: torch.Tensor, max_depth: int, seeds: torch.Tensor,
