@@ -14,7 +14,8 @@
 #              prune it to the 8k map, send it back as head.tar.part-*, then the server sweep
 #              (issue 7). 13k prompts: ~6 min of data, ~0.2 s per step of batch 32.
 #   retrain    train + prune + a short bench of the new head
-#   spec       engine tests, hotspec bench b1 (tree, chain)/b8/b32 with the head of a warm `train`
+#   spec       engine tests, hotspec bench b1 (tree + phases, fused step, shallow tree, chain)/b8/b32
+#              with the head of a warm `train`
 #              call (and FR-Spec full/16k) or else the shipped default head, SmolLM2 decode vs HF
 # Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
 # .models/p1, .models/p2 (the default GGUF split in two 48 MB parts: the first call stashes p1 in
@@ -146,6 +147,8 @@ if [ "$stage" = spec ]; then  # the head of a warm train stage in $HEADS/full, e
   # batch 1 with the profile pass: the time of each phase (draft, verify, draft_extend, host)
   step bench_b1 240 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" --prompts .data/spec_bench_dev.jsonl \
     --max-tokens 256 --batch-size 1 --num-prompts 52 --vs-hf --out "$OUT/bench_b1"
+  step bench_b1_fused 100 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --fuse-spec-step \
+    --batch-size 1 --num-prompts 52 --out "$OUT/bench_b1_fused"   # A/B: one graph per step
   step bench_b1_shallow 100 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
     --speculative-eagle-topk 8 --speculative-num-draft-tokens 12 "${HEAD[@]}" "${BENCH[@]}" --batch-size 1 \
     --num-prompts 52 --out "$OUT/bench_b1_shallow"

@@ -34,7 +34,8 @@ from hotspec.models.eagle import EagleHead
 from hotspec.models.eagle3 import Eagle3Head
 from hotspec.models.loader import load_checkpoint
 from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch
-from hotspec.training.config import TrainConfig
+from hotspec.training.config import TrainConfig, TrainConfigError
+from hotspec.training.data import load_dataset
 from hotspec.training.head_forward import unroll
 from hotspec.training.pipeline import run_train_draft
 from hotspec.training.prompt_files import read_prompts
@@ -329,3 +330,26 @@ def test_prompt_files(tmp_path: Path, sharegpt: Path) -> None:
     assert read_prompts([txt, jsonl], limit=3) == ["first prompt", "second prompt", "parts"]
     with pytest.raises(FileNotFoundError):
         read_prompts([tmp_path / "missing.txt"])
+
+
+def test_synth_prompts_and_several_responses_per_prompt(target: Path, sharegpt: Path, root: Path) -> None:
+    """--synth-prompts adds target-sampled prompts to the files' ones; --responses-per-prompt R
+    draws R differently seeded responses per prompt (R records each)."""
+    out = root / "more_data"
+    cfg = _config(target, out, prompts=(sharegpt,), num_prompts=6, eval_prompts=0, synth_prompts=4,
+                  responses_per_prompt=2, response_temperature=0.9, epochs=1, halt_after=1)
+    assert run_train_draft(cfg) == {"halted": 1}
+    split = json.loads((out / "data" / "prompts.json").read_text())
+    assert split["source"] == "files+synthesized" and len(split["train"]) == 10
+    records = load_dataset(out / "data")
+    assert records.num_records == 20
+    first, second = (records.tokens[records.offsets[i]:records.offsets[i + 1]].tolist() for i in (0, 1))
+    n = int(records.n_prompt[0])
+    assert first[:n] == second[:n] and first != second  # one prompt, two sampled answers
+
+
+def test_more_data_options_are_checked(target: Path, sharegpt: Path, root: Path) -> None:
+    with pytest.raises(TrainConfigError, match="--temperature > 0"):
+        _config(target, root / "x", responses_per_prompt=3)
+    with pytest.raises(TrainConfigError, match="adds sampled prompts to --prompts files"):
+        _config(target, root / "x", synth_prompts=5)

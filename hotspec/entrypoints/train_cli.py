@@ -33,6 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="ShareGPT .json/.jsonl (first user turn of each conversation) or .txt (one "
                    "prompt per line); default: prompts sampled from the target itself")
     p.add_argument("--num-prompts", type=int, default=256, help="prompts to use (default: 256)")
+    p.add_argument("--synth-prompts", type=int, default=0, metavar="N",
+                   help="with --prompts: also sample N user messages from the target and train on "
+                   "its answers to them too (default: 0)")
+    p.add_argument("--responses-per-prompt", type=int, default=1, metavar="R",
+                   help="responses drawn per prompt, each with its own seed; R > 1 needs "
+                   "--temperature > 0 (default: 1)")
     p.add_argument("--eval-prompts", type=int, default=8,
                    help="prompts held back to measure tau (default: 8)")
     p.add_argument("--max-new-tokens", type=int, default=256,
@@ -73,6 +79,7 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         out=args.out, model=args.model, arch=args.arch, draft_vocab=args.draft_vocab,
         token_maps=tuple(args.token_maps), max_num_seqs=args.max_num_seqs,
         prompts=tuple(args.prompts), num_prompts=args.num_prompts, eval_prompts=args.eval_prompts,
+        synth_prompts=args.synth_prompts, responses_per_prompt=args.responses_per_prompt,
         max_new_tokens=args.max_new_tokens, response_temperature=args.temperature,
         max_seq_len=args.max_seq_len, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         ttt_steps=args.ttt_steps, warmup_ratio=args.warmup_ratio, save_every=args.save_every,

@@ -28,6 +28,11 @@ class TrainConfig:
     token_maps: tuple[int, ...] = ()
     prompts: tuple[Path, ...] = ()  # empty: prompts synthesized by the target itself
     num_prompts: int = 256
+    # With prompt files: this many more prompts sampled from the target, added to the files' ones.
+    synth_prompts: int = 0
+    # Responses per training prompt; more than one needs response_temperature > 0 (each is drawn
+    # with its own seed): more of the target's own text from the same prompts.
+    responses_per_prompt: int = 1
     eval_prompts: int = 8  # held back from training, decoded with the trained head for tau
     max_new_tokens: int = 256
     response_temperature: float = 0.0  # 0: greedy responses
@@ -61,6 +66,16 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise TrainConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.responses_per_prompt < 1:
+            raise TrainConfigError(f"--responses-per-prompt must be >= 1, got {self.responses_per_prompt}")
+        if self.responses_per_prompt > 1 and self.response_temperature == 0:
+            raise TrainConfigError("--responses-per-prompt > 1 repeats the same greedy response; "
+                                   "pass --temperature > 0 (0.7 is common) to sample them")
+        if self.synth_prompts < 0:
+            raise TrainConfigError(f"--synth-prompts must be >= 0, got {self.synth_prompts}")
+        if self.synth_prompts and not self.prompts:
+            raise TrainConfigError("--synth-prompts adds sampled prompts to --prompts files; without "
+                                   "files, --num-prompts prompts are sampled from the target already")
         if self.eval_prompts < 0:
             raise TrainConfigError(f"eval_prompts must be >= 0, got {self.eval_prompts}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
