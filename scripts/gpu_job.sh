@@ -10,9 +10,10 @@
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
-#              TRAIN_S), continuing the run there if an earlier call started it; once finished,
-#              prune it to the 8k map, send it back as head.tar.part-*, then the server sweep
-#              (issue 7). 13k prompts: ~6 min of data, ~0.2 s per step of batch 32.
+#              TRAIN_S; TRAIN_EXTRA adds options, e.g. "--synth-prompts 8000"), continuing the
+#              run there if an earlier call started it; once finished, prune it to the 8k map,
+#              send it back as head.tar.part-*, then the server sweep (issue 7).
+#              13k prompts: ~6 min of data, ~0.2 s per step of batch 32 (before the host fix).
 #   retrain    train + prune + a short bench of the new head
 #   spec       engine tests, hotspec bench b1 (tree + phases, fused step, shallow tree, chain)/b8/b32
 #              with the head of a warm `train`
@@ -103,7 +104,7 @@ HEADS=/root/heads
 TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab 49152 --token-maps 16384 8192
   --prompts .data/sharegpt_prompts.jsonl --num-prompts ${NUM_PROMPTS:-4000} --eval-prompts 16
   --max-new-tokens 256 --epochs ${EPOCHS:-3} --batch-size ${BATCH:-16} --lr ${LR:-3e-4} --device cuda
-  --max-num-seqs ${SEQS:-128} --kv-cache-memory-gb 8 --save-every 100 --no-progress)
+  --max-num-seqs ${SEQS:-128} --kv-cache-memory-gb 8 --save-every 100 --no-progress ${TRAIN_EXTRA:-})
 if [ "$stage" = train ] || [ "$stage" = retrain ]; then
   mkdir -p $HEADS
   # A run already under $HEADS/full (an earlier call of this warm machine) is continued: the data
