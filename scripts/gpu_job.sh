@@ -15,9 +15,11 @@
 #              send it back as head.tar.part-*, then the server sweep (issue 7).
 #              13k prompts: ~6 min of data, ~0.2 s per step of batch 32 (before the host fix).
 #   retrain    train + prune + a short bench of the new head
-#   spec       engine tests, hotspec bench b1 (tree + phases, fused step, shallow tree, chain)/b8/b32
-#              with the head of a warm `train`
-#              call (and FR-Spec full/16k) or else the shipped default head, SmolLM2 decode vs HF
+#   spec       engine GPU tests, hotspec bench at batch 1 (tree with phase times and transformers;
+#              A/B of --fuse-spec-step; a shallower 4/8/12 tree), with the head of a warm `train`
+#              call or else the shipped default head
+#   spec2      the next call: chain, batch 8 and 32, FR-Spec full/16k (a warm `train` head only),
+#              SmolLM2 decode beside transformers
 # Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
 # .models/p1, .models/p2 (the default GGUF split in two 48 MB parts: the first call stashes p1 in
 # /root/models, the next one appends p2; a machine goes back 30 s after a call, so issue the next
@@ -135,36 +137,40 @@ if [ "$stage" = retrain ]; then  # quick end-to-end figures with the new head
   step bench_b8 70 python3 -m hotspec bench "${SPEC[@]}" "${BENCH[@]}" --batch-size 8 \
     --num-prompts 52 --out "$OUT/bench_b8"
 fi
-if [ "$stage" = spec ]; then  # the head of a warm train stage in $HEADS/full, else the shipped one
-  step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
-  TREE=(--speculative-algorithm EAGLE3 --speculative-num-steps 6 --speculative-eagle-topk 8
-    --speculative-num-draft-tokens 16)
-  BENCH=(--prompts .data/spec_bench_dev.jsonl --max-tokens 256 --no-profile-pass)
-  HEAD=(); FULL=()  # no draft path: the default model's shipped head (8,192 draft tokens)
-  if [ -f $HEADS/full/model.safetensors ]; then
-    HEAD=(--speculative-draft-model-path $HEADS/full --speculative-token-map $HEADS/full/freq_8192.pt)
-    FULL=(--speculative-draft-model-path $HEADS/full)
-  fi
-  # batch 1 with the profile pass: the time of each phase (draft, verify, draft_extend, host)
-  step bench_b1 240 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" --prompts .data/spec_bench_dev.jsonl \
-    --max-tokens 256 --batch-size 1 --num-prompts 52 --vs-hf --out "$OUT/bench_b1"
-  step bench_b1_fused 100 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --fuse-spec-step \
-    --batch-size 1 --num-prompts 52 --out "$OUT/bench_b1_fused"   # A/B: one graph per step
-  step bench_b1_shallow 100 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
+# Speculative benchmarks in two calls of at most ~9 minutes each: `spec` then `spec2`. They use
+# the head of a warm `train` call in $HEADS/full (with its 8k map) if there is one, else the
+# shipped default head.
+TREE=(--speculative-algorithm EAGLE3 --speculative-num-steps 6 --speculative-eagle-topk 8
+  --speculative-num-draft-tokens 16)
+BENCH=(--prompts .data/spec_bench_dev.jsonl --max-tokens 256 --no-profile-pass)
+HEAD=(); FULL=()  # no draft path: the default model's shipped head (8,192 draft tokens)
+if [ -f $HEADS/full/model.safetensors ]; then
+  HEAD=(--speculative-draft-model-path $HEADS/full --speculative-token-map $HEADS/full/freq_8192.pt)
+  FULL=(--speculative-draft-model-path $HEADS/full)
+fi
+if [ "$stage" = spec ]; then  # engine tests, batch 1 with phase times and transformers, A/Bs
+  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+  step bench_b1 200 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" --prompts .data/spec_bench_dev.jsonl \
+    --max-tokens 256 --batch-size 1 --num-prompts 52 --vs-hf --out "$OUT/bench_b1"  # + profiled pass
+  step bench_b1_fused 80 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --fuse-spec-step \
+    --batch-size 1 --num-prompts 26 --out "$OUT/bench_b1_fused"   # A/B: one graph per step
+  step bench_b1_shallow 70 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
     --speculative-eagle-topk 8 --speculative-num-draft-tokens 12 "${HEAD[@]}" "${BENCH[@]}" --batch-size 1 \
-    --num-prompts 52 --out "$OUT/bench_b1_shallow"
-  step bench_b1_chain 100 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
+    --num-prompts 26 --out "$OUT/bench_b1_shallow"
+fi
+if [ "$stage" = spec2 ]; then  # chain, batch 8 and 32, FR-Spec sizes, SmolLM2 decode vs transformers
+  step bench_b1_chain 70 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
     --speculative-eagle-topk 1 --speculative-num-draft-tokens 5 "${HEAD[@]}" "${BENCH[@]}" --batch-size 1 \
-    --num-prompts 52 --out "$OUT/bench_b1_chain"
-  step bench_b8 90 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --batch-size 8 \
+    --num-prompts 26 --out "$OUT/bench_b1_chain"
+  step bench_b8 80 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --batch-size 8 \
     --num-prompts 104 --out "$OUT/bench_b8"
-  step bench_b32 90 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --batch-size 32 \
+  step bench_b32 80 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --batch-size 32 \
     --num-prompts 128 --out "$OUT/bench_b32"
   if [ ${#FULL[@]} -gt 0 ]; then  # FR-Spec: the same full head with no map and with the 16k map
-    step frspec_full 100 python3 -m hotspec bench "${TREE[@]}" "${FULL[@]}" "${BENCH[@]}" --batch-size 1 \
-      --num-prompts 52 --out "$OUT/frspec_full"
-    step frspec_16k 100 python3 -m hotspec bench "${TREE[@]}" "${FULL[@]}" --speculative-token-map \
-      $HEADS/full/freq_16384.pt "${BENCH[@]}" --batch-size 1 --num-prompts 52 --out "$OUT/frspec_16k"
+    step frspec_full 70 python3 -m hotspec bench "${TREE[@]}" "${FULL[@]}" "${BENCH[@]}" --batch-size 1 \
+      --num-prompts 26 --out "$OUT/frspec_full"
+    step frspec_16k 70 python3 -m hotspec bench "${TREE[@]}" "${FULL[@]}" --speculative-token-map \
+      $HEADS/full/freq_16384.pt "${BENCH[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/frspec_16k"
   fi
   step decode_smol 90 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
     --batch-sizes 1,8 --context 512 --tokens 64 --vs-hf --out "$OUT/decode_smol.json"
