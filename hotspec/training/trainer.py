@@ -69,6 +69,7 @@ class Trainer:
             self.opt, cosine_with_warmup(self.total_steps, cfg.warmup_ratio))
         self.step = 0
         self.history = History()
+        self._epoch: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
 
     # -- checkpoints -----------------------------------------------------------------------
     def save(self) -> None:
@@ -155,8 +156,9 @@ class Trainer:
 
     def batch(self, step: int) -> TrainBatch:
         epoch, i = divmod(step, self.steps_per_epoch)
-        records = epoch_batches(self.data, self.cfg.batch_size, self.cfg.seed + epoch)[i]
-        return make_batch(self.data, records, self.device, self.ttt_steps)
+        if self._epoch is None or self._epoch[0] != epoch:  # planned once per epoch
+            self._epoch = (epoch, epoch_batches(self.data, self.cfg.batch_size, self.cfg.seed + epoch))
+        return make_batch(self.data, self._epoch[1][i], self.device, self.ttt_steps)
 
 
 GROUP_BATCHES = 32  # length grouping: batches are cut from runs of this many batches' records
