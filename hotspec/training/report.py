@@ -18,7 +18,10 @@ def measure_tau(cfg: TrainConfig, head_dir: Path, prompts: list[Prompt],
     """Greedy decoding of `prompts` with the trained head (chain drafts of eval_num_steps); tau is
     the mean over prompts of generated tokens per verify pass (RequestStats.tau)."""
     steps = cfg.eval_num_steps
-    llm = LLM(cfg.model, **cfg.engine_options(), speculative_algorithm=cfg.algorithm,
+    opts = cfg.engine_options()
+    # a batch never holds more than the held-back prompts: capture no larger graphs than that
+    opts["cuda_graph_max_bs"] = min(opts.get("cuda_graph_max_bs", 64), max(1, len(prompts)))
+    llm = LLM(cfg.model, **opts, speculative_algorithm=cfg.algorithm,
               speculative_draft_model_path=str(head_dir), speculative_num_steps=steps,
               speculative_eagle_topk=1, speculative_num_draft_tokens=steps + 1,
               speculative_token_map=None if token_map is None else str(token_map))
