@@ -17,11 +17,13 @@ def test_ttt_attention_equals_dense_mask(steps: int, heads: tuple[int, int]) -> 
     hq, hk = heads
     g = torch.Generator().manual_seed(steps * 10 + hq)
     b, t, d = 2, 9, 8
-    q = torch.randn(b, hq, t, d, generator=g, dtype=torch.float64, requires_grad=True)
+    # [B, T, Hq, D] transposed, as the head's projections give it (not contiguous)
+    q_leaf = torch.randn(b, t, hq, d, generator=g, dtype=torch.float64, requires_grad=True)
+    q = q_leaf.transpose(1, 2)
     cache = [(torch.randn(b, hk, t, d, generator=g, dtype=torch.float64, requires_grad=True),
               torch.randn(b, hk, t, d, generator=g, dtype=torch.float64, requires_grad=True))
              for _ in range(steps)]
-    leaves = [q] + [x for kv in cache for x in kv]
+    leaves = [q_leaf] + [x for kv in cache for x in kv]
     w = torch.randn(b, hq, t, d, generator=g, dtype=torch.float64)
 
     fast = ttt_attention(q, cache, 0.3)

@@ -115,15 +115,16 @@ def ttt_attention(q: torch.Tensor, cache: Cache, scale: float) -> torch.Tensor:
     scores = torch.matmul(qg, k0.transpose(-1, -2)).view(b, hq, t, t) * scale
     causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~causal, float("-inf"))
-    later = [(kv[0].to(q.dtype).repeat_interleave(group, dim=1),
-              kv[1].to(q.dtype).repeat_interleave(group, dim=1)) for kv in cache[1:]]
-    diag = [(q * k).sum(-1, keepdim=True) * scale for k, _ in later]  # [B, Hq, T, 1] each
+    # Later steps' keys/values broadcast over the `group` query heads of their kv head (no copies).
+    q5 = q.view(b, hk, group, t, d)
+    later = [(k.to(q.dtype).unsqueeze(2), v.to(q.dtype).unsqueeze(2)) for k, v in cache[1:]]
+    diag = [(q5 * k).sum(-1, keepdim=True).view(b, hq, t, 1) * scale for k, _ in later]
     acc = torch.promote_types(q.dtype, torch.float32)  # the softmax in float32 at least
     probs = torch.softmax(torch.cat([scores, *diag], dim=-1).to(acc), dim=-1).to(q.dtype)
-    out = torch.matmul(probs[..., :t].reshape(b, hk, group * t, t), v0).view(b, hq, t, d)
+    out = torch.matmul(probs[..., :t].reshape(b, hk, group * t, t), v0).view(b, hk, group, t, d)
     for s, (_, v) in enumerate(later):
-        out = out + probs[..., t + s:t + s + 1] * v
-    return out
+        out = out + probs[..., t + s:t + s + 1].view(b, hk, group, t, 1) * v
+    return out.view(b, hq, t, d)
 
 
 def dense_ttt_attention(q: torch.Tensor, cache: Cache, scale: float) -> torch.Tensor:

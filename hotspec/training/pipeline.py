@@ -75,7 +75,7 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
         rows = engine.target.lm_head.weight[vocab.draft_to_target.to(device)]
         loss_vocab = Vocab(rows, vocab.t2d.to(device))
     meta = {"arch": cfg.arch, "draft_vocab": n_draft, "lr": cfg.lr, "seed": cfg.seed}
-    trainer = Trainer(head, _to_float(data, device), cfg, ttt, loss_vocab, ckpt_dir, meta)
+    trainer = Trainer(head, _training_data(data, device), cfg, ttt, loss_vocab, ckpt_dir, meta)
     if cfg.resume:
         trainer.load()
     history = trainer.run()
@@ -159,7 +159,7 @@ def _check_token_maps(cfg: TrainConfig, vocab_size: int, forced: list[int]) -> N
                                f"{n_forced} end-of-turn / EOS token(s) {sorted(set(forced))}")
 
 
-def _to_float(data: FeatureBlock, device: torch.device) -> FeatureBlock:
+def _training_data(data: FeatureBlock, device: torch.device) -> FeatureBlock:
     """On CUDA the features stay in the target's dtype (autocast reads them) and move to the GPU
     when they take under half its free memory, so a batch is gathered there instead of copied
     over PCIe every step; float32 on the CPU."""
