@@ -5,6 +5,8 @@
 #   kernels    Triton tests and Llama-3.1-8B-shaped benchmarks (decode, phases, FR-Spec draft)
 #   perf8b     fused-kernel tests, 8B decode at batch 1/8 with the kernel table, fused-off A/B
 #   decode8b   8B decode at batch 1/8/32/64 beside transformers' static-cache generate
+#   stash8b    first call of a chain: train-draft step at batch 16/32, 8B decode at batch 8/32/64
+#              beside transformers (~8 min)
 #   trainstep / stash   the train-draft step cost (train_step_bench.py; stash = the first call of
 #              a chain, carrying .models/p1, so it does this useful work while stashing)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
@@ -18,6 +20,8 @@
 #   spec       engine GPU tests, hotspec bench at batch 1 (tree with phase times and transformers;
 #              A/B of --fuse-spec-step; a shallower 4/8/12 tree), with the head of a warm `train`
 #              call or else the shipped default head
+#   sweep      engine GPU tests, then benchmarks/spec_sweep.py with the shipped head: tree shapes,
+#              chain and --fuse-spec-step side by side at batch 1 (phase times), 8 and 32
 #   spec2      the next call: chain, batch 8 and 32, FR-Spec full/16k (a warm `train` head only),
 #              SmolLM2 decode beside transformers
 # Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
@@ -93,6 +97,25 @@ if [ "$stage" = trainstep ] || [ "$stage" = stash ]; then  # train-draft step co
   step trainstep_host 60 python3 benchmarks/train_step_bench.py "${TS[@]}" --host-data
   step trainstep_b32 60 python3 benchmarks/train_step_bench.py "${TS[@]/16/32}"
   step trainstep_16k 60 python3 benchmarks/train_step_bench.py "${TS[@]/49152/16384}"
+fi
+if [ "$stage" = stash8b ]; then  # first call of a chain (carries .models/p1): train step, 8B vs HF
+  step trainstep 90 python3 benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 49152 --ttt 7 --steps 10
+  step trainstep_b32 90 python3 benchmarks/train_step_bench.py --batch-size 32 --draft-vocab 49152 --ttt 7 --steps 10
+  step decode_8b_hf 360 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
+    --batch-sizes 8,32,64 --context 512 --tokens 32 --vs-hf --out "$OUT/decode_8b_hf.json"
+fi
+# Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
+# one pass per variant STEPS/TOPK/TOKENS[:fused][:profile]) with the shipped head, b1, b8, b32.
+SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl
+  --max-tokens 256)
+if [ "$stage" = sweep ]; then
+  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+  step sweep_b1 230 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
+    6/8/16:profile 6/8/16:fused 4/8/12:fused 4/1/5:fused 3/1/4:fused 6/10/32:fused 8/10/60:fused
+  step sweep_b8 90 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants \
+    6/8/16 6/8/16:fused 4/1/5:fused
+  step sweep_b32 90 "${SWEEP[@]}" --batch-size 32 --num-prompts 128 --out "$OUT/sweep_b32.json" --variants \
+    6/8/16 6/8/16:fused 4/1/5:fused
 fi
 if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
   step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
@@ -194,7 +217,7 @@ for f in "$OUT"/decode_*.log; do [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs 
 for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep -E "^(llama8b|default) " "$f"; done
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log
-for f in "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
+for f in "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f")"; tail -n 14 "$f"; }
 done
 # The device tool returns at most 8 files: everything but the head parts goes into one archive.

@@ -1,0 +1,156 @@
+"""Speculative configurations side by side: one target, one vanilla pass, then one pass per variant.
+
+`hotspec bench` compares one speculative configuration with vanilla decoding. Choosing a tree
+shape, the fused step graph or a token map means comparing several, and each `hotspec bench`
+rebuilds the target and re-runs vanilla. This script loads the target once, times vanilla once,
+then each variant in an engine of its own (released before the next), on the same prompts:
+
+    python benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 [engine options] \\
+        --prompts ../shared/data/spec_bench_dev.jsonl --num-prompts 26 --max-tokens 256 \\
+        --variants 6/8/16 6/8/16:fused 4/1/5:fused 8/10/60:fused 6/8/16:fused:map=freq_16384.pt
+
+A variant is STEPS/TOPK/DRAFT_TOKENS, then options joined by ':': `fused` (--fuse-spec-step),
+`map=PATH` (--speculative-token-map; `map=none` drops the engine options' map), `profile`
+(a second, phase-timed pass). Greedy; prints a table last (tau, tokens/s end to end and decode
+only, speedup over vanilla, ms per speculative step, greedy outputs identical to vanilla) and
+writes every number to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hotspec.benchmark.device import device_name
+from hotspec.benchmark.modes import RunOptions, run_speculative, run_vanilla
+from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
+from hotspec.benchmark.report import first_mismatch, mode_summary, phase_breakdown, spec_summary
+from hotspec.benchmark.spec_bench import BatchRun, load_target
+from hotspec.config import EngineConfig
+from hotspec.entrypoints.cli import add_engine_args, engine_config
+from hotspec.errors import HotspecError
+
+
+def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
+    """'6/8/16:fused:map=P' -> (EngineConfig overrides, profile?)."""
+    shape, *opts = text.split(":")
+    try:
+        steps, topk, ntok = (int(v) for v in shape.split("/"))
+    except ValueError:
+        raise HotspecError(f"variant {text!r}: expected STEPS/TOPK/DRAFT_TOKENS[:fused][:map=PATH]"
+                           "[:profile], e.g. 6/8/16:fused") from None
+    over: dict[str, Any] = {"speculative_num_steps": steps, "speculative_eagle_topk": topk,
+                            "speculative_num_draft_tokens": ntok, "fuse_spec_step": False}
+    profile = False
+    for o in opts:
+        if o == "fused":
+            over["fuse_spec_step"] = True
+        elif o == "profile":
+            profile = True
+        elif o.startswith("map="):
+            over["speculative_token_map"] = None if o[4:] == "none" else o[4:]
+        else:
+            raise HotspecError(f"variant {text!r}: unknown option {o!r} (fused, profile, map=PATH)")
+    return over, profile
+
+
+def _flat(runs: dict[str, BatchRun]) -> list[BatchRun]:
+    return list(runs.values())
+
+
+def _identical(vanilla: dict[str, BatchRun], spec: dict[str, BatchRun]) -> tuple[int, int]:
+    pairs = [(a, b) for c in vanilla for a, b in zip(vanilla[c].outputs, spec[c].outputs)]
+    return sum(first_mismatch(a, b) is None for a, b in pairs), len(pairs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(p)
+    p.add_argument("--prompts", required=True, type=Path)
+    p.add_argument("--num-prompts", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--warmup-tokens", type=int, default=16)
+    p.add_argument("--variants", nargs="+", required=True, metavar="S/K/N[:fused][:map=P][:profile]")
+    p.add_argument("--out", type=Path, default=None, help="JSON with every number")
+    args = p.parse_args(argv)
+    cfg = engine_config(args)
+    if cfg.speculative_algorithm is None:
+        raise HotspecError("pass --speculative-algorithm (and a head unless the model is the default)")
+    variants = [(v, *parse_variant(v)) for v in args.variants]  # bad variants fail before loading
+    base = replace(cfg, max_num_seqs=args.batch_size, profile_phases=False)
+    vanilla_cfg = replace(base, speculative_algorithm=None, speculative_draft_model_path=None,
+                          speculative_token_map=None)
+    prompts = read_bench_prompts(args.prompts, args.num_prompts)
+    started = datetime.now(timezone.utc)
+    target = load_target(cfg)
+    groups: dict[str, list[list[int]]] = {}
+    for bp in prompts:
+        groups.setdefault(bp.category, []).append(prompt_ids(bp, target.tokenizer, args.chat))
+    first = [i for c in groups for i in groups[c]][: args.batch_size]
+    opts = RunOptions(args.max_tokens, False, args.warmup_tokens, first)
+
+    vanilla, _, device = run_vanilla(vanilla_cfg, target, groups, opts, False)
+    v = mode_summary(_flat(vanilla))
+    rows: list[dict[str, Any]] = [{"variant": "vanilla", **v}]
+    for name, over, profile in variants:
+        vcfg: EngineConfig = replace(base, **over)
+        print(f"variant {name}", file=sys.stderr, flush=True)
+        try:
+            spec, profiled, source = run_speculative(vcfg, target, groups, opts, profile)
+        except Exception as exc:  # noqa: BLE001 - one failed variant is reported, the rest still run
+            print(f"variant {name} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            rows.append({"variant": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        s = mode_summary(_flat(spec))
+        st = spec_summary(_flat(spec))
+        same, n = _identical(vanilla, spec)
+        steps = st["verify_steps"]
+        rows.append({
+            "variant": name, **s, **st, "speedup": s["tokens_per_s"] / v["tokens_per_s"],
+            "decode_speedup": s["decode_tokens_per_s"] / v["decode_tokens_per_s"],
+            # wall of the decode steps per verify pass (each request's prefill step excluded)
+            "ms_per_spec_step": 1e3 * s["decode_s"] / max(steps / args.batch_size, 1),
+            "greedy_identical": f"{same}/{n}", "engine_overrides": over,
+            "phases": phase_breakdown(_flat(profiled), source) if profile else None})
+
+    vms = 1e3 * v["decode_s"] / max(v["decode_tokens"] / args.batch_size, 1)
+    dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    head = (f"{cfg.model or 'default model'}, {dtype} on {device_name(device)}; batch "
+            f"{args.batch_size}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy; "
+            f"vanilla {v['tokens_per_s']:.1f} tok/s, {vms:.3f} ms per decode step")
+    lines = [head, f"{'variant':<34} {'tau':>5} {'tok/s':>8} {'speedup':>7} {'decode x':>8} "
+             f"{'ms/step':>7} {'steps/vanilla':>13} {'identical':>9}"]
+    for r in rows[1:]:
+        if "error" in r:
+            lines.append(f"{r['variant']:<34} FAILED: {r['error'][:120]}")
+            continue
+        lines.append(f"{r['variant']:<34} {r['tau_total']:>5.2f} {r['tokens_per_s']:>8.1f} "
+                     f"{r['speedup']:>6.2f}x {r['decode_speedup']:>7.2f}x {r['ms_per_spec_step']:>7.3f} "
+                     f"{r['ms_per_spec_step'] / vms:>13.2f} {r['greedy_identical']:>9}")
+        if r["phases"]:
+            ph = r["phases"]["phases"]
+            lines.append("    profiled ms/call: " + ", ".join(
+                f"{k} {e['ms_per_call']:.3f}" for k, e in ph.items() if e["ms_per_call"] is not None))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "benchmark": "benchmarks/spec_sweep.py", "argv": sys.argv[1:] if argv is None else argv,
+            "date_utc": started.strftime("%Y-%m-%d %H:%M UTC"), "device": device_name(device),
+            "vanilla_ms_per_step": vms, "rows": rows}, indent=2, default=str))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except HotspecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,59 @@
+"""benchmarks/spec_sweep.py (the GPU session's tree-shape / fused-step / token-map comparison) runs
+end to end on the CPU on a tiny random target: one row per variant, greedy outputs identical to
+vanilla for every variant (lossless), and bad variants are refused before anything loads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from engine_utils import save_tiny_llama
+
+from hotspec.errors import HotspecError
+from hotspec.models.draft_checkpoint import random_draft_checkpoint
+from hotspec.models.loader import load_checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import spec_sweep  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+VOCAB = 96
+
+
+def test_sweep_rows_and_losslessness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_tiny_llama(tmp_path / "target", vocab=VOCAB, hidden=64, layers=4, std=0.2)
+    mcfg = load_checkpoint(tmp_path / "target", torch.float32)[0]
+    head = random_draft_checkpoint(tmp_path / "head", mcfg, "EAGLE3", seed=0, scale=0.3)
+    g = torch.Generator().manual_seed(3)
+    lines = [json.dumps({"question_id": i, "category": "ab"[i % 2],
+                         "prompt_token_ids": torch.randint(0, VOCAB, (5 + i,), generator=g).tolist()})
+             for i in range(4)]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "sweep.json"
+    rc = spec_sweep.main([
+        "--model", str(tmp_path / "target"), "--dtype", "float32", "--device", "cpu",
+        "--skip-tokenizer-init", "--num-kv-blocks", "128", "--block-size", "4", "--max-model-len", "128",
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head),
+        "--prompts", str(tmp_path / "p.jsonl"), "--no-chat", "--max-tokens", "10", "--batch-size", "2",
+        "--warmup-tokens", "2", "--variants", "3/2/6", "3/2/6:fused:profile", "2/1/3:fused",
+        "--out", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["vanilla", "3/2/6", "3/2/6:fused:profile", "2/1/3:fused"]
+    for r in rows[1:]:
+        assert r["greedy_identical"] == "4/4"  # lossless in every configuration
+        assert r["tau_total"] >= 1 and r["speedup"] > 0 and r["ms_per_spec_step"] > 0
+    assert rows[2]["engine_overrides"]["fuse_spec_step"] is True
+    assert rows[3]["engine_overrides"]["speculative_num_steps"] == 2
+    assert "step" in rows[2]["phases"]["phases"] or "draft" in rows[2]["phases"]["phases"]
+    table = capsys.readouterr().out
+    assert "3/2/6:fused:profile" in table and "profiled ms/call" in table
+
+
+@pytest.mark.parametrize("bad", ["6/8", "6/8/16:fast", "a/b/c"])
+def test_bad_variant_is_refused(bad: str) -> None:
+    with pytest.raises(HotspecError, match="variant"):
+        spec_sweep.parse_variant(bad)
