@@ -70,7 +70,9 @@ trap on_signal TERM INT
 
 t0=$(date +%s)
 for i in "${!names[@]}"; do
-  extra=""
+  # The vanilla server must not speculate: with no --model, `hotspec serve` speculates with the
+  # default model's shipped head unless told --no-default-head.
+  extra="--no-default-head"
   [ "${names[$i]}" = spec ] && extra=$SPEC_ARGS
   # shellcheck disable=SC2086  # option strings split into words on purpose
   $PY -m hotspec.entrypoints.cli serve $SERVE_ARGS $extra --port "${ports[$i]}" \
@@ -89,7 +91,12 @@ for i in "${!names[@]}"; do
     sleep 0.5
   done
   echo "serve_sweep: ${names[$i]} healthy after $(($(date +%s) - t0))s"
-  http_get "${ports[$i]}" /metrics | grep -E "^hotspec_(cuda_graph_batch_sizes|kv_blocks_total)"
+  metrics=$(http_get "${ports[$i]}" /metrics)
+  grep -E "^hotspec_(cuda_graph_batch_sizes|kv_blocks_total)" <<< "$metrics"
+  if [ "${names[$i]}" = vanilla ] && grep -q "^hotspec_hot_set_coverage" <<< "$metrics"; then
+    echo "serve_sweep: the vanilla server is speculating (it exports hot-set coverage): not a baseline"
+    exit 2
+  fi
 done
 
 targets=()
