@@ -83,7 +83,8 @@ def test_draft_buffers_sized_from_head_and_static_pass_matches_eager(eagle_head,
     plus a token map. Every draft logits buffer has len(hot_ids) columns, and the draft_extend
     phase run through static buffers (what a CUDA graph replays) matches the eager run."""
     hot = list(range(3000, 3000 + 777))
-    llm = _spec(eagle_head, _save_map(tmp_path, hot, "m.pt"), (3, 2, 5))
+    # the three phases run separately (not fused into one `step`), so draft_extend is seen alone
+    llm = _spec(eagle_head, _save_map(tmp_path, hot, "m.pt"), (3, 2, 5), fuse_spec_step=False)
     worker = llm.engine.worker
     assert llm.engine.draft.lm_head.out_features == len(hot)
     seen: dict[str, dict[str, torch.Tensor]] = {}

@@ -56,70 +56,83 @@ class EaglePhases:
     def draft_phase(self, x: Tensors) -> Tensors:
         """`draft`: num_steps - 1 draft forwards over the top-k frontier, then the best N-1 nodes."""
         root, seq, tables = x["root"], x["seq"], x["tables"]
-        b, k, m = root.shape[0], self.topk, self.scratch
+        b, k, m, n_fw = root.shape[0], self.topk, self.scratch, self.num_steps - 1
         dev = root.device
         scores, tokens = [x["topk_logp"]], [x["topk_ids"]]
-        parents = [torch.full((b, k), -1, dtype=torch.long, device=dev)]
         f_score, f_tok = x["topk_logp"], x["topk_ids"]
         f_global = torch.arange(k, device=dev).expand(b, k)
+        f_globals: list[torch.Tensor] = []  # each step's frontier: the parents of its k*k children
         f_feat = x["feature"].unsqueeze(1).expand(b, k, -1)
         f_mask = torch.zeros(b, k, max(m, 1), dtype=torch.bool, device=dev)
-        branch = torch.arange(k, device=dev)
+        if n_fw > 0:
+            # What the forwards need and that does not depend on what they draft, once for all
+            # steps (a few small kernels each, per step, otherwise; the loop is launch-bound):
+            # step s (1-based) writes scratch kv index (s-1)*k + i for frontier node i, at
+            # position seq + s - 1.
+            sidx = torch.arange(m, device=dev)
+            locs = slots_at(tables, seq.unsqueeze(1) + sidx, self.block_size)  # [B, M]
+            locs = locs.view(b, n_fw, k).transpose(0, 1).reshape(n_fw, b * k)
+            steps = torch.arange(n_fw, device=dev).view(n_fw, 1, 1)
+            positions = (seq.view(1, b, 1) + steps).expand(n_fw, b, k).reshape(n_fw, b * k)
+            owns = sidx.view(n_fw, k, 1) == sidx  # [S-1, K, M]: node i of step s sees its own slot
+            q_lens = torch.full((b,), k, dtype=torch.long, device=dev)
+            kv_lens = seq + m
         for s in range(1, self.num_steps):
-            scratch_idx = (s - 1) * k + branch  # this step's scratch kv index, relative to seq_len
-            own = torch.arange(f_mask.shape[2], device=dev).unsqueeze(0) == scratch_idx.unsqueeze(1)
-            f_mask = f_mask | own.unsqueeze(0)  # each frontier node also sees its own scratch slot
+            f_mask = f_mask | owns[s - 1]
             fb = ForwardBatch(
-                mode=ForwardMode.DRAFT, input_ids=f_tok.reshape(-1),
-                positions=(seq + s - 1).repeat_interleave(k),
-                out_cache_loc=slots_at(tables, seq.unsqueeze(1) + scratch_idx, self.block_size).view(-1),
-                q_lens=torch.full((b,), k, dtype=torch.long, device=dev), kv_lens=seq + m,
-                block_tables=tables, width=k, max_q=k, max_kv=self.max_kv, custom_mask=f_mask,
+                mode=ForwardMode.DRAFT, input_ids=f_tok.reshape(-1), positions=positions[s - 1],
+                out_cache_loc=locs[s - 1], q_lens=q_lens, kv_lens=kv_lens, block_tables=tables,
+                width=k, max_q=k, max_kv=self.max_kv, custom_mask=f_mask,
                 hidden_in=f_feat.reshape(b * k, -1))
             h_logits, h_feat = self.draft_runner.forward(fb)
             logp, ids, _ = self._topk(h_logits, k)  # [B*K, K]
             c_score = (f_score.unsqueeze(2) + logp.view(b, k, k)).view(b, k * k)
-            c_tok = ids.view(b, k * k)
             scores.append(c_score)
-            tokens.append(c_tok)
-            parents.append(f_global.unsqueeze(2).expand(b, k, k).reshape(b, k * k))
+            tokens.append(ids.view(b, k * k))
+            f_globals.append(f_global)
             if s == self.num_steps - 1:
                 break
             j = torch.topk(c_score, k, dim=1).indices  # next frontier
             parent_local = j // k
-            f_score, f_tok = torch.gather(c_score, 1, j), torch.gather(c_tok, 1, j)
-            f_global = k + (s - 1) * k * k + j
+            f_score, f_tok = torch.gather(c_score, 1, j), torch.gather(tokens[-1], 1, j)
+            f_global = j + (k + (s - 1) * k * k)
             f_feat = torch.gather(h_feat.view(b, k, -1), 1,
                                   parent_local.unsqueeze(2).expand(b, k, h_feat.shape[-1]))
             f_mask = torch.gather(f_mask, 1, parent_local.unsqueeze(2).expand(b, k, f_mask.shape[2]))
+        parents = [torch.full((b, k), -1, dtype=torch.long, device=dev)]
+        if f_globals:  # every child of frontier node i has parent i: [B, S-1, K] -> [B, (S-1)*K*K]
+            fg = torch.stack(f_globals, 1)
+            parents.append(fg.unsqueeze(3).expand(b, n_fw, k, k).reshape(b, n_fw * k * k))
         t = build_tree(root, torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(parents, 1),
                        self.num_draft_tokens, self.num_steps)
         return {"tokens": t.tokens, "parents": t.parents, "depth": t.depth, "mask": t.mask}
 
-    def _verify_forward(self, x: Tensors) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:
-        """The target over every tree node; node i writes kv index seq_len + i."""
+    def _verify_forward(self, x: Tensors) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The target over every tree node; node i writes kv index seq_len + i. Also returns the
+        slots of kv indices seq_len + [0, max(N, num_steps + 1)), which the commit reuses."""
         tree = DraftTree(x["tokens"], x["parents"], x["depth"], x["mask"])
         seq, tables = x["seq"], x["tables"]
         b, n = tree.tokens.shape
-        idx = seq.unsqueeze(1) + torch.arange(n, device=seq.device)
+        span = torch.arange(max(n, self.num_steps + 1), device=seq.device)
+        slots = slots_at(tables, seq.unsqueeze(1) + span, self.block_size)
         fb = ForwardBatch(
             mode=ForwardMode.VERIFY, input_ids=tree.tokens.reshape(-1),
             positions=(seq.unsqueeze(1) + tree.depth).reshape(-1),
-            out_cache_loc=slots_at(tables, idx, self.block_size).view(-1),
+            out_cache_loc=slots[:, :n].reshape(-1),
             q_lens=torch.full((b,), n, dtype=torch.long, device=seq.device), kv_lens=seq + n,
             block_tables=tables, width=n, max_q=n, max_kv=self.max_kv, custom_mask=tree.mask)
         hidden, aux = self.target_runner.forward(fb)
         logits = self.target.compute_logits(hidden).view(b, n, -1)
-        return tree, logits, self._feature(hidden, aux).view(b, n, -1)
+        return tree, logits, self._feature(hidden, aux).view(b, n, -1), slots
 
     def verify_phase(self, x: Tensors) -> Tensors:
         """`verify` + `accept` for an all-greedy batch."""
-        tree, logits, feature = self._verify_forward(x)
-        return self._commit(x, tree, verify_greedy(tree, logits, self.num_steps), feature)
+        tree, logits, feature, slots = self._verify_forward(x)
+        return self._commit(tree, verify_greedy(tree, logits, self.num_steps), feature, slots)
 
     def verify_sample_phase(self, x: Tensors) -> Tensors:
         """`verify` + `accept` by tree rejection sampling (greedy rows: one-hot target)."""
-        tree, logits, feature = self._verify_forward(x)
+        tree, logits, feature, slots = self._verify_forward(x)
         b, n, v = logits.shape
 
         def rep(t: torch.Tensor) -> torch.Tensor:
@@ -130,19 +143,19 @@ class EaglePhases:
         onehot = torch.zeros_like(probs).scatter_(2, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where((x["temperature"] == 0).view(b, 1, 1), onehot, probs)
         acc = verify_stochastic(tree, probs, self.num_steps, x["seeds"], x["offsets"])
-        return self._commit(x, tree, acc, feature)
+        return self._commit(tree, acc, feature, slots)
 
-    def _commit(self, x: Tensors, tree: DraftTree, acc: Acceptance, feature: torch.Tensor) -> Tensors:
+    def _commit(self, tree: DraftTree, acc: Acceptance, feature: torch.Tensor,
+                slots: torch.Tensor) -> Tensors:
         """Move accepted nodes' target KV from seq_len + path[i] to seq_len + i (a chain's path is
-        already a prefix, so its move is a no-op); rows past the accepted length move trash."""
-        seq, tables = x["seq"], x["tables"]
+        already a prefix, so its move is a no-op); rows past the accepted length move trash.
+        `slots[:, j]` is the slot of kv index seq_len + j."""
         kv = self.target_runner.kv
-        d = torch.arange(acc.path.shape[1], device=seq.device)
-        keep = d.unsqueeze(0) < acc.accept_len.unsqueeze(1)
-        src = torch.where(keep, slots_at(tables, seq.unsqueeze(1) + acc.path, self.block_size), kv.trash_slot)
-        dst = torch.where(keep, slots_at(tables, seq.unsqueeze(1) + d, self.block_size), kv.trash_slot)
-        kv.move_slots(src.view(-1), dst.view(-1))
         b, w = acc.path.shape
+        keep = torch.arange(w, device=slots.device).unsqueeze(0) < acc.accept_len.unsqueeze(1)
+        src = torch.where(keep, torch.gather(slots, 1, acc.path), kv.trash_slot)
+        dst = torch.where(keep, slots[:, :w], kv.trash_slot)
+        kv.move_slots(src.reshape(-1), dst.reshape(-1))
         return {
             "acc_tokens": torch.gather(tree.tokens, 1, acc.path),
             "accept_len": acc.accept_len,
