@@ -20,12 +20,15 @@
 #   spec       engine GPU tests, hotspec bench at batch 1 (tree with phase times and transformers;
 #              A/B of --fuse-spec-step; a shallower 4/8/12 tree), with the head of a warm `train`
 #              call or else the shipped default head
-#   sweep      engine GPU tests, then benchmarks/spec_sweep.py with the shipped head: tree shapes,
-#              chain and --fuse-spec-step side by side at batch 1 (phase times), 8 and 32
+#   sweep      engine GPU tests, benchmarks/spec_sweep.py with the shipped head (tree shapes, chain,
+#              fused step or not, phase times) at batch 1, 8 and 32, then the serve sweep (~8 min)
 #   spec2      the next call: chain, batch 8 and 32, FR-Spec full/16k (a warm `train` head only),
 #              SmolLM2 decode beside transformers
+# A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. stash8b) carrying
+# .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying .models/p2
+# .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
 # Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
-# .models/p1, .models/p2 (the default GGUF split in two 48 MB parts: the first call stashes p1 in
+# .models/p1, .models/p2 (the default GGUF split 60 MB + 38 MB: the first call stashes p1 in
 # /root/models, the next one appends p2; a machine goes back 30 s after a call, so issue the next
 # call at once), .data/ (sharegpt_prompts.jsonl from scripts/sharegpt_prompts.py and a copy of
 # ../shared/data/spec_bench_dev.jsonl). The device tool returns at most 8 files: all results are
@@ -110,12 +113,15 @@ SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts
   --max-tokens 256)
 if [ "$stage" = sweep ]; then
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
-  step sweep_b1 230 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
-    6/8/16:profile 6/8/16:fused 4/8/12:fused 4/1/5:fused 3/1/4:fused 6/10/32:fused 8/10/60:fused
-  step sweep_b8 90 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants \
-    6/8/16 6/8/16:fused 4/1/5:fused
-  step sweep_b32 90 "${SWEEP[@]}" --batch-size 32 --num-prompts 128 --out "$OUT/sweep_b32.json" --variants \
-    6/8/16 6/8/16:fused 4/1/5:fused
+  step sweep_b1 200 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
+    4/8/12:fused:profile 6/8/16 6/8/16:fused:profile 3/1/4:fused 6/10/32:fused
+  step sweep_b8 80 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants \
+    4/8/12:fused 4/1/5:fused
+  step sweep_b32 80 "${SWEEP[@]}" --batch-size 32 --num-prompts 128 --out "$OUT/sweep_b32.json" --variants \
+    4/8/12:fused 4/1/5:fused
+  # issue 7 (b): vanilla (--no-default-head, checked) against the shipped head at its best b1 shape
+  OUT="$OUT" SPEC_ARGS="--speculative-algorithm EAGLE3 --speculative-num-steps 4 --speculative-eagle-topk 8 \
+--speculative-num-draft-tokens 12" step serve_sweep 170 bash scripts/serve_sweep.sh
 fi
 if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
   step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
