@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             # wall of the decode steps per verify pass (each request's prefill step excluded)
             "ms_per_spec_step": 1e3 * s["decode_s"] / max(steps / args.batch_size, 1),
             "greedy_identical": f"{same}/{n}", "engine_overrides": over,
+            "per_category": {c: {"tau_mean": sum(spec[c].taus) / len(spec[c].taus),
+                                 "tokens_per_s": spec[c].generated / spec[c].wall_s,
+                                 "vanilla_tokens_per_s": vanilla[c].generated / vanilla[c].wall_s}
+                             for c in spec},
             "phases": phase_breakdown(_flat(profiled), source) if profile else None})
 
     vms = 1e3 * v["decode_s"] / max(v["decode_tokens"] / args.batch_size, 1)

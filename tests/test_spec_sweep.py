@@ -47,6 +47,8 @@ def test_sweep_rows_and_losslessness(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert r["greedy_identical"] == "4/4"  # lossless in every configuration
         assert r["tau_total"] >= 1 and r["speedup"] > 0 and r["ms_per_spec_step"] > 0
     assert rows[2]["engine_overrides"]["fuse_spec_step"] is True
+    assert set(rows[1]["per_category"]) == {"a", "b"}  # file order: categories a and b
+    assert all(e["tau_mean"] >= 1 for e in rows[1]["per_category"].values())
     assert rows[3]["engine_overrides"]["speculative_num_steps"] == 2
     assert "step" in rows[2]["phases"]["phases"] or "draft" in rows[2]["phases"]["phases"]
     table = capsys.readouterr().out

@@ -78,10 +78,13 @@ class Eagle3MidLayer(nn.Module):
         self.mlp = MLP(h, cfg.intermediate_size)
 
     def forward(self, embeds: torch.Tensor, feature: torch.Tensor, fb: ForwardBatch,
-                rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend) -> torch.Tensor:
+                rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mlp output m, r) with the pre-norm sum s = m + r left to the caller's final norm, so
+        each residual add fuses into the norm after it (one kernel on CUDA, as in the target)."""
         x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(feature)), dim=-1)
-        r = self.self_attn(x, fb, rope, kv, backend) + feature
-        return self.mlp(self.post_attention_layernorm(r)) + r  # pre-norm sum s
+        h, r = self.post_attention_layernorm.add_forward(self.self_attn(x, fb, rope, kv, backend), feature)
+        return self.mlp(h), r
 
 
 class Eagle3Head(DraftHead):
@@ -102,5 +105,5 @@ class Eagle3Head(DraftHead):
         # concatenated aux states go through fc, the head's own previous feature does not.
         if feature.shape[-1] != self.hidden_size:
             feature = self.fc(feature)
-        s = self.midlayer(self.embed_tokens(fb.input_ids), feature, fb, self.rotary, kv, backend)
-        return self.norm(s), s
+        m, r = self.midlayer(self.embed_tokens(fb.input_ids), feature, fb, self.rotary, kv, backend)
+        return self.norm.add_forward(m, r)  # (norm(s), s) with s = m + r
