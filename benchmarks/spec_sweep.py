@@ -7,9 +7,10 @@ then each variant in an engine of its own (released before the next), on the sam
 
     python benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 [engine options] \\
         --prompts ../shared/data/spec_bench_dev.jsonl --num-prompts 26 --max-tokens 256 \\
-        --variants 6/8/16 6/8/16:fused 4/1/5:fused 8/10/60:fused 6/8/16:fused:map=freq_16384.pt
+        --variants 6/8/16:unfused 6/8/16 4/1/5 8/10/60 6/8/16:map=freq_16384.pt
 
-A variant is STEPS/TOPK/DRAFT_TOKENS, then options joined by ':': `fused` (--fuse-spec-step),
+A variant is STEPS/TOPK/DRAFT_TOKENS, then options joined by ':': `fused` / `unfused`
+(--fuse-spec-step / --no-fuse-spec-step; else the engine options' setting, fused by default),
 `map=PATH` (--speculative-token-map; `map=none` drops the engine options' map), `profile`
 (a second, phase-timed pass). Greedy; prints a table last (tau, tokens/s end to end and decode
 only, speedup over vanilla, ms per speculative step, greedy outputs identical to vanilla) and
@@ -37,7 +38,7 @@ from hotspec.errors import HotspecError
 
 
 def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
-    """'6/8/16:fused:map=P' -> (EngineConfig overrides, profile?)."""
+    """'6/8/16:unfused:map=P' -> (EngineConfig overrides, profile?)."""
     shape, *opts = text.split(":")
     try:
         steps, topk, ntok = (int(v) for v in shape.split("/"))
@@ -45,17 +46,18 @@ def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
         raise HotspecError(f"variant {text!r}: expected STEPS/TOPK/DRAFT_TOKENS[:fused][:map=PATH]"
                            "[:profile], e.g. 6/8/16:fused") from None
     over: dict[str, Any] = {"speculative_num_steps": steps, "speculative_eagle_topk": topk,
-                            "speculative_num_draft_tokens": ntok, "fuse_spec_step": False}
+                            "speculative_num_draft_tokens": ntok}
     profile = False
     for o in opts:
-        if o == "fused":
-            over["fuse_spec_step"] = True
+        if o in ("fused", "unfused"):
+            over["fuse_spec_step"] = o == "fused"
         elif o == "profile":
             profile = True
         elif o.startswith("map="):
             over["speculative_token_map"] = None if o[4:] == "none" else o[4:]
         else:
-            raise HotspecError(f"variant {text!r}: unknown option {o!r} (fused, profile, map=PATH)")
+            raise HotspecError(f"variant {text!r}: unknown option {o!r} (fused, unfused, profile, "
+                               "map=PATH)")
     return over, profile
 
 

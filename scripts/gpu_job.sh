@@ -108,17 +108,17 @@ if [ "$stage" = stash8b ]; then  # first call of a chain (carries .models/p1): t
     --batch-sizes 8,32,64 --context 512 --tokens 32 --vs-hf --out "$OUT/decode_8b_hf.json"
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
-# one pass per variant STEPS/TOPK/TOKENS[:fused][:profile]) with the shipped head, b1, b8, b32.
+# one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
 SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl
   --max-tokens 256)
 if [ "$stage" = sweep ]; then
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
   step sweep_b1 200 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
-    4/8/12:fused:profile 6/8/16 6/8/16:fused:profile 3/1/4:fused 6/10/32:fused
+    4/8/12:profile 6/8/16:unfused 6/8/16:profile 3/1/4 6/10/32
   step sweep_b8 80 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants \
-    4/8/12:fused 4/1/5:fused
+    4/8/12 4/1/5
   step sweep_b32 80 "${SWEEP[@]}" --batch-size 32 --num-prompts 128 --out "$OUT/sweep_b32.json" --variants \
-    4/8/12:fused 4/1/5:fused
+    4/8/12 4/1/5
   # issue 7 (b): vanilla (--no-default-head, checked) against the shipped head at its best b1 shape
   OUT="$OUT" SPEC_ARGS="--speculative-algorithm EAGLE3 --speculative-num-steps 4 --speculative-eagle-topk 8 \
 --speculative-num-draft-tokens 12" step serve_sweep 170 bash scripts/serve_sweep.sh

@@ -38,15 +38,17 @@ def test_sweep_rows_and_losslessness(tmp_path: Path, capsys: pytest.CaptureFixtu
         "--skip-tokenizer-init", "--num-kv-blocks", "128", "--block-size", "4", "--max-model-len", "128",
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head),
         "--prompts", str(tmp_path / "p.jsonl"), "--no-chat", "--max-tokens", "10", "--batch-size", "2",
-        "--warmup-tokens", "2", "--variants", "3/2/6", "3/2/6:fused:profile", "2/1/3:fused",
+        "--warmup-tokens", "2", "--variants", "3/2/6:unfused", "3/2/6:fused:profile", "2/1/3",
         "--out", str(out)])
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["variant"] for r in rows] == ["vanilla", "3/2/6", "3/2/6:fused:profile", "2/1/3:fused"]
+    assert [r["variant"] for r in rows] == ["vanilla", "3/2/6:unfused", "3/2/6:fused:profile", "2/1/3"]
     for r in rows[1:]:
         assert r["greedy_identical"] == "4/4"  # lossless in every configuration
         assert r["tau_total"] >= 1 and r["speedup"] > 0 and r["ms_per_spec_step"] > 0
+    assert rows[1]["engine_overrides"]["fuse_spec_step"] is False
     assert rows[2]["engine_overrides"]["fuse_spec_step"] is True
+    assert "fuse_spec_step" not in rows[3]["engine_overrides"]  # the engine default (fused)
     assert set(rows[1]["per_category"]) == {"a", "b"}  # file order: categories a and b
     assert all(e["tau_mean"] >= 1 for e in rows[1]["per_category"].values())
     assert rows[3]["engine_overrides"]["speculative_num_steps"] == 2
