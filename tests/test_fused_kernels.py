@@ -157,3 +157,23 @@ def test_fused_kernels_never_cut_gradients(monkeypatch):
         assert fused.enabled(x, norm.weight), "inference takes the kernels"
     frozen = RMSNorm(SMALL[0], 1e-5).requires_grad_(False)
     assert fused.enabled(torch.randn(2, SMALL[0]), frozen.weight), "nothing to differentiate"
+
+
+def test_rope_store_reads_strided_slot_and_position_views() -> None:
+    """A strided view of slots or positions (e.g. a row of a transposed [steps, B*K] table) gives
+    the same result as a contiguous copy: the draft loop hands such views to the kernel."""
+    from hotspec.layers import fused_kernels as fk
+
+    g = torch.Generator().manual_seed(0)
+    t, hq, hkv, d = 3, 2, 1, 8
+    q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
+    cos, sin = torch.randn(64, d // 2, generator=g), torch.randn(64, d // 2, generator=g)
+    table = torch.arange(4 * t).view(t, 4).t()  # rows of the transpose: stride 4
+    pos, loc = table[2], table[1]
+    assert loc.stride(0) == 4
+    outs = []
+    for p, slot in ((pos, loc), (pos.clone(), loc.clone())):
+        kc, vc = torch.zeros(40, hkv, d), torch.zeros(40, hkv, d)
+        outs.append((fk.rope_store(q, k, v, p, cos, sin, kc, vc, slot), kc, vc))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

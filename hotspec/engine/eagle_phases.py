@@ -71,9 +71,11 @@ class EaglePhases:
             # position seq + s - 1.
             sidx = torch.arange(m, device=dev)
             locs = slots_at(tables, seq.unsqueeze(1) + sidx, self.block_size)  # [B, M]
-            locs = locs.view(b, n_fw, k).transpose(0, 1).reshape(n_fw, b * k)
+            # (contiguous: with k == 1 the reshape is a strided view, and kernels read the rows of
+            # these with unit stride)
+            locs = locs.view(b, n_fw, k).transpose(0, 1).reshape(n_fw, b * k).contiguous()
             steps = torch.arange(n_fw, device=dev).view(n_fw, 1, 1)
-            positions = (seq.view(1, b, 1) + steps).expand(n_fw, b, k).reshape(n_fw, b * k)
+            positions = (seq.view(1, b, 1) + steps).expand(n_fw, b, k).reshape(n_fw, b * k).contiguous()
             owns = sidx.view(n_fw, k, 1) == sidx  # [S-1, K, M]: node i of step s sees its own slot
             q_lens = torch.full((b,), k, dtype=torch.long, device=dev)
             kv_lens = seq + m

@@ -135,6 +135,7 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: tor
     t, hq, d = q.shape
     hkv = k.shape[1]
     q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    positions, loc = positions.contiguous(), loc.contiguous()  # read with unit stride
     if t:
         half = d // 2
         _rope_store_kernel[(t, hq + hkv)](

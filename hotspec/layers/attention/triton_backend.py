@@ -200,6 +200,7 @@ def store_kv_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Ten
         k = k.contiguous()
     if v.stride(2) != 1:
         v = v.contiguous()
+    loc = loc.contiguous()  # read with unit stride
     store_kv_kernel[(t,)](
         k, v, k_cache, v_cache, loc,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
