@@ -32,7 +32,6 @@ from hotspec.benchmark.modes import RunOptions, run_speculative, run_vanilla
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
 from hotspec.benchmark.report import first_mismatch, mode_summary, phase_breakdown, spec_summary
 from hotspec.benchmark.spec_bench import BatchRun, load_target
-from hotspec.config import EngineConfig
 from hotspec.entrypoints.cli import add_engine_args, engine_config
 from hotspec.errors import HotspecError
 
@@ -85,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = engine_config(args)
     if cfg.speculative_algorithm is None:
         raise HotspecError("pass --speculative-algorithm (and a head unless the model is the default)")
-    variants = [(v, *parse_variant(v)) for v in args.variants]  # bad variants fail before loading
     base = replace(cfg, max_num_seqs=args.batch_size, profile_phases=False)
+    variants = []  # bad variants (syntax or engine options) fail here, before anything loads
+    for v in args.variants:
+        over, profile = parse_variant(v)
+        variants.append((v, replace(base, **over), over, profile))
     vanilla_cfg = replace(base, speculative_algorithm=None, speculative_draft_model_path=None,
                           speculative_token_map=None)
     prompts = read_bench_prompts(args.prompts, args.num_prompts)
@@ -101,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     vanilla, _, device = run_vanilla(vanilla_cfg, target, groups, opts, False)
     v = mode_summary(_flat(vanilla))
     rows: list[dict[str, Any]] = [{"variant": "vanilla", **v}]
-    for name, over, profile in variants:
-        vcfg: EngineConfig = replace(base, **over)
+    for name, vcfg, over, profile in variants:
         print(f"variant {name}", file=sys.stderr, flush=True)
         try:
             spec, profiled, source = run_speculative(vcfg, target, groups, opts, profile)

@@ -17,9 +17,8 @@
 #              send it back as head.tar.part-*, then the server sweep (issue 7).
 #              13k prompts: ~6 min of data, ~0.2 s per step of batch 32 (before the host fix).
 #   retrain    train + prune + a short bench of the new head
-#   spec       engine GPU tests, hotspec bench at batch 1 (tree with phase times and transformers;
-#              A/B of --fuse-spec-step; a shallower 4/8/12 tree), with the head of a warm `train`
-#              call or else the shipped default head
+#   spec       engine GPU tests, hotspec bench at batch 1 (4/8/12 tree, per category, phase times,
+#              transformers beside), with the head of a warm `train` call or else the shipped head
 #   sweep      engine GPU tests, benchmarks/spec_sweep.py with the shipped head (tree shapes, chain,
 #              fused step or not, phase times) at batch 1, 8 and 32, then the serve sweep (~8 min)
 #   spec2      the next call: chain, batch 8 and 32, FR-Spec full/16k (a warm `train` head only),
@@ -177,15 +176,13 @@ if [ -f $HEADS/full/model.safetensors ]; then
   HEAD=(--speculative-draft-model-path $HEADS/full --speculative-token-map $HEADS/full/freq_8192.pt)
   FULL=(--speculative-draft-model-path $HEADS/full)
 fi
-if [ "$stage" = spec ]; then  # engine tests, batch 1 with phase times and transformers, A/Bs
+if [ "$stage" = spec ]; then  # engine tests, batch 1 per category with phase times and transformers
+  # (shapes, fused or not, batch 8/32: the `sweep` stage, one vanilla pass for all variants)
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
-  step bench_b1 200 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" --prompts .data/spec_bench_dev.jsonl \
-    --max-tokens 256 --batch-size 1 --num-prompts 52 --vs-hf --out "$OUT/bench_b1"  # + profiled pass
-  step bench_b1_fused 80 python3 -m hotspec bench "${TREE[@]}" "${HEAD[@]}" "${BENCH[@]}" --fuse-spec-step \
-    --batch-size 1 --num-prompts 26 --out "$OUT/bench_b1_fused"   # A/B: one graph per step
-  step bench_b1_shallow 70 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
-    --speculative-eagle-topk 8 --speculative-num-draft-tokens 12 "${HEAD[@]}" "${BENCH[@]}" --batch-size 1 \
-    --num-prompts 26 --out "$OUT/bench_b1_shallow"
+  step bench_b1 200 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
+    --speculative-eagle-topk 8 --speculative-num-draft-tokens 12 "${HEAD[@]}" \
+    --prompts .data/spec_bench_dev.jsonl --max-tokens 256 --batch-size 1 --num-prompts 52 --vs-hf \
+    --out "$OUT/bench_b1"  # + profiled pass
 fi
 if [ "$stage" = spec2 ]; then  # chain, batch 8 and 32, FR-Spec sizes, SmolLM2 decode vs transformers
   step bench_b1_chain 70 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
