@@ -189,13 +189,14 @@ def _replay_only_ms(engine: Engine, batch: int, n: int) -> float | None:
     return statistics.median(runs)
 
 
-def kernel_table(engine: Engine, batch: int, top: int = 15) -> str:
-    """The kernels of one replayed decode step (torch.profiler over 10 replays), by total time."""
+def kernel_table(engine: Engine, batch: int, top: int = 15, phase: str = "decode") -> str:
+    """The kernels of one replay of `phase`'s graph for `batch` (torch.profiler over 10 replays),
+    by total time, with the number of kernels per replay."""
     from torch.profiler import ProfilerActivity, profile
 
     graphs = engine.graphs
     padded = next(b for b in graphs.batch_sizes if b >= batch)
-    graph, _ = graphs.graphs[("decode", padded)]
+    graph, _ = graphs.graphs[(phase, padded)]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
@@ -205,7 +206,8 @@ def kernel_table(engine: Engine, batch: int, top: int = 15) -> str:
     rows.sort(key=lambda e: -e.device_time_total)
     total = sum(e.device_time_total for e in rows) / 10
     n = sum(e.count for e in rows) / 10
-    lines = [f"batch {batch}: {n:.0f} kernels per step, {total / 1e3:.3f} ms of kernel time per step"]
+    lines = [f"{phase} batch {batch}: {n:.0f} kernels per replay, {total / 1e3:.3f} ms of kernel "
+             "time per replay"]
     for e in rows[:top]:
         lines.append(f"  {e.device_time_total / 10 / 1e3:8.3f} ms  x{e.count / 10:5.0f}  {e.key[:90]}")
     return "\n".join(lines)

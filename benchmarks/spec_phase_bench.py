@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_bench import LLAMA_3_1_8B, random_state  # noqa: E402
+from decode_bench import LLAMA_3_1_8B, kernel_table, random_state  # noqa: E402
 
 from hotspec.config import EngineConfig  # noqa: E402
 from hotspec.engine.engine import Engine  # noqa: E402
 from hotspec.models.build import build_target  # noqa: E402
-from hotspec.models.default_model import default_model_path  # noqa: E402
+from hotspec.models.default_model import default_draft_head, default_model_path  # noqa: E402
 from hotspec.models.draft_checkpoint import random_draft_checkpoint  # noqa: E402
 from hotspec.models.loader import load_checkpoint  # noqa: E402
 from hotspec.sampling_params import SamplingParams  # noqa: E402
@@ -85,6 +85,11 @@ def main() -> None:
     p.add_argument("--modes", default="graphed,eager")
     p.add_argument("--phases", default="draft,verify,draft_extend")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--draft", default="random",
+                   help="`random` (a random EAGLE-1 head), `default` (the shipped EAGLE-3 head of "
+                        "the default model) or the path of an EAGLE-3 head")
+    p.add_argument("--kernels", action="store_true",
+                   help="graphed: print the kernels of one replay of each phase (torch.profiler)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     device = torch.device(args.device)
@@ -94,7 +99,13 @@ def main() -> None:
         args.modes = "eager"
     model_cfg, target = build_target_model(args, device, dtype)
     tmp = Path(tempfile.mkdtemp())
-    head = random_draft_checkpoint(tmp / "head", model_cfg, "EAGLE", seed=0)
+    algorithm = "EAGLE3"
+    if args.draft == "random":
+        head, algorithm = random_draft_checkpoint(tmp / "head", model_cfg, "EAGLE", seed=0), "EAGLE"
+    elif args.draft == "default":
+        head = default_draft_head()
+    else:
+        head = Path(args.draft)
     rows = []
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     for hot in args.hot.split(","):
@@ -109,9 +120,10 @@ def main() -> None:
                     device="auto", dtype="auto", skip_tokenizer_init=True, kv_cache_memory_gb=2.0,
                     max_model_len=args.context + 64, max_num_seqs=max(batch_sizes),
                     cuda_graph_max_bs=max(batch_sizes), disable_cuda_graph=(mode == "eager"),
-                    speculative_algorithm="EAGLE", speculative_draft_model_path=str(head),
+                    speculative_algorithm=algorithm, speculative_draft_model_path=str(head),
                     speculative_num_steps=steps, speculative_eagle_topk=topk,
-                    speculative_num_draft_tokens=ntok, speculative_token_map=tmap)
+                    speculative_num_draft_tokens=ntok, speculative_token_map=tmap,
+                    fuse_spec_step=False)  # each phase its own graph, to time them apart
                 engine = Engine.from_model(cfg, model_cfg, target)
                 for bs in batch_sizes:
                     rows += bench_one(engine, args, bs, hot, shape, mode)
@@ -148,6 +160,8 @@ def bench_one(engine: Engine, args, bs: int, hot: str, shape: str, mode: str) ->
         ms = time_phase(engine, phase, seen[phase], args.iters)
         out.append({"target": args.target, "hot": hot, "shape": shape, "bs": bs, "mode": mode,
                     "phase": phase, "ms": round(ms, 4)})
+        if args.kernels and engine.graphs.mode == "cuda":
+            print(f"[{hot} {shape}] " + kernel_table(engine, bs, top=25, phase=phase), flush=True)
     for r in reqs:
         engine.abort(r)
     return out

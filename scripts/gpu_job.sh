@@ -6,6 +6,8 @@
 #   perf8b     fused-kernel tests, 8B decode at batch 1/8 with the kernel table, fused-off A/B
 #   decode8b   8B decode at batch 1/8/32/64 beside transformers' static-cache generate
 #   stash8b    first call of a chain: train-draft step at batch 16/32, 8B decode at batch 8/32/64
+#   gemv       first call of a chain: GEMV/fused-kernel tests, benchmarks/gemv_bench.py (Triton
+#              GEMV configs vs cuBLAS), 8B decode at batch 1 with its kernel table
 #              beside transformers (~8 min)
 #   trainstep / stash   the train-draft step cost (train_step_bench.py; stash = the first call of
 #              a chain, carrying .models/p1, so it does this useful work while stashing)
@@ -20,7 +22,9 @@
 #   spec       engine GPU tests, hotspec bench at batch 1 (4/8/12 tree, per category, phase times,
 #              transformers beside), with the head of a warm `train` call or else the shipped head
 #   sweep      engine GPU tests, benchmarks/spec_sweep.py with the shipped head (tree shapes, chain,
-#              fused step or not, phase times) at batch 1, 8 and 32, then the serve sweep (~8 min)
+#              phase times) at batch 1, 8 and 32, then the kernels of each phase graph
+#              (phasekernels: that alone) (~8 min)
+#   servesweep the serve sweep (issue 7 b): vanilla against the shipped head (~3 min)
 #   spec2      the next call: chain, batch 8 and 32, FR-Spec full/16k (a warm `train` head only),
 #              SmolLM2 decode beside transformers
 # A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. stash8b) carrying
@@ -106,6 +110,12 @@ if [ "$stage" = stash8b ]; then  # first call of a chain (carries .models/p1): t
   step decode_8b_hf 360 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
     --batch-sizes 8,32,64 --context 512 --tokens 32 --vs-hf --out "$OUT/decode_8b_hf.json"
 fi
+if [ "$stage" = gemv ]; then  # issue 5: the decode GEMV (first call of a chain: carries .models/p1)
+  step kernel_tests 300 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py -x
+  step gemv_bench 360 python3 benchmarks/gemv_bench.py --shapes 8b,smol --m 1,8,16 --out "$OUT/gemv.json"
+  step decode_8b_b1 90 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
+    --batch-sizes 1 --context 512 --tokens 64 --kernels --out "$OUT/decode_8b_b1.json"
+fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
 SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl
@@ -113,14 +123,21 @@ SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts
 if [ "$stage" = sweep ]; then
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
   step sweep_b1 200 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
-    4/8/12:profile 6/8/16:unfused 6/8/16:profile 3/1/4 6/10/32
+    4/8/12:profile 6/8/16:profile 3/1/4 6/10/32
   step sweep_b8 80 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants \
     4/8/12 4/1/5
   step sweep_b32 80 "${SWEEP[@]}" --batch-size 32 --num-prompts 128 --out "$OUT/sweep_b32.json" --variants \
     4/8/12 4/1/5
+fi
+if [ "$stage" = servesweep ]; then
   # issue 7 (b): vanilla (--no-default-head, checked) against the shipped head at its best b1 shape
   OUT="$OUT" SPEC_ARGS="--speculative-algorithm EAGLE3 --speculative-num-steps 4 --speculative-eagle-topk 8 \
 --speculative-num-draft-tokens 12" step serve_sweep 170 bash scripts/serve_sweep.sh
+fi
+if [ "$stage" = sweep ] || [ "$stage" = phasekernels ]; then  # the kernels of each phase's graph
+  step phase_kernels 120 python3 benchmarks/spec_phase_bench.py --target default --draft default \
+    --batch-sizes 1 --shapes 4,8,12 6,8,16 --hot full --modes graphed --iters 30 --kernels \
+    --out "$OUT/phase_kernels.json"
 fi
 if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
   step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \

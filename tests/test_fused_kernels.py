@@ -177,3 +177,31 @@ def test_rope_store_reads_strided_slot_and_position_views() -> None:
         outs.append((fk.rope_store(q, k, v, p, cos, sin, kc, vc, slot), kc, vc))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+
+
+def _topk(t: int, vocab: int, k: int, dtype: torch.dtype) -> None:
+    from hotspec.layers.topk_logp import topk_logp_torch
+
+    g = torch.Generator(device=DEV).manual_seed(vocab)
+    logits = (torch.randn(t, vocab, device=DEV, generator=g) * 4).to(dtype)
+    logits[0, 3] = logits[0, 9] = logits[0].max() + 1  # a tie for first place
+    values, idx = fk.topk_logp(logits, k, -1e-6)
+    ref_v, ref_i = topk_logp_torch(logits, k, -1e-6)
+    torch.testing.assert_close(values, ref_v, atol=2e-5, rtol=1e-5)
+    assert idx[0, :2].tolist() == [3, 9][:k], "ties go to the smaller index"
+    picked = torch.gather(logits.float(), 1, idx)
+    assert torch.equal(picked, torch.gather(logits.float(), 1, ref_i)), "the same top-k values"
+    assert (values <= -1e-6).all() and values.dtype == torch.float32 and idx.dtype == torch.long
+
+
+@pytest.mark.parametrize("vocab,k", [(100, 1), (777, 8), (5000, 10)])  # 5000: two 4096 chunks
+def test_topk_logp_matches_torch(vocab, k):
+    _topk(5, vocab, k, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [8192, 49152, 128256])
+@pytest.mark.parametrize("t", [1, 64, 512])
+def test_topk_logp_real_shapes(vocab, t):
+    for dtype in DTYPES:
+        _topk(t, vocab, 8, dtype)

@@ -16,6 +16,7 @@ import torch
 
 from hotspec.engine.vanilla_worker import example_sampling
 from hotspec.layers.sampler import shape_logits_to_probs
+from hotspec.layers.topk_logp import topk_logp
 from hotspec.models.draft_head import DraftHead
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.batch_builder import slots_at
@@ -49,8 +50,8 @@ class EaglePhases:
 
     def _topk(self, h_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = self.draft.compute_logits(h_logits)  # [T, draft_vocab]: sized by the head
-        top = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
-        return top.values.clamp(max=MAX_LOGP), self.draft.to_target_ids(top.indices), logits
+        logp, idx = topk_logp(logits, k, MAX_LOGP)
+        return logp, self.draft.to_target_ids(idx), logits
 
     # -- phases (pure tensor functions; graph-capturable) --------------------------------------
     def draft_phase(self, x: Tensors) -> Tensors:

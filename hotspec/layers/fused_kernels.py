@@ -11,6 +11,8 @@ two. Inside a CUDA graph each still costs a few microseconds. These kernels brin
   silu_mul          [T, 2I] -> [T, I]: silu(gate) * up of a fused gate_up projection
   rope_store        q, k, v of a fused qkv projection: rotate q (to a new tensor) and k, write k
                     and v to their KV-cache slots, in one launch
+  topk_logp         [T, V] logits -> the top-k of their log-softmax, clamped (the draft loop's
+                    pick of each frontier node's children; layers/topk_logp.py)
 
 Each is written to round exactly where the torch reference (layers/norm.py, layers/rotary.py,
 models/llama.py MLP) rounds, so the two agree to the last bit up to reduction order: the residual
@@ -145,3 +147,53 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: tor
             v_cache.stride(0), v_cache.stride(1), cos.stride(0),
             HQ=hq, HALF=half, BLOCK=_pow2(half), num_warps=1)
     return q_out
+
+
+@triton.jit
+def _topk_logp_kernel(L, V_OUT, I_OUT, vocab, stride_l, max_logp, K: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """Program t: log-sum-exp of row t, then K passes, each the largest (value, smallest index)
+    pair strictly after the previous pick in that order (layers/topk_logp.py)."""
+    row = tl.program_id(0).to(tl.int64)
+    base = L + row * stride_l
+    cols0 = tl.arange(0, BLOCK)
+    m = tl.max(tl.full((BLOCK,), float("-inf"), tl.float32), 0)
+    s = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)
+    for start in range(0, vocab, BLOCK):
+        cols = start + cols0
+        x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        new_m = tl.maximum(m, tl.max(x, 0))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0)
+        m = new_m
+    lse = m + tl.log(s)
+    pv = tl.max(tl.full((BLOCK,), float("inf"), tl.float32), 0)
+    pi = tl.min(tl.full((BLOCK,), -1, tl.int32), 0)
+    for j in tl.static_range(K):
+        bv = tl.max(tl.full((BLOCK,), float("-inf"), tl.float32), 0)
+        bi = tl.min(tl.full((BLOCK,), 2147483647, tl.int32), 0)
+        for start in range(0, vocab, BLOCK):
+            cols = start + cols0
+            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            ok = (cols < vocab) & ((x < pv) | ((x == pv) & (cols > pi)))
+            xv = tl.where(ok, x, float("-inf"))
+            cm = tl.max(xv, 0)
+            ci = tl.min(tl.where(ok & (xv == cm), cols, 2147483647), 0)
+            better = (cm > bv) | ((cm == bv) & (ci < bi))
+            bv = tl.where(better, cm, bv)
+            bi = tl.where(better, ci, bi)
+        tl.store(V_OUT + row * K + j, tl.minimum(bv - lse, max_logp))
+        tl.store(I_OUT + row * K + j, bi.to(tl.int64))
+        pv = bv
+        pi = bi
+
+
+def topk_logp(logits: torch.Tensor, k: int, max_logp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, V] (unit stride along V) -> (float32 [T, k] min(log_softmax, max_logp) top-k
+    values, int64 [T, k] their indices; ties to the smaller index)."""
+    t, vocab = logits.shape
+    values = torch.empty((t, k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, k), dtype=torch.long, device=logits.device)
+    if t:
+        _topk_logp_kernel[(t,)](logits, values, ids, vocab, logits.stride(0), float(max_logp),
+                                K=k, BLOCK=min(4096, _pow2(vocab)), num_warps=8)
+    return values, ids

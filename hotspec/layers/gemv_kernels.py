@@ -1,0 +1,213 @@
+"""Triton GEMV / skinny GEMM for decode: y = x @ w.T with x [M <= 16, K], w [N, K] (nn.Linear).
+
+At batch-1 decode every Linear is a pure weight stream (M*K*2 bytes of x against N*K*2 of w), so
+the kernel's only job is to keep HBM busy: a program owns BLOCK_N output columns (times one of
+SPLIT_K slices of K) and streams its [BLOCK_N, K/SPLIT_K] weight panel in [BLOCK_N, BLOCK_K] tiles.
+
+  M == 1   the products w * x accumulate elementwise into a [BLOCK_N, BLOCK_K] fp32 tile that is
+           reduced over K once, after the loop (no tensor cores, no per-tile reductions).
+  M > 1    x is padded to 16 rows (masked loads) and the tiles go through tl.dot, fp32 accumulate.
+
+silu_mul=True: x is a fused gate_up output [M, 2K] = [gate | up]; the kernel reads both halves and
+feeds h = silu(gate) * up to the product, rounded exactly as layers/fused_kernels.silu_mul and the
+torch MLP round it: silu in fp32 rounded to the dtype, then the product rounded to the dtype.
+
+Split-K (SPLIT_K > 1) is one launch: each program stores its fp32 partial [M, BLOCK_N] to a
+workspace, then (after a CTA barrier) increments its output tile's counter; the program that
+arrives last sums the SPLIT_K partials in slice order (deterministic, independent of arrival
+order), stores y and resets the counter to 0, so the next launch and every CUDA-graph replay start
+from zeroed counters. Workspace and counters are cached per (device, N, SPLIT_K, BLOCK_N) and must
+be allocated outside CUDA-graph capture: call gemv once eagerly (a warm-up) or `prepare` first.
+Calls sharing a workspace must not run concurrently (one stream, as in a decode step).
+
+The result is fp32-accumulated and rounded once to the input dtype, as cuBLAS does: it equals
+F.linear up to the fp32 summation order (at most one ulp apart, bit-identical almost everywhere).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Importing the attention kernels applies their TRITON_INTERPRET numpy fix for these kernels too.
+from hotspec.layers.attention import triton_kernels  # noqa: F401
+
+MAX_M = 16
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    BLOCK_N: int = 16
+    BLOCK_K: int = 512
+    SPLIT_K: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# (M bucket, N, K) -> config, M bucket = bucket(M) in (1, 8, 16). Bucket 1 runs the
+# multiply-reduce kernel, 8 and 16 the tl.dot one (BLOCK_N >= 16). Placeholders, to be replaced by
+# the measured best of benchmarks/gemv_bench.py on the H200 (it prints this table).
+CONFIGS: dict[tuple[int, int, int], GemvConfig] = {
+    (1, 6144, 4096): GemvConfig(16, 512, 1, 4, 3),    # Llama-3.1-8B qkv
+    (1, 4096, 4096): GemvConfig(16, 512, 1, 4, 3),    # o_proj
+    (1, 28672, 4096): GemvConfig(32, 256, 1, 4, 3),   # gate_up
+    (1, 4096, 14336): GemvConfig(16, 512, 2, 4, 3),   # down
+    (8, 6144, 4096): GemvConfig(32, 256, 1, 4, 3),
+    (8, 4096, 4096): GemvConfig(32, 256, 2, 4, 3),
+    (8, 28672, 4096): GemvConfig(64, 256, 1, 4, 3),
+    (8, 4096, 14336): GemvConfig(32, 256, 2, 4, 3),
+    (16, 6144, 4096): GemvConfig(32, 256, 1, 4, 3),
+    (16, 4096, 4096): GemvConfig(32, 256, 2, 4, 3),
+    (16, 28672, 4096): GemvConfig(64, 256, 1, 4, 3),
+    (16, 4096, 14336): GemvConfig(32, 256, 2, 4, 3),
+}
+_SMS = 132  # H200; only the fallback heuristic uses it
+
+
+def bucket(M: int) -> int:
+    """The CONFIGS row an M uses: 1, 8 (2..8) or 16 (9..16)."""
+    return 1 if M == 1 else 8 if M <= 8 else MAX_M
+
+
+def default_config(M: int, N: int, K: int) -> GemvConfig:
+    """The table entry for (bucket(M), N, K), else a heuristic: the smallest column block the
+    kernel allows (16 for M == 1, 32 for tl.dot), then split K until ~two programs per SM."""
+    if (bucket(M), N, K) in CONFIGS:
+        return CONFIGS[(bucket(M), N, K)]
+    block_n = 16 if M == 1 else 32
+    block_k = 512 if K >= 2048 else 256 if K >= 512 else 128
+    split = 1
+    while split < 4 and triton.cdiv(N, block_n) * split < 2 * _SMS and K // (2 * split) >= block_k:
+        split *= 2
+    return GemvConfig(block_n, block_k, split, 4, 3)
+
+
+@triton.jit
+def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
+                 SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 F32_DOT: tl.constexpr):
+    """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
+    K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    w_ptr = W + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+    x_ptr = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
+    if BLOCK_M == 1:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptr, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_ptr, mask=m_ok[:, None], other=0.0)
+            if SILU:
+                u = tl.load(x_ptr + K, mask=m_ok[:, None], other=0.0)
+        else:
+            k_ok = (k + offs_k) < k_hi
+            w = tl.load(w_ptr, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            x = tl.load(x_ptr, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if SILU:
+                u = tl.load(x_ptr + K, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if SILU:  # as fused_kernels._silu_mul_kernel: silu rounded, then the product rounded
+            g = x.to(tl.float32)
+            s = (g / (1.0 + tl.exp(-g))).to(X.dtype.element_ty).to(tl.float32)
+            x = (s * u.to(tl.float32)).to(X.dtype.element_ty)
+        if BLOCK_M == 1:
+            acc2 += w.to(tl.float32) * x.to(tl.float32)  # x: [1, BLOCK_K] broadcast over rows
+        elif F32_DOT:  # the interpreter's bf16 dot multiplies raw bit patterns: go through fp32
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        w_ptr += BLOCK_K
+        x_ptr += BLOCK_K
+    if BLOCK_M == 1:
+        acc = tl.sum(acc2, axis=1)[None, :]
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    y_ptr = Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=out_mask)
+    else:
+        # workspace [SPLIT_K, MAX_M=16, N] fp32
+        ws_ptr = WS + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(ws_ptr + pid_k.to(tl.int64) * 16 * N, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is written before the tile's counter moves
+        arrived = tl.atomic_add(CNT + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:  # last one in: reduce in slice order, then re-arm the counter
+            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                tot += tl.load(ws_ptr + s * 16 * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr, tot.to(Y.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(CNT + pid_n, 0)
+
+
+_WORKSPACES: dict[tuple[torch.device, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def prepare(N: int, config: GemvConfig, device: torch.device | str) -> None:
+    """Allocate (once) the split-K workspace and zeroed counters gemv uses for this output width
+    and config. Needed before CUDA-graph capture unless an eager call already did it."""
+    if config.SPLIT_K == 1:
+        return
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (device, N, config.SPLIT_K, config.BLOCK_N)
+    if key not in _WORKSPACES:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gemv split-K workspace is allocated on first use, which must not "
+                               "be under CUDA-graph capture: run gemv once eagerly or call prepare")
+        ws = torch.empty((config.SPLIT_K, MAX_M, N), dtype=torch.float32, device=device)
+        cnt = torch.zeros(triton.cdiv(N, config.BLOCK_N), dtype=torch.int32, device=device)
+        _WORKSPACES[key] = (ws, cnt)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
+         config: GemvConfig | None = None) -> torch.Tensor:
+    """x [M, K] (or [M, 2K] = [gate | up] with silu_mul) @ w[N, K].T -> [M, N] in x's dtype.
+
+    bf16/fp16 only, 1 <= M <= 16, unit stride along K for x and w (x's row stride is free);
+    anything else raises ValueError (callers fall back to F.linear)."""
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"gemv: x and w must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
+        raise ValueError(f"gemv: bf16/fp16 x and w of one dtype only (got {x.dtype}, {w.dtype}); "
+                         "use F.linear for float32")
+    m, kx = x.shape
+    n, k = w.shape
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"gemv: M must be in [1, {MAX_M}], got {m}; use F.linear")
+    if kx != (2 * k if silu_mul else k):
+        raise ValueError(f"gemv: x has {kx} columns, expected {2 * k if silu_mul else k} "
+                         f"for w {tuple(w.shape)} (silu_mul={silu_mul})")
+    if x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError("gemv: x and w need unit stride along K")
+    cfg = config or default_config(m, n, k)
+    if m > 1 and cfg.BLOCK_N < 16:
+        raise ValueError(f"gemv: M > 1 uses tl.dot, which needs BLOCK_N >= 16 (got {cfg.BLOCK_N})")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    k_split = triton.cdiv(triton.cdiv(k, cfg.SPLIT_K), cfg.BLOCK_K) * cfg.BLOCK_K
+    ws = cnt = y
+    if cfg.SPLIT_K > 1:
+        prepare(n, cfg, x.device)
+        ws, cnt = _WORKSPACES[(x.device, n, cfg.SPLIT_K, cfg.BLOCK_N)]
+    grid = (triton.cdiv(n, cfg.BLOCK_N), cfg.SPLIT_K)
+    _gemv_kernel[grid](
+        x, w, y, ws, cnt, m, n, k, k_split, x.stride(0), w.stride(0), y.stride(0),
+        SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+        SPLIT_K=cfg.SPLIT_K, EVEN_K=k % cfg.BLOCK_K == 0 and k_split * cfg.SPLIT_K == k,
+        F32_DOT=_INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y

@@ -1,0 +1,143 @@
+"""The decode GEMV kernel (layers/gemv_kernels.py) against F.linear (and silu * up, then F.linear).
+
+On the CPU the kernel runs in Triton's interpreter at small shapes whose N and K are not multiples
+of the blocks. The reference is the fp32 product of the same (rounded) inputs, rounded once to
+bf16 the way the kernel's final cast rounds: to nearest on CUDA, by truncation in the interpreter
+(its float32 -> bf16 cast drops the low bits), so nearly every element must match bit for bit and
+every one within an ulp. The `gpu` tests repeat this at Llama-3.1-8B and SmolLM2 shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from hotspec.layers import gemv_kernels as gk  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = torch.device("cuda" if CUDA else "cpu")
+BF16 = torch.bfloat16
+SMALL = gk.GemvConfig(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, num_warps=4, num_stages=2)
+N, K = 40, 72  # 2.5 column blocks, 2.25 K blocks
+# (N, K, silu_mul): Llama-3.1-8B qkv, o, gate_up, down; SmolLM2-135M qkv, o, gate_up, down
+REAL = [(6144, 4096, False), (4096, 4096, False), (28672, 4096, False), (4096, 14336, True),
+        (960, 576, False), (576, 576, False), (3072, 576, False), (576, 1536, True)]
+
+
+def _round(t: torch.Tensor) -> torch.Tensor:
+    """float32 -> bf16 -> float32, rounding as the kernel's casts do on this device."""
+    if CUDA:
+        return t.to(BF16).float()
+    return (t.float().view(torch.int32) & -65536).view(torch.float32)  # interpreter: truncation
+
+
+def _hidden(x: torch.Tensor, k: int) -> torch.Tensor:
+    """silu(gate) * up in fp32 values, rounded where the MLP (and fused_kernels.silu_mul) rounds."""
+    g, u = x[:, :k].float(), x[:, k:].float()
+    return _round(_round(g / (1.0 + torch.exp(-g))) * u)
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, silu: bool, exact: float = 0.95) -> None:
+    h = _hidden(x, w.shape[1]) if silu else x.float()
+    ref = F.linear(h, w.float())  # fp32, no tf32 (torch's default for matmul)
+    assert y.dtype == x.dtype and y.shape == (x.shape[0], w.shape[0])
+    torch.testing.assert_close(y.float(), ref, rtol=1.6e-2, atol=1e-2)
+    same = (y.float() == _round(ref)).float().mean().item()
+    assert same >= exact, f"only {same:.3f} of the outputs are bit-identical to the reference"
+
+
+def _inputs(m: int, n: int, k: int, silu: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    w = (torch.randn(n, k, generator=g, device=DEV) * 0.05).to(BF16)
+    x = (torch.randn(m, 2 * k if silu else k, generator=g, device=DEV) * 2).to(BF16)
+    return x, w
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gemv_matches_linear(m, silu):
+    x, w = _inputs(m, N, K, silu, seed=m)
+    _check(gk.gemv(x, w, silu_mul=silu, config=SMALL), x, w, silu)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("split", [2, 3])
+def test_split_k_matches_and_rearms_its_counters(m, split):
+    """One-launch split-K (3 splits: a short last slice) equals SPLIT_K=1 up to summation order,
+    is deterministic, and leaves its tile counters at zero for the next launch."""
+    x, w = _inputs(m, N, K, True, seed=10 + split)
+    cfg = gk.GemvConfig(16, 32, split, 4, 2)
+    first = gk.gemv(x, w, silu_mul=True, config=cfg)
+    _check(first, x, w, True)
+    torch.testing.assert_close(first, gk.gemv(x, w, silu_mul=True, config=SMALL), rtol=1.6e-2,
+                               atol=1e-2)
+    assert torch.equal(gk.gemv(x, w, silu_mul=True, config=cfg), first), "second launch differs"
+    _, cnt = gk._WORKSPACES[(x.device, N, split, 16)]
+    assert not cnt.any(), "the last program of each tile resets its counter"
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_row_strided_x(m):
+    """x as columns of a wider tensor (a view with row stride != K): same result as a copy."""
+    x, w = _inputs(m, N, K, False, seed=20)
+    wide = torch.randn(m, K + 50, device=DEV).to(BF16)
+    wide[:, 7:7 + K] = x
+    view = wide[:, 7:7 + K]
+    assert view.stride(0) != K
+    assert torch.equal(gk.gemv(view, w, config=SMALL), gk.gemv(x, w, config=SMALL))
+
+
+def test_default_config_runs_and_table_is_valid():
+    for (b, _, _), cfg in gk.CONFIGS.items():
+        assert gk.bucket(b) == b and (b == 1 or cfg.BLOCK_N >= 16)
+    for m in (1, 2):
+        x, w = _inputs(m, N, K, False, seed=30)
+        _check(gk.gemv(x, w), x, w, False)
+
+
+def test_rejects_what_it_does_not_handle():
+    x, w = _inputs(1, N, K, False, seed=0)
+    with pytest.raises(ValueError, match="float32"):
+        gk.gemv(x.float(), w.float())
+    with pytest.raises(ValueError, match="M must be in"):
+        gk.gemv(torch.zeros(17, K, dtype=BF16, device=DEV), w)
+    with pytest.raises(ValueError, match="columns"):
+        gk.gemv(x, w, silu_mul=True)
+    with pytest.raises(ValueError, match="unit stride"):
+        gk.gemv(torch.zeros(K, 2, dtype=BF16, device=DEV)[:, :1].t(), w)
+    with pytest.raises(ValueError, match="BLOCK_N >= 16"):
+        gk.gemv(torch.zeros(2, K, dtype=BF16, device=DEV), w, config=gk.GemvConfig(8, 32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", REAL)
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_gemv_real_shapes(shape, m):
+    n, k, silu = shape
+    x, w = _inputs(m, n, k, silu, seed=m)
+    y = gk.gemv(x, w, silu_mul=silu)
+    _check(y, x, w, silu)
+    h = F.silu(x[:, :k]) * x[:, k:] if silu else x
+    cublas = F.linear(h, w)  # bf16 in and out; its split-K may reduce partials in bf16: an ulp
+    torch.testing.assert_close(y, cublas, rtol=1.6e-2, atol=1e-2 * cublas.abs().max().item())
+    for split in (2, 4):  # explicit split-K at each M path
+        cfg = gk.GemvConfig(32, 256, split, 4, 3)
+        _check(gk.gemv(x, w, silu_mul=silu, config=cfg), x, w, silu)
+
+
+@pytest.mark.gpu
+def test_split_k_under_cuda_graph_replay():
+    """Captured after a warm-up call, split-K replays correctly (counters re-armed every time)."""
+    x, w = _inputs(8, 4096, 4096, False, seed=5)
+    cfg = gk.GemvConfig(32, 256, 4, 4, 3)
+    eager = gk.gemv(x, w, config=cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gk.gemv(x, w, config=cfg)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
