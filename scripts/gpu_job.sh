@@ -111,8 +111,8 @@ if [ "$stage" = stash8b ]; then  # first call of a chain (carries .models/p1): t
     --batch-sizes 8,32,64 --context 512 --tokens 32 --vs-hf --out "$OUT/decode_8b_hf.json"
 fi
 if [ "$stage" = gemv ]; then  # issue 5: the decode GEMV (first call of a chain: carries .models/p1)
-  step kernel_tests 300 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py -x
-  step gemv_bench 360 python3 benchmarks/gemv_bench.py --shapes 8b,smol --m 1,8,16 --out "$OUT/gemv.json"
+  step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py -x
+  step gemv_bench 300 python3 benchmarks/gemv_bench.py --shapes 8b,smol --m 1,8,16 --out "$OUT/gemv.json"
   step decode_8b_b1 90 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
     --batch-sizes 1 --context 512 --tokens 64 --kernels --out "$OUT/decode_8b_b1.json"
 fi
