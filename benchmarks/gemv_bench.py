@@ -164,12 +164,13 @@ def report(rows: list[dict]) -> None:
               f"{r.get('triton_tbs', float('nan')):5.2f} {r.get('speedup', float('nan')):7.2f}")
         for lab, why in r["failed"].items():
             print(f"    failed {lab}: {why}")
-    print("\n# gemv_kernels.CONFIGS (measured best; M buckets 1, 8, 16):")
+    print("\n# gemv_kernels.CONFIGS candidates (measured best; keep the wins):")
     for r in rows:
         if "best_config" in r and bucket(r["M"]) == r["M"]:
             c = r["best_config"]
-            print(f"    ({r['M']}, {r['N']}, {r['K']}): GemvConfig({c['BLOCK_N']}, {c['BLOCK_K']}, "
-                  f"{c['SPLIT_K']}, {c['num_warps']}, {c['num_stages']}),  # {r['shape']}")
+            print(f"    ({r['M']}, {r['N']}, {r['K']}, {r['silu_mul']}): GemvConfig({c['BLOCK_N']}, "
+                  f"{c['BLOCK_K']}, {c['SPLIT_K']}, {c['num_warps']}, {c['num_stages']}),  "
+                  f"# {r['shape']} {r['speedup']:.2f}x")
 
 
 def main() -> None:

@@ -90,7 +90,7 @@ def test_row_strided_x(m):
 
 
 def test_default_config_runs_and_table_is_valid():
-    for (b, _, _), cfg in gk.CONFIGS.items():
+    for (b, _, _, _), cfg in gk.CONFIGS.items():
         assert gk.bucket(b) == b and (b == 1 or cfg.BLOCK_N >= 16)
     for m in (1, 2):
         x, w = _inputs(m, N, K, False, seed=30)
@@ -141,3 +141,12 @@ def test_split_k_under_cuda_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
+
+
+def test_choose_keeps_cublas_where_it_measured_faster():
+    assert gk.choose(1, 576, 1536, silu_mul=True) is not None  # measured win
+    assert gk.choose(8, 576, 1536, silu_mul=True) is None  # measured loss: silu at M > 1
+    assert gk.choose(1, 28672, 4096) is None  # the 8B gate_up: cuBLAS as fast
+    assert gk.choose(1, 1000, 700) is not None  # small unmeasured shape at M == 1
+    assert gk.choose(4, 1000, 700) is None  # unmeasured at M > 1
+    assert gk.choose(17, 576, 576) is None

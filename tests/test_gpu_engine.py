@@ -43,7 +43,8 @@ def test_graphed_eagle_equals_graphed_vanilla_fp32(shape, hot, head, vanilla, tm
     llm = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8,
               cuda_graph_max_bs=8, speculative_algorithm="EAGLE", speculative_draft_model_path=str(head),
               speculative_num_steps=steps, speculative_eagle_topk=topk,
-              speculative_num_draft_tokens=ntok, speculative_token_map=tmap)
+              speculative_num_draft_tokens=ntok, speculative_token_map=tmap,
+              fuse_spec_step=False)  # the phases as separate graphs (the fused step: below)
     graphs = llm.engine.graphs
     assert set(graphs.status.values()) == {"graphed"}, graphs.report()
     assert {p for p, _ in graphs.status} == {"draft", "verify", "verify[sample]", "draft_extend"}

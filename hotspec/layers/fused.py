@@ -43,6 +43,28 @@ def _on_device(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
+def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False):
+    """The Triton decode GEMV's config (layers/gemv_kernels.py) for `x @ weight.T` (x [M, K], or
+    [M, 2K] = [gate | up] with silu_mul) when it runs here and measured faster than cuBLAS for the
+    shape, else None (the caller runs nn.Linear). bf16/fp16 only: float32 stays with torch.
+    `HOTSPEC_GEMV=0` keeps every Linear on cuBLAS (an A/B switch for the benchmarks)."""
+    if os.environ.get("HOTSPEC_GEMV", "1") == "0":
+        return None
+    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+        return None
+    if x.stride(1) != 1 or weight.stride(1) != 1 or not enabled(x, weight):
+        return None
+    from hotspec.layers.gemv_kernels import choose
+
+    return choose(x.shape[0], weight.shape[0], weight.shape[1], silu_mul)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, config, silu_mul: bool = False) -> torch.Tensor:
+    from hotspec.layers.gemv_kernels import gemv as kernel
+
+    return kernel(x, weight, silu_mul=silu_mul, config=config)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     from hotspec.layers.fused_kernels import rms_norm as kernel

@@ -49,24 +49,34 @@ class GemvConfig:
     num_stages: int = 3
 
 
-# (M bucket, N, K) -> config, M bucket = bucket(M) in (1, 8, 16). Bucket 1 runs the
-# multiply-reduce kernel, 8 and 16 the tl.dot one (BLOCK_N >= 16). Placeholders, to be replaced by
-# the measured best of benchmarks/gemv_bench.py on the H200 (it prints this table).
-CONFIGS: dict[tuple[int, int, int], GemvConfig] = {
-    (1, 6144, 4096): GemvConfig(16, 512, 1, 4, 3),    # Llama-3.1-8B qkv
-    (1, 4096, 4096): GemvConfig(16, 512, 1, 4, 3),    # o_proj
-    (1, 28672, 4096): GemvConfig(32, 256, 1, 4, 3),   # gate_up
-    (1, 4096, 14336): GemvConfig(16, 512, 2, 4, 3),   # down
-    (8, 6144, 4096): GemvConfig(32, 256, 1, 4, 3),
-    (8, 4096, 4096): GemvConfig(32, 256, 2, 4, 3),
-    (8, 28672, 4096): GemvConfig(64, 256, 1, 4, 3),
-    (8, 4096, 14336): GemvConfig(32, 256, 2, 4, 3),
-    (16, 6144, 4096): GemvConfig(32, 256, 1, 4, 3),
-    (16, 4096, 4096): GemvConfig(32, 256, 2, 4, 3),
-    (16, 28672, 4096): GemvConfig(64, 256, 1, 4, 3),
-    (16, 4096, 14336): GemvConfig(32, 256, 2, 4, 3),
+# Where the kernel beat cuBLAS on the H200 (benchmarks/gemv_bench.py, 2026-11-30; RESULTS.md,
+# "Session 5"): (M bucket, N, K, silu_mul) -> the fastest config. Bucket 1 runs the multiply-reduce
+# kernel, 8 and 16 the tl.dot one. Measured and absent (cuBLAS was as fast or faster): the 8B
+# gate_up (28672 x 4096) at every M, every silu_mul down projection at M > 1 (each program
+# recomputes silu for 16 padded rows), and wins under 3 %.
+CONFIGS: dict[tuple[int, int, int, bool], GemvConfig] = {
+    # Llama-3.1-8B
+    (1, 6144, 4096, False): GemvConfig(8, 512, 1, 4, 2),     # qkv     14.8 us vs 15.4
+    (1, 4096, 4096, False): GemvConfig(8, 512, 1, 4, 3),     # o       11.2 us vs 12.7
+    (1, 4096, 14336, True): GemvConfig(16, 512, 2, 4, 2),    # down    31.8 us vs 33.3 (+silu)
+    (8, 4096, 4096, False): GemvConfig(32, 512, 1, 4, 4),    # o       11.3 us vs 12.7
+    (16, 6144, 4096, False): GemvConfig(64, 256, 1, 4, 4),   # qkv     15.6 us vs 16.1
+    (16, 4096, 4096, False): GemvConfig(32, 512, 1, 4, 4),   # o       11.1 us vs 12.6
+    # SmolLM2-135M
+    (1, 960, 576, False): GemvConfig(8, 512, 1, 4, 4),       # qkv     2.92 us vs 3.94
+    (1, 576, 576, False): GemvConfig(8, 512, 1, 4, 3),       # o       2.81 us vs 3.56
+    (1, 3072, 576, False): GemvConfig(8, 512, 1, 4, 4),      # gate_up 3.82 us vs 4.13
+    (1, 576, 1536, True): GemvConfig(8, 512, 1, 8, 4),       # down    3.67 us vs 6.47 (+silu)
+    (8, 960, 576, False): GemvConfig(16, 128, 1, 4, 4),      # qkv     3.39 us vs 3.65
+    (8, 576, 576, False): GemvConfig(16, 128, 1, 4, 4),      # o       3.36 us vs 3.59
+    (8, 3072, 576, False): GemvConfig(32, 128, 1, 4, 4),     # gate_up 3.87 us vs 4.09
+    (16, 960, 576, False): GemvConfig(16, 256, 1, 4, 4),     # qkv     3.47 us vs 3.68
+    (16, 576, 576, False): GemvConfig(16, 256, 1, 4, 4),     # o       3.43 us vs 3.66
 }
 _SMS = 132  # H200; only the fallback heuristic uses it
+# Unmeasured shapes at M == 1 up to this many weights take the heuristic config (every measured
+# M == 1 shape this size won); larger ones and unmeasured M > 1 stay with cuBLAS.
+_M1_MAX_WEIGHTS = 1 << 25
 
 
 def bucket(M: int) -> int:
@@ -74,11 +84,22 @@ def bucket(M: int) -> int:
     return 1 if M == 1 else 8 if M <= 8 else MAX_M
 
 
+def choose(M: int, N: int, K: int, silu_mul: bool = False) -> GemvConfig | None:
+    """The config to run x[M, K] @ w[N, K].T with, or None where cuBLAS is the faster choice."""
+    if not 1 <= M <= MAX_M:
+        return None
+    cfg = CONFIGS.get((bucket(M), N, K, silu_mul))
+    if cfg is None and M == 1 and N * K <= _M1_MAX_WEIGHTS:
+        cfg = GemvConfig(8, 512 if K >= 512 else 128, 1, 4, 3)
+    return cfg
+
+
 def default_config(M: int, N: int, K: int) -> GemvConfig:
     """The table entry for (bucket(M), N, K), else a heuristic: the smallest column block the
     kernel allows (16 for M == 1, 32 for tl.dot), then split K until ~two programs per SM."""
-    if (bucket(M), N, K) in CONFIGS:
-        return CONFIGS[(bucket(M), N, K)]
+    for silu in (False, True):
+        if (bucket(M), N, K, silu) in CONFIGS:
+            return CONFIGS[(bucket(M), N, K, silu)]
     block_n = 16 if M == 1 else 32
     block_k = 512 if K >= 2048 else 256 if K >= 512 else 128
     split = 1

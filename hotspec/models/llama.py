@@ -14,7 +14,7 @@ from torch import nn
 from hotspec.engine.kv_pool import KVPool
 from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend, store_kv
-from hotspec.layers.linear import merge_linears
+from hotspec.layers.linear import linear, merge_linears, silu_mul_linear
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
@@ -48,7 +48,7 @@ class Attention(nn.Module):
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t, d = x.shape[0], self.head_dim
         if self.qkv_proj is not None:
-            qkv = self.qkv_proj(x)
+            qkv = linear(self.qkv_proj, x)
             q, k, v = qkv.split((self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d), -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -70,7 +70,7 @@ class Attention(nn.Module):
             q, k = rope(fb.positions, q, k)
             store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
         o = backend.forward(fb, q, k_cache, v_cache, self.scale)
-        return self.o_proj(o.reshape(t, -1))
+        return linear(self.o_proj, o.reshape(t, -1))
 
 
 class MLP(nn.Module):
@@ -89,11 +89,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate_up = self.gate_up_proj(x)
-        if fused.enabled(gate_up):
-            return self.down_proj(fused.silu_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return silu_mul_linear(self.down_proj, linear(self.gate_up_proj, x))
 
 
 class DecoderLayer(nn.Module):
