@@ -23,6 +23,7 @@ from hotspec.runtime.batch_builder import slots_at
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 from hotspec.runtime.graph_runner import Tensors
 from hotspec.runtime.model_runner import ModelRunner
+from hotspec.spec.frontier import next_frontier
 from hotspec.spec.tree import MAX_LOGP, DraftTree, build_tree
 from hotspec.spec.verify import Acceptance, verify_greedy, verify_stochastic
 
@@ -63,8 +64,7 @@ class EaglePhases:
         f_score, f_tok = x["topk_logp"], x["topk_ids"]
         f_global = torch.arange(k, device=dev).expand(b, k)
         f_globals: list[torch.Tensor] = []  # each step's frontier: the parents of its k*k children
-        f_feat = x["feature"].unsqueeze(1).expand(b, k, -1)
-        f_mask = torch.zeros(b, k, max(m, 1), dtype=torch.bool, device=dev)
+        f_feat = x["feature"].unsqueeze(1).expand(b, k, -1).reshape(b * k, -1)
         if n_fw > 0:
             # What the forwards need and that does not depend on what they draft, once for all
             # steps (a few small kernels each, per step, otherwise; the loop is launch-bound):
@@ -78,30 +78,24 @@ class EaglePhases:
             steps = torch.arange(n_fw, device=dev).view(n_fw, 1, 1)
             positions = (seq.view(1, b, 1) + steps).expand(n_fw, b, k).reshape(n_fw, b * k).contiguous()
             owns = sidx.view(n_fw, k, 1) == sidx  # [S-1, K, M]: node i of step s sees its own slot
+            f_mask = owns[0].expand(b, k, m).contiguous()  # the roots see only their own slot
             q_lens = torch.full((b,), k, dtype=torch.long, device=dev)
             kv_lens = seq + m
         for s in range(1, self.num_steps):
-            f_mask = f_mask | owns[s - 1]
             fb = ForwardBatch(
                 mode=ForwardMode.DRAFT, input_ids=f_tok.reshape(-1), positions=positions[s - 1],
                 out_cache_loc=locs[s - 1], q_lens=q_lens, kv_lens=kv_lens, block_tables=tables,
-                width=k, max_q=k, max_kv=self.max_kv, custom_mask=f_mask,
-                hidden_in=f_feat.reshape(b * k, -1))
+                width=k, max_q=k, max_kv=self.max_kv, custom_mask=f_mask, hidden_in=f_feat)
             h_logits, h_feat = self.draft_runner.forward(fb)
             logp, ids, _ = self._topk(h_logits, k)  # [B*K, K]
-            c_score = (f_score.unsqueeze(2) + logp.view(b, k, k)).view(b, k * k)
-            scores.append(c_score)
             tokens.append(ids.view(b, k * k))
             f_globals.append(f_global)
             if s == self.num_steps - 1:
+                scores.append((f_score.unsqueeze(2) + logp.view(b, k, k)).view(b, k * k))
                 break
-            j = torch.topk(c_score, k, dim=1).indices  # next frontier
-            parent_local = j // k
-            f_score, f_tok = torch.gather(c_score, 1, j), torch.gather(tokens[-1], 1, j)
-            f_global = j + (k + (s - 1) * k * k)
-            f_feat = torch.gather(h_feat.view(b, k, -1), 1,
-                                  parent_local.unsqueeze(2).expand(b, k, h_feat.shape[-1]))
-            f_mask = torch.gather(f_mask, 1, parent_local.unsqueeze(2).expand(b, k, f_mask.shape[2]))
+            c_score, f_score, f_tok, f_global, f_feat, f_mask = next_frontier(
+                f_score, logp, ids, h_feat, f_mask, owns[s], k + (s - 1) * k * k)
+            scores.append(c_score)
         parents = [torch.full((b, k), -1, dtype=torch.long, device=dev)]
         if f_globals:  # every child of frontier node i has parent i: [B, S-1, K] -> [B, (S-1)*K*K]
             fg = torch.stack(f_globals, 1)
