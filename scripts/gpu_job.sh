@@ -6,6 +6,10 @@
 #   perf8b     fused-kernel tests, 8B decode at batch 1/8 with the kernel table, fused-off A/B
 #   decode8b   8B decode at batch 1/8/32/64 beside transformers' static-cache generate
 #   stash8b    first call of a chain: train-draft step at batch 16/32, 8B decode at batch 8/32/64
+#   kernels5   first call of a chain: GEMV/fused/frontier/attention kernel tests, 8B decode at
+#              batch 1/8 with the GEMV and without (HOTSPEC_GEMV=0), and with 1-block splits
+#   spec5      second call: engine tests, SmolLM2 decode A/Bs (GEMV, splits), spec_sweep at
+#              batch 1 and 8, the draft/verify/draft_extend kernel tables (~8 min)
 #   gemv       first call of a chain: GEMV/fused-kernel tests, benchmarks/gemv_bench.py (Triton
 #              GEMV configs vs cuBLAS), 8B decode at batch 1 with its kernel table
 #              beside transformers (~8 min)
@@ -116,10 +120,31 @@ if [ "$stage" = gemv ]; then  # issue 5: the decode GEMV (first call of a chain:
   step decode_8b_b1 90 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
     --batch-sizes 1 --context 512 --tokens 64 --kernels --out "$OUT/decode_8b_b1.json"
 fi
-# Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
-# one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
 SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl
   --max-tokens 256)
+if [ "$stage" = kernels5 ]; then  # first call of a chain: kernel tests, 8B decode A/Bs (GEMV, splits)
+  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py \
+    tests/test_frontier.py tests/test_triton_attention.py -x
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
+  step decode_8b_gemv 120 "${D8[@]}" --batch-sizes 1,8 --kernels --out "$OUT/decode_8b_gemv.json"
+  HOTSPEC_GEMV=0 step decode_8b_cublas 90 "${D8[@]}" --batch-sizes 1,8 --out "$OUT/decode_8b_cublas.json"
+  HOTSPEC_ATTN_SPLIT_BLOCKS=1 step decode_8b_split1 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_split1.json"
+fi
+if [ "$stage" = spec5 ]; then  # second call: engine tests, SmolLM2 decode A/Bs, speculative sweep
+  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512 --tokens 64)
+  step decode_smol_gemv 45 "${DS[@]}" --batch-sizes 1,8 --kernels --out "$OUT/decode_smol_gemv.json"
+  HOTSPEC_GEMV=0 step decode_smol_cublas 40 "${DS[@]}" --batch-sizes 1,8 --out "$OUT/decode_smol_cublas.json"
+  HOTSPEC_ATTN_SPLIT_BLOCKS=1 step decode_smol_split1 40 "${DS[@]}" --batch-sizes 1,8 --out "$OUT/decode_smol_split1.json"
+  step sweep_b1 150 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
+    4/8/12:profile 6/10/32 3/1/4
+  step sweep_b8 70 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants 4/8/12
+  step phase_kernels 60 python3 benchmarks/spec_phase_bench.py --target default --draft default \
+    --batch-sizes 1 --shapes 4,8,12 --hot full --modes graphed --iters 30 --kernels \
+    --out "$OUT/phase_kernels.json"
+fi
+# Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
+# one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
 if [ "$stage" = sweep ]; then
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
   step sweep_b1 200 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \

@@ -26,6 +26,7 @@ want to save a kernel per layer; it has the same semantics.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,9 @@ class TritonPlan:
     width: int | None  # None: ragged
     max_q: int
     max_kv: int  # host-side bound, only used to choose the split count
+
+
+_SPLIT_BLOCKS = int(os.environ.get("HOTSPEC_ATTN_SPLIT_BLOCKS", "4"))
 
 
 def _pow2(x: int) -> int:
@@ -108,7 +112,10 @@ class TritonBackend(AttentionBackend):
         if programs >= sms or p.max_kv < 4 * block_n:
             return 1
         want = triton.cdiv(2 * sms, programs)
-        by_len = max(1, p.max_kv // (4 * block_n))  # keep >= 4 kv blocks per split
+        # keep >= SPLIT_BLOCKS kv blocks of the static bound per split (HOTSPEC_ATTN_SPLIT_BLOCKS
+        # overrides it for A/B runs: fewer blocks per split shorten each program's serial loop at
+        # short real lengths, more splits lengthen the combine)
+        by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
         return max(1, min(want, by_len, 64))
 
     # -- forward ------------------------------------------------------------------------------
