@@ -10,6 +10,9 @@
 #              batch 1/8 with the GEMV and without (HOTSPEC_GEMV=0), and with 1-block splits
 #   spec5      second call: engine tests, SmolLM2 decode A/Bs (GEMV, splits), spec_sweep at
 #              batch 1 and 8, the draft/verify/draft_extend kernel tables (~8 min)
+#   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
+#   final5     second call: spec_sweep at batch 1 with 16-row attention tiles and without
+#              (HOTSPEC_ATTN_BLOCK_M), batch 32, hotspec bench beside transformers (~7 min)
 #   gemv       first call of a chain: GEMV/fused-kernel tests, benchmarks/gemv_bench.py (Triton
 #              GEMV configs vs cuBLAS), 8B decode at batch 1 with its kernel table
 #              beside transformers (~8 min)
@@ -142,6 +145,21 @@ if [ "$stage" = spec5 ]; then  # second call: engine tests, SmolLM2 decode A/Bs,
   step phase_kernels 60 python3 benchmarks/spec_phase_bench.py --target default --draft default \
     --batch-sizes 1 --shapes 4,8,12 --hot full --modes graphed --iters 30 --kernels \
     --out "$OUT/phase_kernels.json"
+fi
+if [ "$stage" = hf8b ]; then  # first call of a chain: 8B decode at batch 1 beside transformers
+  step decode_8b_hf1 200 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
+    --batch-sizes 1 --context 512 --tokens 32 --vs-hf --out "$OUT/decode_8b_hf1.json"
+fi
+if [ "$stage" = final5 ]; then  # second call: attention tile A/B, batch 32, transformers beside
+  step sweep_b1 110 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
+    4/8/12:profile 6/10/32
+  HOTSPEC_ATTN_BLOCK_M=16 step sweep_b1_m16 110 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 \
+    --out "$OUT/sweep_b1_m16.json" --variants 4/8/12:profile 6/10/32
+  step sweep_b32 90 "${SWEEP[@]}" --batch-size 32 --num-prompts 128 --out "$OUT/sweep_b32.json" \
+    --variants 4/8/12 4/1/5
+  step bench_hf 120 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
+    --speculative-eagle-topk 8 --speculative-num-draft-tokens 12 --prompts .data/spec_bench_dev.jsonl \
+    --max-tokens 256 --batch-size 1 --num-prompts 26 --vs-hf --no-profile-pass --out "$OUT/bench_hf"
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.

@@ -72,6 +72,9 @@ class TritonBackend(AttentionBackend):
         self.block_size = block_size
         self.block_n = block_n
         self.block_m = block_m
+        # HOTSPEC_ATTN_BLOCK_M: query rows per tile of the uniform phases (decode, verify, draft,
+        # draft_extend), an A/B switch for the benchmarks: fewer rows, more and shorter programs
+        self.uniform_block_m = int(os.environ.get("HOTSPEC_ATTN_BLOCK_M", "0")) or None
         self.num_splits = num_splits
         self.num_warps = num_warps
         self.num_stages = num_stages
@@ -142,6 +145,8 @@ class TritonBackend(AttentionBackend):
         rows = p.max_q if p.width is None else p.width
         if self.block_m is not None:
             block_m = self.block_m
+        elif p.width is not None and self.uniform_block_m is not None:
+            block_m = self.uniform_block_m
         else:
             target = 32 if is_fp32 else 64
             block_m = min(target, _pow2(rows * gp))
