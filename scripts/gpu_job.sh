@@ -10,6 +10,7 @@
 #              batch 1/8 with the GEMV and without (HOTSPEC_GEMV=0), and with 1-block splits
 #   spec5      second call: engine tests, SmolLM2 decode A/Bs (GEMV, splits), spec_sweep at
 #              batch 1 and 8, the draft/verify/draft_extend kernel tables (~8 min)
+#   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
 #   final5     second call: spec_sweep at batch 1 with 16-row attention tiles and without
 #              (HOTSPEC_ATTN_BLOCK_M), batch 32, hotspec bench beside transformers (~7 min)
@@ -145,6 +146,11 @@ if [ "$stage" = spec5 ]; then  # second call: engine tests, SmolLM2 decode A/Bs,
   step phase_kernels 60 python3 benchmarks/spec_phase_bench.py --target default --draft default \
     --batch-sizes 1 --shapes 4,8,12 --hot full --modes graphed --iters 30 --kernels \
     --out "$OUT/phase_kernels.json"
+fi
+if [ "$stage" = attn ]; then  # attention tile rows A/B, one process
+  step attn_tiles 150 python3 benchmarks/spec_phase_bench.py --target default --draft default \
+    --batch-sizes 1,8 --shapes 4,8,12 6,10,32 --hot full --modes graphed,graphed-m16 --iters 50 \
+    --out "$OUT/attn_tiles.json"
 fi
 if [ "$stage" = hf8b ]; then  # first call of a chain: 8B decode at batch 1 beside transformers
   step decode_8b_hf1 200 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
