@@ -13,7 +13,8 @@ A variant is STEPS/TOPK/DRAFT_TOKENS, then options joined by ':': `fused` / `unf
 (--fuse-spec-step / --no-fuse-spec-step; else the engine options' setting, fused by default),
 `map=PATH` (--speculative-token-map; `map=none` drops the engine options' map), `profile`
 (a second, phase-timed pass). Greedy; prints a table last (tau, tokens/s end to end and decode
-only, speedup over vanilla, ms per speculative step, greedy outputs identical to vanilla) and
+only, speedup over vanilla, ms per speculative step, greedy outputs identical to vanilla, and on
+CUDA the fused step graph replayed alone: its device time, so ms/step minus it is host time) and
 writes every number to --out.
 """
 
@@ -21,17 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hotspec.benchmark.device import device_name
 from hotspec.benchmark.modes import RunOptions, run_speculative, run_vanilla
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
 from hotspec.benchmark.report import first_mismatch, mode_summary, phase_breakdown, spec_summary
 from hotspec.benchmark.spec_bench import BatchRun, load_target
+from hotspec.engine.engine import Engine
 from hotspec.entrypoints.cli import add_engine_args, engine_config
 from hotspec.errors import HotspecError
 
@@ -58,6 +63,30 @@ def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
             raise HotspecError(f"variant {text!r}: unknown option {o!r} (fused, unfused, profile, "
                                "map=PATH)")
     return over, profile
+
+
+def step_replay_ms(engine: Engine, batch_size: int, iters: int = 30) -> float | None:
+    """Device time of one speculative step: the greedy `step` graph of `batch_size` replayed
+    alone (CUDA events, median), on the inputs the timed pass left in its static buffers (the
+    requests are finished, so the KV it writes is dead). ms/step minus this is host time. None
+    without a fused CUDA graph."""
+    graphs = engine.graphs
+    padded = next((b for b in graphs.batch_sizes if b >= batch_size), None)
+    entry = graphs.graphs.get(("step", padded)) if padded is not None else None
+    if entry is None:
+        return None
+    graph = entry[0]
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
 
 
 def _flat(runs: dict[str, BatchRun]) -> list[BatchRun]:
@@ -105,8 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = [{"variant": "vanilla", **v}]
     for name, vcfg, over, profile in variants:
         print(f"variant {name}", file=sys.stderr, flush=True)
+        replay: list[float | None] = []
         try:
-            spec, profiled, source = run_speculative(vcfg, target, groups, opts, profile)
+            spec, profiled, source = run_speculative(
+                vcfg, target, groups, opts, profile,
+                after_timed=lambda e, out=replay: out.append(step_replay_ms(e, args.batch_size)))
         except Exception as exc:  # noqa: BLE001 - one failed variant is reported, the rest still run
             print(f"variant {name} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             rows.append({"variant": name, "error": f"{type(exc).__name__}: {exc}"})
@@ -121,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             # wall of the decode steps per verify pass (each request's prefill step excluded)
             "ms_per_spec_step": 1e3 * s["decode_s"] / max(steps / args.batch_size, 1),
             "greedy_identical": f"{same}/{n}", "engine_overrides": over,
+            "step_replay_ms": replay[0] if replay else None,
             "per_category": {c: {"tau_mean": sum(spec[c].taus) / len(spec[c].taus),
                                  "tokens_per_s": spec[c].generated / spec[c].wall_s,
                                  "vanilla_tokens_per_s": vanilla[c].generated / vanilla[c].wall_s}
@@ -133,14 +166,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.batch_size}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy; "
             f"vanilla {v['tokens_per_s']:.1f} tok/s, {vms:.3f} ms per decode step")
     lines = [head, f"{'variant':<34} {'tau':>5} {'tok/s':>8} {'speedup':>7} {'decode x':>8} "
-             f"{'ms/step':>7} {'steps/vanilla':>13} {'identical':>9}"]
+             f"{'ms/step':>7} {'steps/vanilla':>13} {'identical':>9} {'replay ms':>9}"]
     for r in rows[1:]:
         if "error" in r:
             lines.append(f"{r['variant']:<34} FAILED: {r['error'][:120]}")
             continue
         lines.append(f"{r['variant']:<34} {r['tau_total']:>5.2f} {r['tokens_per_s']:>8.1f} "
                      f"{r['speedup']:>6.2f}x {r['decode_speedup']:>7.2f}x {r['ms_per_spec_step']:>7.3f} "
-                     f"{r['ms_per_spec_step'] / vms:>13.2f} {r['greedy_identical']:>9}")
+                     f"{r['ms_per_spec_step'] / vms:>13.2f} {r['greedy_identical']:>9} "
+                     + (f"{r['step_replay_ms']:>9.3f}" if r["step_replay_ms"] is not None else f"{'-':>9}"))
         if r["phases"]:
             ph = r["phases"]["phases"]
             lines.append("    profiled ms/call: " + ", ".join(

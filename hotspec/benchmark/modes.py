@@ -5,6 +5,7 @@ speculative (then, on GPU, a separate pass that times the phases)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,9 +66,11 @@ def run_vanilla(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opts: R
 
 
 def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opts: RunOptions,
-                    profile_pass: bool) -> tuple[dict[str, BatchRun], dict[str, BatchRun], str]:
+                    profile_pass: bool, after_timed: Callable[[Engine], None] | None = None
+                    ) -> tuple[dict[str, BatchRun], dict[str, BatchRun], str]:
     """Speculative runs per category, and the runs whose phase seconds make the breakdown (the
-    timed ones on CPU, a profiled repeat on GPU) with a label saying which."""
+    timed ones on CPU, a profiled repeat on GPU) with a label saying which. `after_timed` sees the
+    engine after the timed pass (e.g. to replay its graphs alone)."""
 
     def run(engine: Engine) -> tuple[dict[str, BatchRun], dict[str, BatchRun], str]:
         worker = engine.worker
@@ -76,6 +79,8 @@ def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opt
         worker.profile = on_cpu  # type: ignore[attr-defined]
         _log("speculative: timed pass" + (" (phases profiled)" if on_cpu else ""))
         runs = run_categories(engine, groups, opts.params)
+        if after_timed is not None:
+            after_timed(engine)
         if on_cpu:
             return runs, runs, PROFILED_IN_TIMED
         if not profile_pass:

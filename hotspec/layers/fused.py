@@ -10,8 +10,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from hotspec.layers.gemv_kernels import GemvConfig
 
 log = logging.getLogger("hotspec")
 
@@ -43,7 +47,7 @@ def _on_device(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
-def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False):
+def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> GemvConfig | None:
     """The Triton decode GEMV's config (layers/gemv_kernels.py) for `x @ weight.T` (x [M, K], or
     [M, 2K] = [gate | up] with silu_mul) when it runs here and measured faster than cuBLAS for the
     shape, else None (the caller runs nn.Linear). bf16/fp16 only: float32 stays with torch.
@@ -59,7 +63,8 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False):
     return choose(x.shape[0], weight.shape[0], weight.shape[1], silu_mul)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, config, silu_mul: bool = False) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig,
+         silu_mul: bool = False) -> torch.Tensor:
     from hotspec.layers.gemv_kernels import gemv as kernel
 
     return kernel(x, weight, silu_mul=silu_mul, config=config)
