@@ -154,9 +154,9 @@ def bench_one(engine: Engine, args, bs: int, hot: str, shape: str, mode: str) ->
     seen: dict[str, dict] = {}
     real = engine.graphs.run
 
-    def spy(name, inputs):
+    def spy(name, inputs, **kw):
         seen[name] = inputs
-        return real(name, inputs)
+        return real(name, inputs, **kw)
 
     engine.step()  # prefill
     engine.graphs.run = spy

@@ -90,8 +90,8 @@ def test_draft_buffers_sized_from_head_and_static_pass_matches_eager(eagle_head,
     seen: dict[str, dict[str, torch.Tensor]] = {}
     real_run = worker.graphs.run
 
-    def spy(name, inputs):
-        out = real_run(name, inputs)
+    def spy(name, inputs, **kw):
+        out = real_run(name, inputs, **kw)
         seen[name] = ({k: v.clone() for k, v in inputs.items()}, out)
         return out
 

@@ -52,3 +52,20 @@ def test_eager_fallback_is_opt_in_reported_and_counted(caplog):
     assert any("runs EAGER" in m for m in caplog.messages)
     out = r.run("verify", {"a": torch.ones(1), "b": torch.ones(1, 5)})
     torch.testing.assert_close(out["y"], torch.tensor([7.0]))
+
+
+@pytest.mark.gpu
+def test_borrowed_outputs_are_views_of_the_graph_and_the_rest_copies():
+    """run(..., borrow=(k,)) hands out k as a view of the captured graph's output (valid until the
+    phase replays again: for outputs read at once); every other output is the caller's own copy."""
+    dev = torch.device("cuda")
+    r = GraphRunner(dev, "cuda", [1, 2])
+    r.register("p", lambda x: {"y": x["a"] * 2, "z": x["a"] + 1},
+               lambda bs: {"a": torch.zeros(bs, device=dev)})
+    r.capture_all()
+    out = r.run("p", {"a": torch.tensor([3.0, 4.0], device=dev)}, borrow=("y",))
+    graph_out = r.graphs[("p", 2)][1]
+    assert out["y"].data_ptr() == graph_out["y"].data_ptr()
+    assert out["z"].data_ptr() != graph_out["z"].data_ptr()
+    assert out["y"].tolist() == [6.0, 8.0] and out["z"].tolist() == [4.0, 5.0]
+    r.close()

@@ -28,6 +28,12 @@ from hotspec.spec.tree import MAX_LOGP, DraftTree, build_tree
 from hotspec.spec.verify import Acceptance, verify_greedy, verify_stochastic
 
 
+def emitted_rows(acc: Tensors) -> torch.Tensor:
+    """What the host reads after a step, as one [B, 2 + width] tensor (one copy, one sync): per
+    request the accept length a, the accepted path (root first) and the bonus token."""
+    return torch.cat([acc["accept_len"].unsqueeze(1), acc["acc_tokens"], acc["bonus"].unsqueeze(1)], 1)
+
+
 class EaglePhases:
     def __init__(self, target: LlamaForCausalLM, draft: DraftHead, target_runner: ModelRunner,
                  draft_runner: ModelRunner, block_size: int, device: torch.device, num_steps: int,
@@ -194,8 +200,8 @@ class EaglePhases:
         tree = self.draft_phase(x)
         acc = verify(dict(x, **tree))
         ext = self.draft_extend_phase({"seq": x["seq"], "tables": x["tables"], **acc})
-        return {"accept_len": acc["accept_len"], "acc_tokens": acc["acc_tokens"], "bonus": acc["bonus"],
-                "topk_logp": ext["topk_logp"], "topk_ids": ext["topk_ids"], "feature": ext["feature"]}
+        return {"emitted": emitted_rows(acc), "topk_logp": ext["topk_logp"],
+                "topk_ids": ext["topk_ids"], "feature": ext["feature"]}
 
     # -- examples: static buffer shapes and padding rows (null block 0, length 1) ------------
     def _example_base(self, bs: int) -> Tensors:

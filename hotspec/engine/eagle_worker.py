@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hotspec.engine.eagle_phases import EaglePhases
+from hotspec.engine.eagle_phases import EaglePhases, emitted_rows
 from hotspec.engine.request import Request
 from hotspec.engine.spec_stats import SpecStats
 from hotspec.engine.vanilla_worker import prefill_chunks, sample_for, sampling_inputs
@@ -111,8 +111,10 @@ class EagleWorker(EaglePhases):
         greedy = all(r.params.temperature == 0 for r in reqs)
         if self.fuse_step and not self.profile:
             name = "step" if greedy else "step[sample]"
-            acc = ext = self.graphs.run(name, draft_in if greedy else
-                                        dict(draft_in, **sampling_inputs(reqs, dev)))
+            # (the emitted rows are read at once below: borrowed from the graph, no copy)
+            ext = self.graphs.run(name, draft_in if greedy else
+                                  dict(draft_in, **sampling_inputs(reqs, dev)), borrow=("emitted",))
+            emitted_t = ext["emitted"]
             self._timed("step", t0)
         else:
             tree = self.graphs.run("draft", draft_in)
@@ -126,9 +128,9 @@ class EagleWorker(EaglePhases):
             ext = self.graphs.run("draft_extend", dict(base, **{
                 k: acc[k] for k in ("acc_tokens", "accept_len", "bonus", "acc_feature")}))
             t0 = self._timed("draft_extend", t0)
+            emitted_t = emitted_rows(acc)
 
-        out = torch.cat([acc["accept_len"].unsqueeze(1), acc["acc_tokens"], acc["bonus"].unsqueeze(1)], 1)
-        rows = out.tolist()  # the one host sync of the step
+        rows = emitted_t.tolist()  # the one host sync of the step
         emitted: list[list[int]] = []
         for i, (r, row) in enumerate(zip(reqs, rows)):
             a = row[0]

@@ -110,7 +110,10 @@ class GraphRunner:
             self.fallbacks += 1
 
     # -- replay --------------------------------------------------------------------------------
-    def run(self, name: str, inputs: Tensors) -> Tensors:
+    def run(self, name: str, inputs: Tensors, borrow: tuple[str, ...] = ()) -> Tensors:
+        """The phase's outputs for `inputs`' batch, copied out of the graph's static buffers,
+        except the `borrow`ed ones: views, valid until the phase runs again (for outputs the caller
+        reads at once; one copy kernel less each)."""
         e = self.phases[name]
         bs = next(iter(inputs.values())).shape[0]
         padded = next((b for b in self.batch_sizes if b >= bs), None)
@@ -127,7 +130,7 @@ class GraphRunner:
         else:
             graph[0].replay()
             out = graph[1]
-        return {k: v[:bs].clone() for k, v in out.items()}
+        return {k: v[:bs] if k in borrow else v[:bs].clone() for k, v in out.items()}
 
     # -- report / teardown ---------------------------------------------------------------------
     def report(self) -> str:
