@@ -149,7 +149,7 @@ if [ "$stage" = spec5 ]; then  # second call: engine tests, SmolLM2 decode A/Bs,
 fi
 if [ "$stage" = attn ]; then  # attention tile rows A/B, one process
   step attn_tiles 150 python3 benchmarks/spec_phase_bench.py --target default --draft default \
-    --batch-sizes 1,8 --shapes 4,8,12 6,10,32 --hot full --modes graphed,graphed-m16 --iters 50 \
+    --batch-sizes 1,8 --shapes 4,8,12 6,10,32 --hot full --modes graphed,graphed-m16,graphed-m32 --iters 50 \
     --out "$OUT/attn_tiles.json"
 fi
 if [ "$stage" = hf8b ]; then  # first call of a chain: 8B decode at batch 1 beside transformers

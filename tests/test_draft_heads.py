@@ -489,3 +489,31 @@ def test_refuses_pickled_code(tmp_path: Path, target: LlamaForCausalLM) -> None:
     torch.save({**state, "payload": _Payload()}, folder / "pytorch_model.bin")
     refuse(folder, target, "EAGLE", "weights_only=True", "pytorch_model.bin")
     assert CALLS == []
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_fused_projections_compute_the_same_head(tmp_path: Path, target: LlamaForCausalLM,
+                                                 algorithm: str) -> None:
+    """The engine fuses a loaded head's q/k/v and gate/up (one GEMM each, as the target);
+    the fused head computes what the checkpoint's separate projections compute."""
+    from hotspec.models.llama import MLP, Attention
+
+    folder = random_draft_checkpoint(tmp_path / "h", CFG, algorithm, seed=6, scale=0.1,
+                                     draft_vocab_size=DRAFT_VOCAB if algorithm == "EAGLE3" else None)
+    head = load(folder, target, algorithm)
+    reqs = make_requests()
+    fb, hidden, aux = run_target(target, reqs, head.aux_layer_ids)
+    feature = torch.cat(aux, -1) if aux else hidden
+    ref, ref_s, _ = run_head(head, fb, feature)
+    assert all(m.qkv_proj is None for m in head.modules() if isinstance(m, Attention))
+    head.fuse_projections()
+    head.fuse_projections()  # idempotent
+    attns = [m for m in head.modules() if isinstance(m, Attention)]
+    mlps = [m for m in head.modules() if isinstance(m, MLP)]
+    assert attns and mlps
+    assert all(m.qkv_proj is not None and not hasattr(m, "q_proj") for m in attns)
+    assert all(m.gate_up_proj is not None and not hasattr(m, "gate_proj") for m in mlps)
+    fb, hidden, aux = run_target(target, reqs, head.aux_layer_ids)
+    out, s, _ = run_head(head, fb, torch.cat(aux, -1) if aux else hidden)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, ref_s, rtol=1e-5, atol=1e-5)

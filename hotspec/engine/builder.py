@@ -147,6 +147,7 @@ class EngineBuilder:
             apply_token_map(head, self.target, load_token_map(self.cfg.speculative_token_map,
                                                                self.model_config.vocab_size))
         check_hot_vocab_size(path, head)
+        head.fuse_projections()  # one GEMM for q/k/v and one for gate/up, as in the target
         log.info("draft head: %s (%s, %d draft tokens)", path, algorithm, head.draft_vocab_size)
         return head
 

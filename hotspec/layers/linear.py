@@ -11,7 +11,7 @@ from hotspec.layers import fused
 
 
 def linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """lin(x) for x [T, in]: the Triton decode GEMV where it measured faster than cuBLAS (a few
+    """lin(x) (x [..., in]): the Triton decode GEMV where it measured faster than cuBLAS (a few
     rows, bf16, CUDA, no bias), else nn.Linear."""
     cfg = fused.gemv_config(x, lin.weight) if lin.bias is None else None
     return fused.gemv(x, lin.weight, cfg) if cfg is not None else lin(x)
@@ -24,7 +24,7 @@ def silu_mul_linear(lin: nn.Linear, gate_up: torch.Tensor) -> torch.Tensor:
     cfg = fused.gemv_config(gate_up, lin.weight, silu_mul=True) if lin.bias is None else None
     if cfg is not None:
         return fused.gemv(gate_up, lin.weight, cfg, silu_mul=True)
-    if fused.enabled(gate_up):
+    if gate_up.dim() == 2 and fused.enabled(gate_up):
         return linear(lin, fused.silu_mul(gate_up))
     gate, up = gate_up.chunk(2, dim=-1)
     return linear(lin, F.silu(gate) * up)

@@ -23,6 +23,7 @@ from hotspec.engine.kv_pool import KVPool
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
+from hotspec.models.llama import MLP, Attention
 from hotspec.runtime.forward_batch import ForwardBatch
 
 
@@ -88,6 +89,14 @@ class DraftHead(nn.Module, abc.ABC):
         head.weight = nn.Parameter(weight, requires_grad=False)
         self.lm_head = head
         self.draft_to_target = draft_to_target
+
+    def fuse_projections(self) -> None:
+        """One GEMM for q/k/v and one for gate/up in every layer, for inference (the engine calls
+        it after loading; a fused head no longer has the checkpoint's parameter names, so heads
+        that are trained or saved stay unfused)."""
+        for m in self.modules():
+            if isinstance(m, (Attention, MLP)):
+                m.fuse_projections()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, H] -> float32 [T, draft_vocab_size]; map ids with `draft_to_target`."""

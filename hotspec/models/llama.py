@@ -42,23 +42,27 @@ class Attention(nn.Module):
 
     def fuse_projections(self) -> None:
         """Replace q/k/v_proj by one qkv_proj (one GEMM instead of three); after loading."""
+        if self.qkv_proj is not None:
+            return
         self.qkv_proj = merge_linears(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        t, d = x.shape[0], self.head_dim
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x [..., in] as [..., heads, head_dim], through the fused projection or not
+        (the engine and the trainer both project here)."""
+        d, lead = self.head_dim, x.shape[:-1]
         if self.qkv_proj is not None:
             qkv = linear(self.qkv_proj, x)
             q, k, v = qkv.split((self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d), -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return (q.view(t, self.num_heads, d), k.view(t, self.num_kv_heads, d),
-                v.view(t, self.num_kv_heads, d))
+        return (q.view(*lead, self.num_heads, d), k.view(*lead, self.num_kv_heads, d),
+                v.view(*lead, self.num_kv_heads, d))
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, rope: RotaryEmbedding, kv: KVPool,
                 backend: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self._qkv(x)
+        q, k, v = self.qkv(x)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
@@ -83,6 +87,8 @@ class MLP(nn.Module):
 
     def fuse_projections(self) -> None:
         """Replace gate/up_proj by one gate_up_proj (one GEMM instead of two); after loading."""
+        if self.gate_up_proj is not None:
+            return
         self.gate_up_proj = merge_linears(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 

@@ -87,9 +87,7 @@ def attention(attn: Attention, x: torch.Tensor, positions: torch.Tensor, rope: R
     the query's own index (see the module docstring)."""
     b, t, _ = x.shape
     hq, hk, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    q = attn.q_proj(x).view(b, t, hq, d)
-    k = attn.k_proj(x).view(b, t, hk, d)
-    v = attn.v_proj(x).view(b, t, hk, d)
+    q, k, v = attn.qkv(x)  # [b, t, heads, d]
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = rope(positions.repeat(b), q.reshape(b * t, hq, d), k.reshape(b * t, hk, d))
