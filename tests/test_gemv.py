@@ -150,3 +150,16 @@ def test_choose_keeps_cublas_where_it_measured_faster():
     assert gk.choose(1, 1000, 700) is not None  # small unmeasured shape at M == 1
     assert gk.choose(4, 1000, 700) is None  # unmeasured at M > 1
     assert gk.choose(17, 576, 576) is None
+
+
+@pytest.mark.gpu
+def test_every_config_the_engine_chooses():
+    """What the engine runs: each measured CONFIGS entry, and the heuristic config for unmeasured
+    one-row shapes (an EAGLE-3 head's qkv 960 x 1152 and fc 576 x 1728 on SmolLM2)."""
+    cases = [(b, n, k, s) for (b, n, k, s) in gk.CONFIGS] + [(1, 960, 1152, False), (1, 576, 1728, False)]
+    for m_bucket, n, k, silu in cases:
+        for m in sorted({m_bucket, max(1, m_bucket - 3)} if m_bucket > 1 else {1}):
+            cfg = gk.choose(m, n, k, silu)
+            assert cfg is not None, (m, n, k, silu)
+            x, w = _inputs(m, n, k, silu, seed=n + m)
+            _check(gk.gemv(x, w, silu_mul=silu, config=cfg), x, w, silu)
