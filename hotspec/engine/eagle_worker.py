@@ -98,14 +98,14 @@ class EagleWorker(EaglePhases):
     @torch.inference_mode()
     def step(self, reqs: list[Request]) -> list[list[int]]:
         t0 = time.perf_counter()
-        dev = self.device
         if self.graphs.mode == "eager":
             self.max_kv = max(r.seq_len for r in reqs) + self.reserve
+        host = torch.device("cpu")  # the graph runner copies host inputs into its buffers
         base: Tensors = {
-            "seq": torch.tensor([r.seq_len for r in reqs], dtype=torch.long, device=dev),
-            "tables": block_table_tensor(reqs, dev),
+            "seq": torch.tensor([r.seq_len for r in reqs], dtype=torch.long),
+            "tables": block_table_tensor(reqs, host),
         }
-        draft_in = dict(base, root=torch.tensor([r.last_token for r in reqs], dtype=torch.long, device=dev))
+        draft_in = dict(base, root=torch.tensor([r.last_token for r in reqs], dtype=torch.long))
         for f in ("topk_logp", "topk_ids", "feature"):
             draft_in[f] = torch.stack([getattr(r.spec_state, f) for r in reqs])
         greedy = all(r.params.temperature == 0 for r in reqs)
@@ -113,7 +113,7 @@ class EagleWorker(EaglePhases):
             name = "step" if greedy else "step[sample]"
             # (the emitted rows are read at once below: borrowed from the graph, no copy)
             ext = self.graphs.run(name, draft_in if greedy else
-                                  dict(draft_in, **sampling_inputs(reqs, dev)), borrow=("emitted",))
+                                  dict(draft_in, **sampling_inputs(reqs, host)), borrow=("emitted",))
             emitted_t = ext["emitted"]
             self._timed("step", t0)
         else:
@@ -123,7 +123,7 @@ class EagleWorker(EaglePhases):
             if greedy:
                 acc = self.graphs.run("verify", verify_in)
             else:
-                acc = self.graphs.run("verify[sample]", dict(verify_in, **sampling_inputs(reqs, dev)))
+                acc = self.graphs.run("verify[sample]", dict(verify_in, **sampling_inputs(reqs, host)))
             t0 = self._timed("verify", t0)
             ext = self.graphs.run("draft_extend", dict(base, **{
                 k: acc[k] for k in ("acc_tokens", "accept_len", "bonus", "acc_feature")}))

@@ -85,16 +85,16 @@ class VanillaWorker:
 
     @torch.inference_mode()
     def step(self, reqs: list[Request]) -> list[list[int]]:
-        dev = self.device
         if self.graphs.mode == "eager":
             self.max_kv = max(r.seq_len for r in reqs) + 1
-        x: Tensors = {"ids": torch.tensor([r.last_token for r in reqs], dtype=torch.long, device=dev),
-                      "seq": torch.tensor([r.seq_len for r in reqs], dtype=torch.long, device=dev),
-                      "tables": block_table_tensor(reqs, dev)}
+        host = torch.device("cpu")  # the graph runner copies host inputs into its buffers
+        x: Tensors = {"ids": torch.tensor([r.last_token for r in reqs], dtype=torch.long),
+                      "seq": torch.tensor([r.seq_len for r in reqs], dtype=torch.long),
+                      "tables": block_table_tensor(reqs, host)}
         if all(r.params.temperature == 0 for r in reqs):
             out = self.graphs.run("decode", x)
         else:
-            out = self.graphs.run("decode[sample]", dict(x, **sampling_inputs(reqs, dev)))
+            out = self.graphs.run("decode[sample]", dict(x, **sampling_inputs(reqs, host)))
         nxt = out["next"].tolist()  # the one host sync of the step
         for r in reqs:
             r.seq_len += 1

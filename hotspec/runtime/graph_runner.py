@@ -113,15 +113,19 @@ class GraphRunner:
     def run(self, name: str, inputs: Tensors, borrow: tuple[str, ...] = ()) -> Tensors:
         """The phase's outputs for `inputs`' batch, copied out of the graph's static buffers,
         except the `borrow`ed ones: views, valid until the phase runs again (for outputs the caller
-        reads at once; one copy kernel less each)."""
+        reads at once; one copy kernel less each).
+
+        Inputs may live on the host (what the scheduler builds from its lists): they are copied
+        straight into the static buffers, one host-to-device copy each and no device copy."""
         e = self.phases[name]
         bs = next(iter(inputs.values())).shape[0]
         padded = next((b for b in self.batch_sizes if b >= bs), None)
         if self.mode == "eager" or padded is None:
-            return e.fn(inputs)
+            return e.fn({k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
         for k, src in inputs.items():
             dst = e.static[k]
-            dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src)
+            # (non_blocking: a pageable host source is staged before the call returns)
+            dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src, non_blocking=True)
             if padded > bs:
                 dst[bs:padded].copy_(e.pad[k].expand_as(dst[bs:padded]))
         graph = self.graphs.get((name, padded))
