@@ -62,6 +62,9 @@ def test_static_buffer_path_matches_eager(spec, fused, tiny, monkeypatch):
         assert max(llm.engine.worker.stats.accept_hist) > 1  # acceptance happens, too
         calls = llm.engine.worker.stats.phase_calls
         assert (calls["step"] > 0, calls["verify"] > 0) == (fused, not fused)
+        # steps whose batch is the last step's reuse its state tensors; the others restack
+        steps = calls["step"] + calls["verify"]
+        assert 0 < llm.engine.worker.restacks < steps
 
 
 class HostSync(AssertionError):
