@@ -205,3 +205,16 @@ def test_topk_logp_matches_torch(vocab, k):
 def test_topk_logp_real_shapes(vocab, t):
     for dtype in DTYPES:
         _topk(t, vocab, 8, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_into_half_of_a_wider_buffer(dtype):
+    """RMSNorm.norm_into through the kernel: the norm lands in a strided half, the rest untouched
+    (an EAGLE-3 head writes [norm(embed) | norm(feature)] this way instead of concatenating)."""
+    t, h = 5, SMALL[0]
+    norm = RMSNorm(h, 1e-5).to(DEV, dtype)
+    x = torch.randn(t, h, device=DEV, dtype=dtype)
+    buf = torch.full((t, 2 * h), 7.0, device=DEV, dtype=dtype)
+    fk.rms_norm(x, norm.weight, norm.eps, out=buf[:, h:])
+    _close(buf[:, h:], norm._norm(x), dtype)
+    assert (buf[:, :h] == 7.0).all()

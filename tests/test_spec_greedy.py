@@ -98,6 +98,8 @@ class OracleDraft(torch.nn.Module):
         logits.scatter_(1, h.long(), 10.0)
         return logits
 
+    draft_logits = compute_logits
+
     def _predict(self, history: list[int]) -> int:
         n = len(history)
         for s in self.sequences:  # the draft reads token p+1 at kv index p: compare with s[1:]

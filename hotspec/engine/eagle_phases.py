@@ -56,7 +56,7 @@ class EaglePhases:
         return torch.cat(aux, dim=-1) if aux else hidden
 
     def _topk(self, h_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        logits = self.draft.compute_logits(h_logits)  # [T, draft_vocab]: sized by the head
+        logits = self.draft.draft_logits(h_logits)  # [T, draft_vocab]: sized by the head
         logp, idx = topk_logp(logits, k, MAX_LOGP)
         return logp, self.draft.to_target_ids(idx), logits
 
@@ -128,12 +128,13 @@ class EaglePhases:
         logits = self.target.compute_logits(hidden).view(b, n, -1)
         return tree, logits, self._feature(hidden, aux).view(b, n, -1), slots
 
-    def verify_phase(self, x: Tensors) -> Tensors:
-        """`verify` + `accept` for an all-greedy batch."""
+    def verify_phase(self, x: Tensors, with_slots: bool = False) -> Tensors:
+        """`verify` + `accept` for an all-greedy batch (`with_slots`: see _commit)."""
         tree, logits, feature, slots = self._verify_forward(x)
-        return self._commit(tree, verify_greedy(tree, logits, self.num_steps), feature, slots)
+        return self._commit(tree, verify_greedy(tree, logits, self.num_steps), feature, slots,
+                            with_slots)
 
-    def verify_sample_phase(self, x: Tensors) -> Tensors:
+    def verify_sample_phase(self, x: Tensors, with_slots: bool = False) -> Tensors:
         """`verify` + `accept` by tree rejection sampling (greedy rows: one-hot target)."""
         tree, logits, feature, slots = self._verify_forward(x)
         b, n, v = logits.shape
@@ -146,13 +147,14 @@ class EaglePhases:
         onehot = torch.zeros_like(probs).scatter_(2, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where((x["temperature"] == 0).view(b, 1, 1), onehot, probs)
         acc = verify_stochastic(tree, probs, self.num_steps, x["seeds"], x["offsets"])
-        return self._commit(tree, acc, feature, slots)
+        return self._commit(tree, acc, feature, slots, with_slots)
 
     def _commit(self, tree: DraftTree, acc: Acceptance, feature: torch.Tensor,
-                slots: torch.Tensor) -> Tensors:
+                slots: torch.Tensor, with_slots: bool = False) -> Tensors:
         """Move accepted nodes' target KV from seq_len + path[i] to seq_len + i (a chain's path is
         already a prefix, so its move is a no-op); rows past the accepted length move trash.
-        `slots[:, j]` is the slot of kv index seq_len + j."""
+        `slots[:, j]` is the slot of kv index seq_len + j; `with_slots` passes those of the
+        draft_extend rows on (the fused step: draft_extend need not look them up again)."""
         kv = self.target_runner.kv
         b, w = acc.path.shape
         keep = torch.arange(w, device=slots.device).unsqueeze(0) < acc.accept_len.unsqueeze(1)
@@ -164,7 +166,7 @@ class EaglePhases:
             "accept_len": acc.accept_len,
             "bonus": acc.bonus,
             "acc_feature": torch.gather(feature, 1, acc.path.unsqueeze(2).expand(b, w, feature.shape[-1])),
-        }
+        } | ({"slots": slots[:, :w]} if with_slots else {})
 
     def draft_extend_phase(self, x: Tensors) -> Tensors:
         """`draft_extend`: the draft over the accepted tokens (shifted by one, the bonus last) at a
@@ -176,8 +178,8 @@ class EaglePhases:
         d = torch.arange(w, device=dev).unsqueeze(0)
         shifted = torch.cat([acc_tokens[:, 1:], acc_tokens[:, :1]], 1)
         shifted = torch.where(d == (a - 1).unsqueeze(1), x["bonus"].unsqueeze(1), shifted)
-        loc = torch.where(d < a.unsqueeze(1), slots_at(tables, seq.unsqueeze(1) + d, self.block_size),
-                          self.draft_runner.kv.trash_slot)
+        slots = x["slots"] if "slots" in x else slots_at(tables, seq.unsqueeze(1) + d, self.block_size)
+        loc = torch.where(d < a.unsqueeze(1), slots, self.draft_runner.kv.trash_slot)
         fb = ForwardBatch(
             mode=ForwardMode.DRAFT_EXTEND, input_ids=shifted.reshape(-1),
             positions=(seq.unsqueeze(1) + d).reshape(-1), out_cache_loc=loc.view(-1),
@@ -196,9 +198,9 @@ class EaglePhases:
         """`step[sample]`: the same with `verify[sample]`."""
         return self._step(x, self.verify_sample_phase)
 
-    def _step(self, x: Tensors, verify: Callable[[Tensors], Tensors]) -> Tensors:
+    def _step(self, x: Tensors, verify: Callable[[Tensors, bool], Tensors]) -> Tensors:
         tree = self.draft_phase(x)
-        acc = verify(dict(x, **tree))
+        acc = verify(dict(x, **tree), True)
         ext = self.draft_extend_phase({"seq": x["seq"], "tables": x["tables"], **acc})
         return {"emitted": emitted_rows(acc), "topk_logp": ext["topk_logp"],
                 "topk_ids": ext["topk_ids"], "feature": ext["feature"]}

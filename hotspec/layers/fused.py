@@ -71,10 +71,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig,
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             residual: torch.Tensor | None = None, out: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     from hotspec.layers.fused_kernels import rms_norm as kernel
 
-    return kernel(x, weight, eps, residual)
+    return kernel(x, weight, eps, residual, out)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -57,10 +57,13 @@ def _rms_norm_kernel(X, R, W, Y, R_OUT, n, eps, stride_x, stride_r, stride_y, st
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(norm(x [+ residual]), x + residual or None). x, residual: [T, H], unit stride along H."""
+             residual: torch.Tensor | None = None, out: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(norm(x [+ residual]), x + residual or None). x, residual: [T, H], unit stride along H;
+    `out` ([T, H], unit stride along H, e.g. half of a wider buffer) receives the norm if given."""
     t, n = x.shape
-    y = torch.empty((t, n), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    y = out if out is not None else torch.empty(
+        (t, n), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     r_out = torch.empty_like(x) if residual is not None else None
     if t:
         r = residual if residual is not None else x

@@ -35,6 +35,14 @@ class RMSNorm(nn.Module):
         s = x + residual
         return self._norm(s), s
 
+    def norm_into(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """out[:] = norm(x) for [T, H] x and out (e.g. one half of a wider buffer: a concatenation
+        of norms without the copy)."""
+        if fused.enabled(x, self.weight) and x.dim() == 2 and x.stride(1) == 1 and out.stride(1) == 1:
+            fused.rms_norm(x, self.weight, self.eps, out=out)
+        else:
+            out.copy_(self._norm(x))
+
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.float()

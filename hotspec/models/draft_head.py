@@ -100,7 +100,11 @@ class DraftHead(nn.Module, abc.ABC):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, H] -> float32 [T, draft_vocab_size]; map ids with `draft_to_target`."""
-        return self.lm_head(hidden).float()
+        return self.draft_logits(hidden).float()
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """compute_logits in the head's dtype (the draft loop's top-k reads them as they are)."""
+        return self.lm_head(hidden)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """The one place a draft-vocabulary index becomes a target token id (FR-Spec hot ids,

@@ -82,7 +82,10 @@ class Eagle3MidLayer(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(mlp output m, r) with the pre-norm sum s = m + r left to the caller's final norm, so
         each residual add fuses into the norm after it (one kernel on CUDA, as in the target)."""
-        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(feature)), dim=-1)
+        t, h = feature.shape
+        x = feature.new_empty((t, 2 * h))  # [norm(embed) | norm(feature)], each written in place
+        self.input_layernorm.norm_into(embeds, x[:, :h])
+        self.hidden_norm.norm_into(feature, x[:, h:])
         h, r = self.post_attention_layernorm.add_forward(self.self_attn(x, fb, rope, kv, backend), feature)
         return self.mlp(h), r
 
