@@ -173,11 +173,9 @@ def measure(engine: Engine, batch: int, context: int, warmup: int, tokens: int, 
 def _replay_only_ms(engine: Engine, batch: int, n: int) -> float | None:
     """Median of 5 timings of `n` back-to-back replays of the captured decode graph (one sync per
     timing): the GPU's own time per step, so step time minus this is the host's share."""
-    graphs = engine.graphs
-    if graphs.mode != "cuda":
+    graph = engine.graphs.captured("decode", batch)
+    if graph is None:
         return None
-    padded = next(b for b in graphs.batch_sizes if b >= batch)
-    graph, _ = graphs.graphs[("decode", padded)]
     runs = []
     for _ in range(5):
         torch.cuda.synchronize()
@@ -194,9 +192,8 @@ def kernel_table(engine: Engine, batch: int, top: int = 15, phase: str = "decode
     by total time, with the number of kernels per replay."""
     from torch.profiler import ProfilerActivity, profile
 
-    graphs = engine.graphs
-    padded = next(b for b in graphs.batch_sizes if b >= batch)
-    graph, _ = graphs.graphs[(phase, padded)]
+    graph = engine.graphs.captured(phase, batch)
+    assert graph is not None, f"no captured {phase} graph for batch {batch}"
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10):

@@ -21,7 +21,6 @@ import argparse
 import itertools
 import json
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -29,6 +28,7 @@ from dataclasses import asdict
 import torch
 import torch.nn.functional as F
 
+from hotspec.benchmark.device import graph_replay_ms
 from hotspec.layers.fused_kernels import silu_mul
 from hotspec.layers.gemv_kernels import GemvConfig, bucket, gemv
 
@@ -76,17 +76,9 @@ def graph_us(call: Callable[[int], object], copies: int) -> float:
     with torch.cuda.graph(graph):
         for i in range(copies):
             call(i)
-    graph.replay()
-    times = []
-    for _ in range(REPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / copies)
+    us = graph_replay_ms(graph, REPS) * 1e3 / copies
     del graph
-    return statistics.median(times)
+    return us
 
 
 def label(cfg: GemvConfig) -> str:

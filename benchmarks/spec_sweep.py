@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from hotspec.benchmark.device import device_name
+from hotspec.benchmark.device import device_name, graph_replay_ms
 from hotspec.benchmark.modes import RunOptions, run_speculative, run_vanilla
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
 from hotspec.benchmark.report import first_mismatch, mode_summary, phase_breakdown, spec_summary
@@ -67,26 +64,11 @@ def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
 
 def step_replay_ms(engine: Engine, batch_size: int, iters: int = 30) -> float | None:
     """Device time of one speculative step: the greedy `step` graph of `batch_size` replayed
-    alone (CUDA events, median), on the inputs the timed pass left in its static buffers (the
-    requests are finished, so the KV it writes is dead). ms/step minus this is host time. None
-    without a fused CUDA graph."""
-    graphs = engine.graphs
-    padded = next((b for b in graphs.batch_sizes if b >= batch_size), None)
-    entry = graphs.graphs.get(("step", padded)) if padded is not None else None
-    if entry is None:
-        return None
-    graph = entry[0]
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    alone, on the inputs the timed pass left in its static buffers (the requests are finished,
+    so the KV it writes is dead). ms/step minus this is host time. None without a fused CUDA
+    graph."""
+    graph = engine.graphs.captured("step", batch_size)
+    return graph_replay_ms(graph, iters) if graph is not None else None
 
 
 def _flat(runs: dict[str, BatchRun]) -> list[BatchRun]:

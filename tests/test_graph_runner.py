@@ -33,6 +33,7 @@ def test_static_mode_pads_and_matches_eager():
     assert out["y"].shape == (3,)
     torch.testing.assert_close(out["y"], x["a"] * 2 + x["b"].sum(-1) + 2.0)  # b's 2 stale-free cols are 1
     assert "S" in r.report()
+    assert r.captured("p", 3) is None  # static buffers, no CUDA graph
 
 
 def test_capture_failure_is_an_error_by_default():
@@ -65,6 +66,7 @@ def test_borrowed_outputs_are_views_of_the_graph_and_the_rest_copies():
     r.capture_all()
     out = r.run("p", {"a": torch.tensor([3.0, 4.0], device=dev)}, borrow=("y",))
     graph_out = r.graphs[("p", 2)][1]
+    assert r.captured("p", 2) is r.graphs[("p", 2)][0] and r.captured("p", 3) is None
     assert out["y"].data_ptr() == graph_out["y"].data_ptr()
     assert out["z"].data_ptr() != graph_out["z"].data_ptr()
     assert out["y"].tolist() == [6.0, 8.0] and out["z"].tolist() == [4.0, 5.0]

@@ -136,6 +136,13 @@ class GraphRunner:
             out = graph[1]
         return {k: v[:bs] if k in borrow else v[:bs].clone() for k, v in out.items()}
 
+    def captured(self, name: str, bs: int) -> torch.cuda.CUDAGraph | None:
+        """The CUDA graph a batch of `bs` replays for phase `name`, if one was captured
+        (benchmarks replay it alone to time the device)."""
+        padded = next((b for b in self.batch_sizes if b >= bs), None)
+        entry = self.graphs.get((name, padded)) if padded is not None else None
+        return entry[0] if entry is not None else None
+
     # -- report / teardown ---------------------------------------------------------------------
     def report(self) -> str:
         if not self.phases:
