@@ -52,7 +52,7 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -
     [M, 2K] = [gate | up] with silu_mul) when it runs here and measured faster than cuBLAS for the
     shape, else None (the caller runs nn.Linear). bf16/fp16 only: float32 stays with torch.
     `HOTSPEC_GEMV=0` keeps every Linear on cuBLAS (an A/B switch for the benchmarks)."""
-    if os.environ.get("HOTSPEC_GEMV", "1") == "0":
+    if not _gemv_allowed():
         return None
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
         return None
@@ -61,6 +61,11 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -
     from hotspec.layers.gemv_kernels import choose
 
     return choose(x.shape[0], weight.shape[0], weight.shape[1], silu_mul)
+
+
+@functools.cache
+def _gemv_allowed() -> bool:
+    return os.environ.get("HOTSPEC_GEMV", "1") != "0"
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig,
