@@ -10,6 +10,11 @@
 #              batch 1/8 with the GEMV and without (HOTSPEC_GEMV=0), and with 1-block splits
 #   spec5      second call: engine tests, SmolLM2 decode A/Bs (GEMV, splits), spec_sweep at
 #              batch 1 and 8, the draft/verify/draft_extend kernel tables (~8 min)
+#   kernels6   first call of a chain: every GPU kernel test, 8B decode at batch 1 (~3 min)
+#   spec6      second call: engine tests, phase kernel table, then `train` of session 6's head
+#              (two sampled responses per prompt, 16k draft vocabulary, 4 epochs; TRAIN_S seconds)
+#   train6     next calls: continue that training; once done, prune to 8k, send the head back and
+#              sweep it beside the shipped head at batch 1 and 8
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
 #   final5     second call: spec_sweep at batch 1 with 16-row attention tiles and without
@@ -126,6 +131,12 @@ if [ "$stage" = gemv ]; then  # issue 5: the decode GEMV (first call of a chain:
 fi
 SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl
   --max-tokens 256)
+if [ "$stage" = kernels6 ]; then  # first call of a chain: every GPU kernel test, 8B decode at batch 1
+  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py tests/test_graph_runner.py \
+    tests/test_frontier.py tests/test_triton_attention.py -x
+  step decode_8b_b1 90 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
+    --batch-sizes 1 --context 512 --tokens 64 --kernels --out "$OUT/decode_8b_b1.json"
+fi
 if [ "$stage" = kernels5 ]; then  # first call of a chain: kernel tests, 8B decode A/Bs (GEMV, splits)
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py tests/test_graph_runner.py \
     tests/test_frontier.py tests/test_triton_attention.py -x
@@ -197,11 +208,23 @@ fi
 # machine for the next stage while it stays warm), pruned to the 8,192 most frequent tokens, and
 # sent back as head.tar split in 15 MB parts (cat head.tar.part-* > head.tar).
 HEADS=/root/heads
-TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab 49152 --token-maps 16384 8192
+TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab ${DRAFT_VOCAB:-49152} --token-maps ${TOKEN_MAPS:-16384 8192}
   --prompts .data/sharegpt_prompts.jsonl --num-prompts ${NUM_PROMPTS:-4000} --eval-prompts 16
   --max-new-tokens 256 --epochs ${EPOCHS:-3} --batch-size ${BATCH:-16} --lr ${LR:-3e-4} --device cuda
-  --max-num-seqs ${SEQS:-128} --kv-cache-memory-gb 8 --save-every 100 --no-progress ${TRAIN_EXTRA:-})
-if [ "$stage" = train ] || [ "$stage" = retrain ]; then
+  --max-num-seqs ${SEQS:-128} --kv-cache-memory-gb ${KV_GB:-8} --save-every 100 --no-progress ${TRAIN_EXTRA:-})
+# Session 6's head: twice the data (two sampled responses per ShareGPT prompt), trained on a
+# 16,384-token draft vocabulary (the LM head is most of a step) and pruned to the shipped 8,192.
+if [ "$stage" = spec6 ] || [ "$stage" = train6 ]; then
+  export NUM_PROMPTS=13154 EPOCHS=${EPOCHS:-4} BATCH=32 SEQS=256 KV_GB=16 DRAFT_VOCAB=16384 TOKEN_MAPS=8192
+  export TRAIN_EXTRA="--responses-per-prompt 2 --temperature 0.7"
+fi
+if [ "$stage" = spec6 ]; then  # second call of a chain: engine tests, phase kernels, then training
+  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+  step phase_kernels 60 python3 benchmarks/spec_phase_bench.py --target default --draft default \
+    --batch-sizes 1 --shapes 4,8,12 --hot full --modes graphed --iters 30 --kernels \
+    --out "$OUT/phase_kernels.json"
+fi
+if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec6 ] || [ "$stage" = train6 ]; then
   mkdir -p $HEADS
   # A run already under $HEADS/full (an earlier call of this warm machine) is continued: the data
   # shards and the checkpoint are resumable, so repeat the stage until the head is written.
@@ -209,7 +232,7 @@ if [ "$stage" = train ] || [ "$stage" = retrain ]; then
   [ -f $HEADS/full/model.safetensors ] || step train ${TRAIN_S:-540} python3 -m hotspec train-draft \
     "${TRAIN_ARGS[@]}" "${RESUME[@]}"
 fi
-if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec ]; then
+if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec ] || [ "$stage" = train6 ]; then
   if [ -f $HEADS/full/model.safetensors ] && [ ! -f $HEADS/shipped/model.safetensors ]; then
     python3 -m hotspec prune-draft $HEADS/full --token-map $HEADS/full/freq_8192.pt --out $HEADS/shipped
     (cd $HEADS && cp full/train_report.json full/loss.png full/freq_*.pt shipped/ 2>/dev/null;
@@ -221,6 +244,12 @@ if [ "$stage" = train ] && [ -f $HEADS/shipped/model.safetensors ]; then  # issu
   OUT="$OUT" SPEC_ARGS="--speculative-algorithm EAGLE3 --speculative-draft-model-path $HEADS/shipped \
 --speculative-num-steps 6 --speculative-eagle-topk 8 --speculative-num-draft-tokens 16" \
     step serve_sweep 170 bash scripts/serve_sweep.sh
+fi
+if [ "$stage" = train6 ] && [ -f $HEADS/shipped/model.safetensors ]; then  # new head vs shipped
+  step sweep_b1 170 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
+    4/8/12:profile 4/8/12:draft=$HEADS/shipped 6/10/32 6/10/32:draft=$HEADS/shipped
+  step sweep_b8 80 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants \
+    4/8/12 4/8/12:draft=$HEADS/shipped
 fi
 if [ "$stage" = retrain ]; then  # quick end-to-end figures with the new head
   SPEC=(--speculative-algorithm EAGLE3 --speculative-draft-model-path $HEADS/shipped

@@ -57,6 +57,15 @@ def test_sweep_rows_and_losslessness(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "3/2/6:fused:profile" in table and "profiled ms/call" in table
 
 
+def test_variant_options_map_to_engine_settings() -> None:
+    over, profile = spec_sweep.parse_variant("6/8/16:unfused:map=m.pt:draft=heads/new:profile")
+    assert profile and over == {"speculative_num_steps": 6, "speculative_eagle_topk": 8,
+                                "speculative_num_draft_tokens": 16, "fuse_spec_step": False,
+                                "speculative_token_map": "m.pt", "speculative_draft_model_path": "heads/new"}
+    over, _ = spec_sweep.parse_variant("4/8/12:draft=default:map=none")
+    assert over["speculative_draft_model_path"] is None and over["speculative_token_map"] is None
+
+
 @pytest.mark.parametrize("bad", ["6/8", "6/8/16:fast", "a/b/c"])
 def test_bad_variant_is_refused(bad: str) -> None:
     with pytest.raises(HotspecError, match="variant"):
