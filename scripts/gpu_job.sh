@@ -207,17 +207,19 @@ fi
 # issue 6: the default head. Full-vocabulary EAGLE-3 head trained in /root/heads/full (kept on the
 # machine for the next stage while it stays warm), pruned to the 8,192 most frequent tokens, and
 # sent back as head.tar split in 15 MB parts (cat head.tar.part-* > head.tar).
-HEADS=/root/heads
-TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab ${DRAFT_VOCAB:-49152} --token-maps ${TOKEN_MAPS:-16384 8192}
-  --prompts .data/sharegpt_prompts.jsonl --num-prompts ${NUM_PROMPTS:-4000} --eval-prompts 16
-  --max-new-tokens 256 --epochs ${EPOCHS:-3} --batch-size ${BATCH:-16} --lr ${LR:-3e-4} --device cuda
-  --max-num-seqs ${SEQS:-128} --kv-cache-memory-gb ${KV_GB:-8} --save-every 100 --no-progress ${TRAIN_EXTRA:-})
 # Session 6's head: twice the data (two sampled responses per ShareGPT prompt), trained on a
 # 16,384-token draft vocabulary (the LM head is most of a step) and pruned to the shipped 8,192.
 if [ "$stage" = spec6 ] || [ "$stage" = train6 ]; then
   export NUM_PROMPTS=13154 EPOCHS=${EPOCHS:-4} BATCH=32 SEQS=256 KV_GB=16 DRAFT_VOCAB=16384 TOKEN_MAPS=8192
   export TRAIN_EXTRA="--responses-per-prompt 2 --temperature 0.7"
 fi
+HEADS=/root/heads
+# FRESH=1 drops an earlier run on this warm machine (a head of other settings).
+[ "${FRESH:-0}" = 1 ] && rm -rf $HEADS/full $HEADS/shipped
+TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab ${DRAFT_VOCAB:-49152} --token-maps ${TOKEN_MAPS:-16384 8192}
+  --prompts .data/sharegpt_prompts.jsonl --num-prompts ${NUM_PROMPTS:-4000} --eval-prompts 16
+  --max-new-tokens 256 --epochs ${EPOCHS:-3} --batch-size ${BATCH:-16} --lr ${LR:-3e-4} --device cuda
+  --max-num-seqs ${SEQS:-128} --kv-cache-memory-gb ${KV_GB:-8} --save-every 100 --no-progress ${TRAIN_EXTRA:-})
 if [ "$stage" = spec6 ]; then  # second call of a chain: engine tests, phase kernels, then training
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
   step phase_kernels 60 python3 benchmarks/spec_phase_bench.py --target default --draft default \
