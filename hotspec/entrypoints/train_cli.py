@@ -26,6 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="EAGLE-3: draft vocabulary size (default min(32000, vocab)); EAGLE: also "
                    "write the FR-Spec map DIR/freq_N.pt of the N most frequent response tokens")
+    p.add_argument("--intermediate-size", type=int, default=None, metavar="N",
+                   help="width of the head's MLP, written to its config.json (default: the "
+                   "target's intermediate_size); wider heads load as they are in the engine, "
+                   "SGLang and the EAGLE repo")
     p.add_argument("--token-maps", nargs="+", type=int, default=(), metavar="N",
                    help="also write FR-Spec maps DIR/freq_N.pt of the N most frequent response tokens "
                    "(EOS / end-of-turn forced in), for --speculative-token-map; either arch")
@@ -77,6 +81,7 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         engine_kwargs["kv_cache_memory_gb"] = args.kv_cache_memory_gb
     cfg = TrainConfig(
         out=args.out, model=args.model, arch=args.arch, draft_vocab=args.draft_vocab,
+        intermediate_size=args.intermediate_size,
         token_maps=tuple(args.token_maps), max_num_seqs=args.max_num_seqs,
         prompts=tuple(args.prompts), num_prompts=args.num_prompts, eval_prompts=args.eval_prompts,
         synth_prompts=args.synth_prompts, responses_per_prompt=args.responses_per_prompt,

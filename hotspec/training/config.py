@@ -24,6 +24,10 @@ class TrainConfig:
     # EAGLE-3: rows of the head's own LM head (d2t). EAGLE: size of the FR-Spec map written next to
     # the head (freq_<N>.pt). None: EAGLE-3 takes min(32000, vocab), EAGLE writes no map.
     draft_vocab: int | None = None
+    # Width of the head's MLP (config.json intermediate_size). None: the target's. A wider MLP
+    # gives the head more capacity; the public formats read the width from config.json, so the
+    # engine, SGLang and the EAGLE repo build the wider head as they are.
+    intermediate_size: int | None = None
     # FR-Spec maps DIR/freq_<N>.pt of the N most frequent response tokens, for either arch.
     token_maps: tuple[int, ...] = ()
     prompts: tuple[Path, ...] = ()  # empty: prompts synthesized by the target itself
@@ -80,6 +84,7 @@ class TrainConfig:
             raise TrainConfigError(f"eval_prompts must be >= 0, got {self.eval_prompts}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise TrainConfigError(f"--draft-vocab must be >= 1, got {self.draft_vocab}")
+        self._check_intermediate_size()
         if any(n < 1 for n in self.token_maps):
             raise TrainConfigError(f"--token-maps sizes must be >= 1, got {list(self.token_maps)}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
@@ -94,6 +99,17 @@ class TrainConfig:
             raise TrainConfigError(f"response temperature must be >= 0, got {self.response_temperature}")
         if self.max_seq_len <= 2:
             raise TrainConfigError(f"max_seq_len must be > 2, got {self.max_seq_len}")
+
+    def _check_intermediate_size(self) -> None:
+        """A width the head's Linear layers can have: a positive int (not a float or bool, which
+        the CLI never passes but the Python API could, and which would end up in config.json)."""
+        n = self.intermediate_size
+        if n is None:
+            return
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise TrainConfigError(f"--intermediate-size must be a positive integer (the width of "
+                                   f"the head's MLP), got {n!r}. Fix: pass N >= 1, or leave it out "
+                                   "for the target's intermediate_size.")
 
     @property
     def algorithm(self) -> str:

@@ -39,10 +39,15 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     return [0, top // 2, top]
 
 
-def head_config(target_cfg: ModelConfig, algorithm: str, draft_vocab: int | None) -> dict[str, Any]:
+def head_config(target_cfg: ModelConfig, algorithm: str, draft_vocab: int | None,
+                intermediate_size: int | None = None) -> dict[str, Any]:
     """The config.json of the trained head (public key names, draft_checkpoint.draft_config);
-    `draft_vocab` is written for EAGLE-3 only (EAGLE-1/2 heads keep the target's LM head)."""
+    `draft_vocab` is written for EAGLE-3 only (EAGLE-1/2 heads keep the target's LM head).
+    `intermediate_size` (None: the target's) is the head's MLP width: build_head and the engine's
+    draft loader both read it from this config, so the trained and the served head agree."""
     config = draft_config(target_cfg, algorithm)
+    if intermediate_size is not None:
+        config["intermediate_size"] = intermediate_size
     if algorithm == "EAGLE":
         config["bias"] = True  # fc has a bias, as in the public EAGLE-1/2 heads
     else:

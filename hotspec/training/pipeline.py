@@ -57,7 +57,7 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     n_draft = cfg.draft_vocab
     if cfg.arch == "eagle3":
         n_draft = min(n_draft or DEFAULT_EAGLE3_VOCAB, vocab_size)
-    config = head_config(tcfg, cfg.algorithm, n_draft)
+    config = head_config(tcfg, cfg.algorithm, n_draft, cfg.intermediate_size)
     aux = aux_layers(config, tcfg, cfg.algorithm)
     data_stats = build_shards(llm, cfg, split, aux, data_dir)
     t_data = time.perf_counter()
@@ -74,7 +74,8 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     if vocab.draft_to_target is not None and vocab.t2d is not None:
         rows = engine.target.lm_head.weight[vocab.draft_to_target.to(device)]
         loss_vocab = Vocab(rows, vocab.t2d.to(device))
-    meta = {"arch": cfg.arch, "draft_vocab": n_draft, "lr": cfg.lr, "seed": cfg.seed}
+    meta = {"arch": cfg.arch, "draft_vocab": n_draft, "lr": cfg.lr, "seed": cfg.seed,
+            **_width_meta(config, tcfg.intermediate_size)}
     trainer = Trainer(head, _training_data(data, device), cfg, ttt, loss_vocab, ckpt_dir, meta)
     if cfg.resume:
         trainer.load()
@@ -113,6 +114,7 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
         "draft_vocab": vocab.info,
         "token_maps": token_maps,
         "aux_layer_ids": list(aux),
+        "intermediate_size": config["intermediate_size"],
         "training": {"steps": len(history.loss), "epochs": cfg.epochs,
                      "batch_size": cfg.batch_size, "ttt_steps": ttt, "lr": cfg.lr,
                      "final_loss": history.loss[-1] if history.loss else None,
@@ -134,6 +136,15 @@ def _plain(v: Any) -> Any:
     if isinstance(v, (tuple, list)):
         return [_plain(x) for x in v]
     return v
+
+
+def _width_meta(config: dict[str, Any], target_width: int) -> dict[str, int]:
+    """The head's MLP width for the checkpoint meta that --resume compares: only when it is not the
+    target's, so checkpoints written before --intermediate-size existed (no such key) still resume,
+    a run with the target's width spelled out continues one made with the default, and any other
+    width is refused."""
+    width = int(config["intermediate_size"])
+    return {} if width == target_width else {"intermediate_size": width}
 
 
 def _check_out_dir(cfg: TrainConfig, data_dir: Path, ckpt_dir: Path) -> None:
