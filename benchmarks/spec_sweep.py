@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--warmup-tokens", type=int, default=16)
-    p.add_argument("--variants", nargs="+", required=True, metavar="S/K/N[:fused][:map=P][:draft=D][:profile]")
+    p.add_argument("--variants", nargs="+", required=True,
+                   metavar="S/K/N[:fused][:map=P][:draft=D][:profile]")
     p.add_argument("--out", type=Path, default=None, help="JSON with every number")
     args = p.parse_args(argv)
     cfg = engine_config(args)

@@ -15,6 +15,10 @@
 #              (two sampled responses per prompt, 16k draft vocabulary, 4 epochs; TRAIN_S seconds)
 #   train6     next calls: continue that training; once done, prune to 8k, send the head back and
 #              sweep it beside the shipped head at batch 1 and 8
+#   overlap8b  first call of a chain: 8B decode at batch 1/8, plain and --overlap-schedule (~4 min)
+#   overlapsmol  second call: engine GPU tests, SmolLM2 decode at 1/8/32, plain and overlap (~4 min)
+#   trainwide  a head with a wider MLP (INTER, default 3072) on the shipped head's greedy data,
+#              continued like train6; once done, pruned, sent back and swept beside the shipped head
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
 #   final5     second call: spec_sweep at batch 1 with 16-row attention tiles and without
@@ -137,6 +141,17 @@ if [ "$stage" = kernels6 ]; then  # first call of a chain: every GPU kernel test
   step decode_8b_b1 90 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
     --batch-sizes 1 --context 512 --tokens 64 --kernels --out "$OUT/decode_8b_b1.json"
 fi
+if [ "$stage" = overlap8b ]; then  # first call of a chain: 8B decode, plain vs overlap schedule
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
+  step decode_8b_plain 120 "${D8[@]}" --batch-sizes 1,8 --out "$OUT/decode_8b_plain.json"
+  step decode_8b_overlap 120 "${D8[@]}" --batch-sizes 1,8 --overlap-schedule --out "$OUT/decode_8b_overlap.json"
+fi
+if [ "$stage" = overlapsmol ]; then  # second call: engine tests (overlap too), SmolLM2 plain vs overlap
+  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512 --tokens 64)
+  step decode_smol_plain 45 "${DS[@]}" --batch-sizes 1,8,32 --out "$OUT/decode_smol_plain.json"
+  step decode_smol_overlap 45 "${DS[@]}" --batch-sizes 1,8,32 --overlap-schedule --out "$OUT/decode_smol_overlap.json"
+fi
 if [ "$stage" = kernels5 ]; then  # first call of a chain: kernel tests, 8B decode A/Bs (GEMV, splits)
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py tests/test_graph_runner.py \
     tests/test_frontier.py tests/test_triton_attention.py -x
@@ -213,6 +228,12 @@ if [ "$stage" = spec6 ] || [ "$stage" = train6 ]; then
   export NUM_PROMPTS=13154 EPOCHS=${EPOCHS:-4} BATCH=32 SEQS=256 KV_GB=16 DRAFT_VOCAB=16384 TOKEN_MAPS=8192
   export TRAIN_EXTRA="--responses-per-prompt 2 --temperature 0.7"
 fi
+# Next: a wider head (session 6 found more data alone does not help): the shipped head's greedy
+# data, an MLP of INTER (default 3072, twice the target's 1536; ~25 MB once pruned to 8k).
+if [ "$stage" = trainwide ]; then
+  export NUM_PROMPTS=13154 EPOCHS=${EPOCHS:-6} BATCH=32 SEQS=256 KV_GB=16 DRAFT_VOCAB=16384 TOKEN_MAPS=8192
+  export TRAIN_EXTRA="--intermediate-size ${INTER:-3072}"
+fi
 HEADS=/root/heads
 # FRESH=1 drops an earlier run on this warm machine (a head of other settings).
 [ "${FRESH:-0}" = 1 ] && rm -rf $HEADS/full $HEADS/shipped
@@ -226,7 +247,8 @@ if [ "$stage" = spec6 ]; then  # second call of a chain: engine tests, phase ker
     --batch-sizes 1 --shapes 4,8,12 --hot full --modes graphed --iters 30 --kernels \
     --out "$OUT/phase_kernels.json"
 fi
-if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec6 ] || [ "$stage" = train6 ]; then
+if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec6 ] || [ "$stage" = train6 ] ||
+   [ "$stage" = trainwide ]; then
   mkdir -p $HEADS
   # A run already under $HEADS/full (an earlier call of this warm machine) is continued: the data
   # shards and the checkpoint are resumable, so repeat the stage until the head is written.
@@ -234,7 +256,8 @@ if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec6 ] || [ "
   [ -f $HEADS/full/model.safetensors ] || step train ${TRAIN_S:-540} python3 -m hotspec train-draft \
     "${TRAIN_ARGS[@]}" "${RESUME[@]}"
 fi
-if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec ] || [ "$stage" = train6 ]; then
+if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec ] || [ "$stage" = train6 ] ||
+   [ "$stage" = trainwide ]; then
   if [ -f $HEADS/full/model.safetensors ] && [ ! -f $HEADS/shipped/model.safetensors ]; then
     python3 -m hotspec prune-draft $HEADS/full --token-map $HEADS/full/freq_8192.pt --out $HEADS/shipped
     (cd $HEADS && cp full/train_report.json full/loss.png full/freq_*.pt shipped/ 2>/dev/null;
@@ -247,7 +270,8 @@ if [ "$stage" = train ] && [ -f $HEADS/shipped/model.safetensors ]; then  # issu
 --speculative-num-steps 6 --speculative-eagle-topk 8 --speculative-num-draft-tokens 16" \
     step serve_sweep 170 bash scripts/serve_sweep.sh
 fi
-if [ "$stage" = train6 ] && [ -f $HEADS/shipped/model.safetensors ]; then  # new head vs shipped
+if { [ "$stage" = train6 ] || [ "$stage" = trainwide ]; } && [ -f $HEADS/shipped/model.safetensors ]; then
+  # the new head beside the shipped one
   step sweep_b1 170 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
     4/8/12:profile 4/8/12:draft=$HEADS/shipped 6/10/32 6/10/32:draft=$HEADS/shipped
   step sweep_b8 80 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants \

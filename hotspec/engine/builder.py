@@ -117,7 +117,8 @@ class EngineBuilder:
             self.allocator = BlockAllocator(num_blocks, first_block=1)
             runner = ModelRunner(self.target, self._target_pool(num_blocks), backend)
             worker = VanillaWorker(self.target, runner, self.graphs, self.block_size, self.device,
-                                   max_blocks)
+                                   max_blocks, overlap=self.cfg.overlap_schedule,
+                                   max_rows=self.cfg.max_num_seqs)
         else:
             self.draft = self._load_draft()
             d = self.draft.config

@@ -16,6 +16,7 @@ from hotspec.engine.block_allocator import OutOfBlocks
 from hotspec.engine.builder import DTYPES, EngineBuilder, Worker, load_target, resolve_device_dtype
 from hotspec.engine.request import Request, Status
 from hotspec.engine.stop_checker import StopChecker
+from hotspec.engine.vanilla_worker import VanillaWorker
 from hotspec.errors import InvalidRequestError
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
@@ -82,6 +83,8 @@ class Engine(EngineBuilder):
         self.in_flight: list[Request] = []
         self._prefill_turn = True  # decode_during_prefill: whose turn the next step is
         self.worker: Worker = self._build_worker()
+        # The worker that launches steps ahead of reading them (overlap schedule), else None.
+        self.overlap = self.worker if isinstance(self.worker, VanillaWorker) and self.worker.overlap else None
         # A request may never need more KV than the whole cache holds: alone, it always fits, so
         # preemption cannot evict it in favour of nothing (see _reserve_step_slots).
         self.kv_capacity = self.allocator.num_blocks * self.block_size
@@ -137,6 +140,8 @@ class Engine(EngineBuilder):
         too: the step's outputs, their last tokens included, were lost."""
         victims = self.in_flight or [*self.waiting, *self.prefilling, *self.running]
         self.in_flight = []
+        if self.overlap is not None:  # uncollected steps die with the step that failed
+            self.overlap.discard_launches()
         for req in victims:
             if req.status is not Status.FINISHED:
                 req.error = error
@@ -152,10 +157,12 @@ class Engine(EngineBuilder):
         alternate = self.cfg.decode_during_prefill and bool(self.running) and not self._prefill_turn
         if self.prefilling and not alternate:
             self._prefill_turn = False
-            return self._prefill_step()
+            return self._drain() + self._prefill_step()
         self._prefill_turn = True
         if not self.running:
-            return []
+            return self._drain()
+        if self.overlap is not None:
+            return self._overlap_step(self.overlap)
         reqs = self._reserve_step_slots()
         if not reqs:  # every running request was preempted for room: prefill goes next
             return []
@@ -165,6 +172,48 @@ class Engine(EngineBuilder):
         if record is not None:
             record([t for o in outs for t in o.new_token_ids])
         self.in_flight = []
+        return outs
+
+    # -- the overlap schedule (vanilla decoding; see engine/vanilla_worker.py) -------------------
+    def _overlap_step(self, worker: VanillaWorker) -> list[StepOutput]:
+        """Launch the next decode step, then collect the one before it: the host emits step N's
+        tokens while the device computes step N+1."""
+        outs: list[StepOutput] = []
+        if not self._grow_running():  # out of blocks: preemption needs every token read first
+            outs = self._drain()
+            if not self.running:
+                return outs
+            self._reserve_step_slots()
+        reqs = [r for r in self.running if not self._finishes_by_then(worker, r)]
+        self.in_flight = reqs + [r for r in self.running if worker.ahead(r) and r not in reqs]
+        if reqs:
+            worker.launch(reqs)
+        while worker.launched > (1 if reqs else 0):
+            outs += self._emit(*worker.collect())
+        self.in_flight = []
+        return outs
+
+    def _grow_running(self) -> bool:
+        """Room for the next step of every running request, without preempting; False if short."""
+        try:
+            for req in self.running:
+                self._grow(req, req.seq_len + self.worker.reserve)
+        except OutOfBlocks:
+            return False
+        return True
+
+    def _finishes_by_then(self, worker: VanillaWorker, req: Request) -> bool:
+        """Whether `req` surely finishes with the tokens already launched for it: max_tokens or the
+        context limit (the tests `_emit` applies), so no step is launched for it in vain."""
+        ahead = worker.ahead(req)
+        return ahead > 0 and (len(req.output_token_ids) + ahead >= req.params.max_tokens
+                              or req.seq_len + worker.reserve + 1 >= self.max_model_len)
+
+    def _drain(self) -> list[StepOutput]:
+        """Collect every launched step (overlap schedule; nothing to do otherwise)."""
+        outs: list[StepOutput] = []
+        while self.overlap is not None and self.overlap.launched:
+            outs += self._emit(*self.overlap.collect())
         return outs
 
     def _pending(self, req: Request) -> int:
@@ -236,6 +285,10 @@ class Engine(EngineBuilder):
     def _emit(self, reqs: list[Request], tokens: list[list[int]]) -> list[StepOutput]:
         outs: list[StepOutput] = []
         for req, toks in zip(reqs, tokens):
+            if req.status is not Status.RUNNING:  # overlap: finished (EOS, abort) after a launch
+                continue
+            # KV positions written once these tokens are in: not those of later launched steps
+            seq_len = req.seq_len - (self.overlap.ahead(req) if self.overlap is not None else 0)
             delta, taken = "", []
             for t in toks:
                 req.output_token_ids.append(t)
@@ -243,7 +296,7 @@ class Engine(EngineBuilder):
                 assert req.checker is not None
                 piece, reason = req.checker.append(t)
                 delta += piece
-                if reason is None and req.seq_len + self.worker.reserve + 1 >= self.max_model_len:
+                if reason is None and seq_len + self.worker.reserve + 1 >= self.max_model_len:
                     reason = "length"
                 if reason is not None:
                     self.running.remove(req)
