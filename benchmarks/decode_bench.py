@@ -151,7 +151,7 @@ def measure(engine: Engine, batch: int, context: int, warmup: int, tokens: int, 
         raise RuntimeError(f"prefill admitted {len(outs)} of {batch} requests; raise num_kv_blocks")
     # Overlap schedule: the first decode step only launches, and no step syncs beyond its own
     # read, so each timed step is the pipeline's period (launch N+1, read N).
-    overlap = engine.overlap is not None
+    overlap = engine.worker.overlapping
     if overlap and engine.step():
         raise RuntimeError("the overlap schedule's first decode step returned tokens")
     times: list[float] = []

@@ -13,7 +13,8 @@ A variant is STEPS/TOPK/DRAFT_TOKENS, then options joined by ':': `fused` / `unf
 (--fuse-spec-step / --no-fuse-spec-step; else the engine options' setting, fused by default),
 `map=PATH` (--speculative-token-map; `map=none` drops the engine options' map), `draft=DIR`
 (--speculative-draft-model-path: two heads side by side; `draft=default` is the default model's
-shipped head), `profile`
+shipped head), `overlap` / `plain` (--overlap-schedule or not; vanilla follows the engine
+options), `profile`
 (a second, phase-timed pass). Greedy; prints a table last (tau, tokens/s end to end and decode
 only, speedup over vanilla, ms per speculative step, greedy outputs identical to vanilla, and on
 CUDA the fused step graph replayed alone: its device time, so ms/step minus it is host time) and
@@ -54,6 +55,8 @@ def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
     for o in opts:
         if o in ("fused", "unfused"):
             over["fuse_spec_step"] = o == "fused"
+        elif o in ("overlap", "plain"):
+            over["overlap_schedule"] = o == "overlap"
         elif o == "profile":
             profile = True
         elif o.startswith("map="):
@@ -61,8 +64,8 @@ def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
         elif o.startswith("draft="):
             over["speculative_draft_model_path"] = None if o[6:] == "default" else o[6:]
         else:
-            raise HotspecError(f"variant {text!r}: unknown option {o!r} (fused, unfused, profile, "
-                               "map=PATH, draft=DIR)")
+            raise HotspecError(f"variant {text!r}: unknown option {o!r} (fused, unfused, overlap, "
+                               "plain, profile, map=PATH, draft=DIR)")
     return over, profile
 
 
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--warmup-tokens", type=int, default=16)
     p.add_argument("--variants", nargs="+", required=True,
-                   metavar="S/K/N[:fused][:map=P][:draft=D][:profile]")
+                   metavar="S/K/N[:fused][:overlap][:map=P][:draft=D][:profile]")
     p.add_argument("--out", type=Path, default=None, help="JSON with every number")
     args = p.parse_args(argv)
     cfg = engine_config(args)

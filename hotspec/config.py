@@ -40,10 +40,11 @@ class EngineConfig:
     # per step at batch 1, never slower at 8 or 32; benchmarks/RESULTS.md). The three phase graphs
     # are still captured: profiling and the phase benchmarks use them. --no-fuse-spec-step for A/Bs.
     fuse_spec_step: bool = True
-    # Vanilla decoding only: launch decode step N+1 before reading step N's tokens, so the host's
-    # per-step work (stop checks, detokenizing, building the next batch) overlaps the device
-    # (SGLang's overlap schedule, vLLM's async scheduling). A request that stops on EOS or a stop
-    # string costs one wasted row; max_tokens and the context limit are foreseen and cost none.
+    # Launch step N+1 before reading step N's tokens, so the host's per-step work (stop checks,
+    # detokenizing, building the next batch) overlaps the device (SGLang's overlap schedule, vLLM's
+    # async scheduling): vanilla decode, and the fused speculative step. A request that stops on
+    # EOS or a stop string costs one wasted row; max_tokens is foreseen and costs none; near the
+    # context limit a request waits for its unread step. engine/launches.py.
     overlap_schedule: bool = False
     skip_tokenizer_init: bool = False  # token ids in and out only (no text, no stop strings)
     # Speculative decoding (SGLang's option names)
@@ -67,10 +68,9 @@ class EngineConfig:
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1 (or None), got {value}")
         self._validate_spec()
-        if self.overlap_schedule and self.speculative_algorithm is not None:
-            raise ConfigError("overlap_schedule applies to vanilla decoding only: a speculative step "
-                              "must read its accepted lengths before the next step can be built. "
-                              "Drop --overlap-schedule or --speculative-algorithm")
+        if self.overlap_schedule and self.speculative_algorithm is not None and not self.fuse_spec_step:
+            raise ConfigError("overlap_schedule with speculative decoding launches the fused step "
+                              "graph: drop --no-fuse-spec-step or --overlap-schedule")
 
     def _validate_spec(self) -> None:
         algo = self.speculative_algorithm

@@ -16,7 +16,8 @@
 #   train6     next calls: continue that training; once done, prune to 8k, send the head back and
 #              sweep it beside the shipped head at batch 1 and 8
 #   overlap8b  first call of a chain: 8B decode at batch 1/8, plain and --overlap-schedule (~4 min)
-#   overlapsmol  second call: engine GPU tests, SmolLM2 decode at 1/8/32, plain and overlap (~4 min)
+#   overlapsmol  second call: engine GPU tests, SmolLM2 decode at 1/8/32 plain and overlapped, then
+#              spec_sweep at batch 1 plain and with --overlap-schedule (~9 min)
 #   trainwide  a head with a wider MLP (INTER, default 3072) on the shipped head's greedy data,
 #              continued like train6; once done, pruned, sent back and swept beside the shipped head
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
@@ -151,6 +152,11 @@ if [ "$stage" = overlapsmol ]; then  # second call: engine tests (overlap too), 
   DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512 --tokens 64)
   step decode_smol_plain 45 "${DS[@]}" --batch-sizes 1,8,32 --out "$OUT/decode_smol_plain.json"
   step decode_smol_overlap 45 "${DS[@]}" --batch-sizes 1,8,32 --overlap-schedule --out "$OUT/decode_smol_overlap.json"
+  # speculative vs vanilla, both plain, then both overlapped (one machine, two runs)
+  step sweep_b1_plain 130 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1_plain.json" \
+    --variants 4/8/12 6/10/32
+  step sweep_b1_overlap 130 "${SWEEP[@]}" --overlap-schedule --batch-size 1 --num-prompts 26 \
+    --out "$OUT/sweep_b1_overlap.json" --variants 4/8/12 6/10/32 4/8/12:plain
 fi
 if [ "$stage" = kernels5 ]; then  # first call of a chain: kernel tests, 8B decode A/Bs (GEMV, splits)
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py tests/test_graph_runner.py \

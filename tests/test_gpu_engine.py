@@ -76,14 +76,22 @@ def test_fused_step_graphed_equals_graphed_vanilla_fp32(hot, vanilla, tmp_path):
 
 
 def test_graphed_overlap_schedule_equals_graphed_vanilla_fp32(vanilla):
-    """The overlap schedule (decode step N+1 launched before step N is read, its input tokens
-    taken on the device) replays the same graphs to the same tokens, greedy, with EOS on; and
-    sampled with a seed, the same tokens as the plain schedule."""
+    """The overlap schedule (step N+1 launched before step N is read, its inputs taken on the
+    device) replays the same graphs to the same tokens: vanilla greedy with EOS on, and sampled
+    with a seed as the plain schedule; EAGLE-3 (shipped head, fused step) greedy."""
     llm = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8,
               overlap_schedule=True)
     assert set(llm.engine.graphs.status.values()) == {"graphed"}
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=N))
     assert [o.token_ids for o in outs] == vanilla
+    spec = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8,
+               overlap_schedule=True, speculative_algorithm="EAGLE3", speculative_num_steps=4,
+               speculative_eagle_topk=8, speculative_num_draft_tokens=12)  # the shipped head
+    assert set(spec.engine.graphs.status.values()) == {"graphed"}
+    outs = spec.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=N))
+    assert [o.token_ids for o in outs] == vanilla
+    assert max(spec.engine.worker.stats.accept_hist) > 2
+    del spec
     sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=N)
     plain = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8)
     ref = [o.token_ids for o in plain.generate(PROMPTS, sampled)]

@@ -1,9 +1,9 @@
-"""The overlap schedule (`overlap_schedule=True`, vanilla decoding): step N+1 is launched before
-step N's tokens are read, its input tokens taken on the device from step N's output. Users rely on
-it changing nothing but timing: the same tokens, greedy and sampled, as the plain schedule, through
-EOS and stop-token finishes (one wasted row each), max_tokens and the context limit (foreseen: no
-step launched in vain), preemption, aborts, requests joining mid-stream, and the CUDA-graph path
-(static buffers, padded batches) on the CPU."""
+"""The overlap schedule (`overlap_schedule=True`): step N+1 is launched before step N is read, and
+takes what it needs of step N on the device (vanilla: the token; EAGLE's fused step: sequence
+length, root token, RNG offset and draft state). Users rely on it changing nothing but timing: the
+same tokens, greedy and sampled, as the plain schedule, through EOS and stop-token finishes (one
+wasted row each), max_tokens (foreseen), the context limit, preemption, aborts, requests joining
+mid-stream, and the CUDA-graph path (static buffers, padded batches) on the CPU."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from engine_utils import save_tiny_llama
 from hotspec import LLM, SamplingParams
 from hotspec.config import ConfigError, EngineConfig
 from hotspec.engine.engine import Engine
+from hotspec.models.draft_checkpoint import random_draft_checkpoint
+from hotspec.models.loader import load_checkpoint
 from hotspec.runtime.graph_runner import GraphRunner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,13 +24,27 @@ VOCAB = 96
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return save_tiny_llama(tmp_path_factory.mktemp("ovl") / "target", vocab=VOCAB, hidden=64, layers=3,
+    return save_tiny_llama(tmp_path_factory.mktemp("ovl") / "target", vocab=VOCAB, hidden=64, layers=4,
                            std=0.2)
 
 
-def _kw(target, **over):
+@pytest.fixture(scope="module")
+def head(target, tmp_path_factory):
+    mcfg = load_checkpoint(target, torch.float32)[0]
+    return random_draft_checkpoint(tmp_path_factory.mktemp("ovlh") / "head", mcfg, "EAGLE3", seed=0,
+                                   scale=0.3)
+
+
+SPEC = {"vanilla": None, "chain": (3, 1, 4), "tree": (4, 3, 8)}
+
+
+def _kw(target, spec=None, head=None, **over):
     kw = dict(model=str(target), dtype="float32", device="cpu", skip_tokenizer_init=True,
               num_kv_blocks=128, block_size=4, max_model_len=128)
+    if spec is not None:
+        kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head),
+                  speculative_num_steps=spec[0], speculative_eagle_topk=spec[1],
+                  speculative_num_draft_tokens=spec[2])
     kw.update(over)
     return kw
 
@@ -57,15 +73,19 @@ PARAMS = {
 }
 
 
+@pytest.mark.parametrize("spec", list(SPEC))
 @pytest.mark.parametrize("mode", ["eager", "static"])
 @pytest.mark.parametrize("name", list(PARAMS))
-def test_same_tokens_as_the_plain_schedule(target, monkeypatch, mode, name):
+def test_same_tokens_as_the_plain_schedule(target, head, monkeypatch, spec, mode, name):
     if mode == "static":
         _static(monkeypatch)
     prompts, params = _prompts(), PARAMS[name]
-    ref = _run(LLM(**_kw(target)), prompts, params)
-    llm = LLM(**_kw(target, overlap_schedule=True))
+    kw = _kw(target, SPEC[spec], head)
+    ref = _run(LLM(**kw), prompts, params)
+    llm = LLM(**dict(kw, overlap_schedule=True))
     assert _run(llm, prompts, params) == ref
+    if spec != "vanilla" and name in ("greedy", "sampled"):  # steps advanced by varying lengths
+        assert max(llm.engine.worker.stats.accept_hist) > 1
     if name == "stops":  # the test means something: stop tokens did end requests early
         assert any(reason == "stop" for _, reason in ref)
     engine = llm.engine
@@ -94,25 +114,32 @@ def test_steps_overlap_and_foreseen_finishes_launch_nothing(target):
     assert counts[1] == 0  # the first decode step only launches
 
 
-def test_context_limit_is_foreseen(target):
+@pytest.mark.parametrize("spec", list(SPEC))
+def test_context_limit(target, head, spec):
     """A request stopped by the context limit ends at the same token as with the plain schedule,
     and no step is launched past the limit (its block table would overflow)."""
-    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [5, 6, 7]]
     params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    ref = _run(LLM(**_kw(target, max_model_len=24)), prompts, params)
+    kw = _kw(target, SPEC[spec], head, max_model_len=40)
+    ref = _run(LLM(**kw), prompts, params)
     assert ref[0][1] == "length" and len(ref[0][0]) < 200
-    assert _run(LLM(**_kw(target, max_model_len=24, overlap_schedule=True)), prompts, params) == ref
+    assert _run(LLM(**dict(kw, overlap_schedule=True)), prompts, params) == ref
 
 
-def test_preemption_and_late_joiners(target):
+@pytest.mark.parametrize("spec", list(SPEC))
+def test_preemption_and_late_joiners(target, head, spec):
     """A cache too small for every request forces preemption (recompute) and admits requests as
-    others finish; outputs still equal the plain schedule's."""
+    others finish; outputs still equal the plain schedule's. (Speculative runs are greedy here:
+    sampled ones keep the target's distribution, but which tokens they draw depends on the drafts,
+    and a recompute after preemption rebuilds the draft state at another step.)"""
     prompts = _prompts(7, seed=3)
-    params = [SamplingParams(temperature=0.7, seed=i, max_tokens=16 + 4 * i, ignore_eos=True)
+    temperature = 0.7 if spec == "vanilla" else 0.0
+    params = [SamplingParams(temperature=temperature, seed=i, max_tokens=16 + 4 * i, ignore_eos=True)
               for i in range(7)]
-    small = dict(num_kv_blocks=16, max_num_seqs=4)
-    ref = _run(LLM(**_kw(target, **small)), prompts, params)
-    llm = LLM(**_kw(target, overlap_schedule=True, **small))
+    small = dict(num_kv_blocks=16 if spec == "vanilla" else 30, max_num_seqs=4)
+    kw = _kw(target, SPEC[spec], head, **small)
+    ref = _run(LLM(**kw), prompts, params)
+    llm = LLM(**dict(kw, overlap_schedule=True))
     preempted = []
     real = llm.engine._preempt
     llm.engine._preempt = lambda r: (preempted.append(r.rid), real(r))[1]
@@ -121,8 +148,10 @@ def test_preemption_and_late_joiners(target):
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
 
 
-def test_abort_with_a_step_in_flight(target):
-    llm = LLM(**_kw(target, overlap_schedule=True))
+@pytest.mark.parametrize("spec", list(SPEC))
+def test_abort_with_a_step_in_flight(target, head, spec):
+    kw = _kw(target, SPEC[spec], head)
+    llm = LLM(**dict(kw, overlap_schedule=True))
     engine = llm.engine
     a = engine.add_request(_prompts(1)[0], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
     b = engine.add_request(_prompts(2)[1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
@@ -136,7 +165,7 @@ def test_abort_with_a_step_in_flight(target):
         for o in engine.step():
             assert o.request is not a  # the aborted request's launched row is dropped
     assert len(a.output_token_ids) == n and a.finish_reason == "abort"
-    ref = LLM(**_kw(target)).generate(
+    ref = LLM(**kw).generate(
         prompt_token_ids=[_prompts(2)[1]],
         sampling_params=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert b.output_token_ids == ref[0].token_ids
@@ -167,6 +196,25 @@ def test_a_failed_step_fails_its_requests_and_the_rest_go_on(target):
     assert engine.allocator.num_free == engine.allocator.num_blocks
 
 
-def test_overlap_is_refused_with_speculation():
-    with pytest.raises(ConfigError, match="vanilla decoding only"):
-        EngineConfig(overlap_schedule=True, speculative_algorithm="EAGLE3")
+def test_overlap_needs_the_fused_speculative_step():
+    with pytest.raises(ConfigError, match="fused step"):
+        EngineConfig(overlap_schedule=True, speculative_algorithm="EAGLE3", fuse_spec_step=False)
+
+
+def test_profiling_phases_reads_every_step_first(target, head):
+    """The benchmark switches phase profiling on mid-life (`worker.profile`): the engine then reads
+    the launched step before it runs the phases one by one, and the tokens do not change."""
+    kw = _kw(target, SPEC["tree"], head)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ref = _run(LLM(**kw), _prompts(3), params)
+    llm = LLM(**dict(kw, overlap_schedule=True))
+    engine = llm.engine
+    reqs = [engine.add_request(p, params) for p in _prompts(3)]
+    for _ in range(3):
+        engine.step()
+    assert engine.worker.launched == 1
+    engine.worker.profile = True
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.worker.stats.phase_calls["verify"] > 0
+    assert [(r.output_token_ids, r.finish_reason) for r in reqs] == ref

@@ -39,10 +39,12 @@ def test_sweep_rows_and_losslessness(tmp_path: Path, capsys: pytest.CaptureFixtu
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head),
         "--prompts", str(tmp_path / "p.jsonl"), "--no-chat", "--max-tokens", "10", "--batch-size", "2",
         "--warmup-tokens", "2", "--variants", "3/2/6:unfused", "3/2/6:fused:profile", "2/1/3",
-        "--out", str(out)])
+        "3/2/6:overlap", "--out", str(out)])
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["variant"] for r in rows] == ["vanilla", "3/2/6:unfused", "3/2/6:fused:profile", "2/1/3"]
+    assert [r["variant"] for r in rows] == ["vanilla", "3/2/6:unfused", "3/2/6:fused:profile", "2/1/3",
+                                            "3/2/6:overlap"]
+    assert rows[4]["engine_overrides"]["overlap_schedule"] is True
     for r in rows[1:]:
         assert r["greedy_identical"] == "4/4"  # lossless in every configuration
         assert r["tau_total"] >= 1 and r["speedup"] > 0 and r["ms_per_spec_step"] > 0
@@ -62,7 +64,10 @@ def test_variant_options_map_to_engine_settings() -> None:
     assert profile and over == {"speculative_num_steps": 6, "speculative_eagle_topk": 8,
                                 "speculative_num_draft_tokens": 16, "fuse_spec_step": False,
                                 "speculative_token_map": "m.pt", "speculative_draft_model_path": "heads/new"}
-    over, _ = spec_sweep.parse_variant("4/8/12:draft=default:map=none")
+    over, _ = spec_sweep.parse_variant("4/8/12:overlap")
+    assert over["overlap_schedule"] is True
+    over, _ = spec_sweep.parse_variant("4/8/12:draft=default:map=none:plain")
+    assert over["overlap_schedule"] is False
     assert over["speculative_draft_model_path"] is None and over["speculative_token_map"] is None
 
 

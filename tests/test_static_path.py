@@ -92,9 +92,9 @@ def forbid_host_sync():
 
 
 def test_phases_never_read_device_values_on_the_host(tiny, monkeypatch):
-    """Invariant 4: draft, verify (greedy and sampled), draft_extend and decode (also with the
-    overlap schedule's device-side input tokens) run without a host read of any tensor value; the
-    step's one sync happens outside the phases."""
+    """Invariant 4: draft, verify (greedy and sampled), draft_extend, decode and the fused step
+    (also with the overlap schedule's device-side inputs) run without a host read of any tensor
+    value; the step's one sync happens outside the phases."""
     target, head = tiny
     _static(monkeypatch)
     real_run = GraphRunner.run
@@ -111,7 +111,7 @@ def test_phases_never_read_device_values_on_the_host(tiny, monkeypatch):
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (4, 9, 13)]
     for spec, fused, overlap in ((None, False, False), (None, False, True), ((4, 3, 8), False, False),
-                                 ((4, 3, 8), True, False)):
+                                 ((4, 3, 8), True, False), ((4, 3, 8), True, True)):
         kw = dict(model=str(target), dtype="float32", device="cpu", skip_tokenizer_init=True,
                   num_kv_blocks=128, block_size=4, max_model_len=128, overlap_schedule=overlap)
         if spec:

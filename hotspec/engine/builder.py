@@ -31,11 +31,29 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class Worker(Protocol):
-    reserve: int
+    """What the engine drives: prefill, then either `step` (launch and read one step) or, with
+    the overlap schedule, `launch` and a later `collect` (engine/launches.py)."""
+
+    reserve: int  # KV slots a step writes beyond seq_len
+    max_advance: int  # positions a step advances a request by, at most
 
     def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]: ...
 
     def step(self, reqs: list[Request]) -> list[list[int]]: ...
+
+    @property
+    def overlapping(self) -> bool: ...
+
+    @property
+    def launched(self) -> int: ...
+
+    def launch(self, reqs: list[Request]) -> None: ...
+
+    def collect(self) -> tuple[list[Request], list[list[int]]]: ...
+
+    def ahead(self, req: Request) -> int: ...
+
+    def discard_launches(self) -> None: ...
 
 
 def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
@@ -131,7 +149,8 @@ class EngineBuilder:
                 self.target, self.draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
                 ModelRunner(self.draft, draft_pool, backend), self.graphs, self.block_size, self.device,
                 steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases,
-                fuse_step=self.cfg.fuse_spec_step)
+                fuse_step=self.cfg.fuse_spec_step, overlap=self.cfg.overlap_schedule,
+                max_rows=self.cfg.max_num_seqs)
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
             log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())

@@ -35,6 +35,10 @@ def emitted_rows(acc: Tensors) -> torch.Tensor:
 
 
 class EaglePhases:
+    # The overlap schedule's row buffers ("seq", "root", "offset"; engine/eagle_worker.py), which
+    # the fused step reads for rows with `src` >= 0 and writes for the next step; None: unused.
+    carry: Tensors | None = None
+
     def __init__(self, target: LlamaForCausalLM, draft: DraftHead, target_runner: ModelRunner,
                  draft_runner: ModelRunner, block_size: int, device: torch.device, num_steps: int,
                  topk: int, num_draft_tokens: int, max_blocks_per_seq: int) -> None:
@@ -199,11 +203,37 @@ class EaglePhases:
         return self._step(x, self.verify_sample_phase)
 
     def _step(self, x: Tensors, verify: Callable[[Tensors, bool], Tensors]) -> Tensors:
+        if self.carry is not None:
+            x = self._from_carry(x, self.carry)
         tree = self.draft_phase(x)
         acc = verify(dict(x, **tree), True)
         ext = self.draft_extend_phase({"seq": x["seq"], "tables": x["tables"], **acc})
+        if self.carry is not None:
+            self._to_carry(x, acc, self.carry)
         return {"emitted": emitted_rows(acc), "topk_logp": ext["topk_logp"],
                 "topk_ids": ext["topk_ids"], "feature": ext["feature"]}
+
+    @staticmethod
+    def _from_carry(x: Tensors, carry: Tensors) -> Tensors:
+        """Rows with `src` >= 0 take their sequence length, root token and RNG offset from row
+        `src` of the last step's carry (what the host has not read yet)."""
+        take = x["src"] >= 0
+        row = x["src"].clamp(min=0)
+        x = dict(x, seq=torch.where(take, carry["seq"][row], x["seq"]),
+                 root=torch.where(take, carry["root"][row], x["root"]))
+        if "offsets" in x:
+            x["offsets"] = torch.where(take, carry["offset"][row], x["offsets"])
+        return x
+
+    @staticmethod
+    def _to_carry(x: Tensors, acc: Tensors, carry: Tensors) -> None:
+        """What the next step reads of this one's rows: seq + accepted, the bonus token (the next
+        root), offset + accepted (tokens emitted: the RNG offset of stochastic verification)."""
+        b, a = acc["accept_len"].shape[0], acc["accept_len"]
+        carry["seq"][:b].copy_(x["seq"] + a)
+        carry["root"][:b].copy_(acc["bonus"])
+        if "offsets" in x:
+            carry["offset"][:b].copy_(x["offsets"] + a)
 
     # -- examples: static buffer shapes and padding rows (null block 0, length 1) ------------
     def _example_base(self, bs: int) -> Tensors:
@@ -218,8 +248,14 @@ class EaglePhases:
                     topk_ids=torch.zeros(bs, k, dtype=torch.long, device=dev),
                     feature=torch.zeros(bs, self.draft.hidden_size, device=dev, dtype=self.dtype))
 
+    def _example_step(self, bs: int) -> Tensors:
+        x = self._example_draft(bs)
+        if self.carry is not None:  # padding rows read the host's values
+            x["src"] = torch.full((bs,), -1, dtype=torch.long, device=self.device)
+        return x
+
     def _example_step_sample(self, bs: int) -> Tensors:
-        return dict(self._example_draft(bs), **example_sampling(bs, self.device))
+        return dict(self._example_step(bs), **example_sampling(bs, self.device))
 
     def _example_verify(self, bs: int) -> Tensors:
         n, dev = self.num_draft_tokens, self.device

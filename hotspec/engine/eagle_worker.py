@@ -5,6 +5,12 @@ GraphRunner (CUDA graph, static buffers, or eager); this is the host side that c
 request draft state between steps lives on the Request (`_DraftState` rows): the draft's top-k for
 the token after the root and the draft feature that goes with it. Inside `step` the host reads
 exactly one tensor (accepted lengths and tokens).
+
+The fused step is launched (`launch`) and read (`collect`) separately, so that with the overlap
+schedule the engine can launch step N+1 before it reads step N (engine/launches.py). Step N+1
+then takes a request's sequence length, root token and RNG offset from the rows step N left in
+the `carry` buffers (seq + accept_len, the bonus token, offset + accept_len), and its draft state
+from step N's outputs, which stay on the device; blocks are reserved for the largest advance.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from hotspec.engine.eagle_phases import EaglePhases, emitted_rows
-from hotspec.engine.request import Request
+from hotspec.engine.launches import Launches
+from hotspec.engine.request import Request, Status
 from hotspec.engine.spec_stats import SpecStats
 from hotspec.engine.vanilla_worker import prefill_chunks, sample_for, sampling_inputs
 from hotspec.models.draft_head import DraftHead
@@ -38,12 +45,22 @@ class EagleWorker(EaglePhases):
     def __init__(self, target: LlamaForCausalLM, draft: DraftHead, target_runner: ModelRunner,
                  draft_runner: ModelRunner, graphs: GraphRunner, block_size: int,
                  device: torch.device, num_steps: int, topk: int, num_draft_tokens: int,
-                 max_blocks_per_seq: int, profile: bool = False, fuse_step: bool = False) -> None:
+                 max_blocks_per_seq: int, profile: bool = False, fuse_step: bool = False,
+                 overlap: bool = False, max_rows: int = 1) -> None:
         super().__init__(target, draft, target_runner, draft_runner, block_size, device, num_steps,
                          topk, num_draft_tokens, max_blocks_per_seq)
         self.graphs = graphs
         self.profile = profile
         self.fuse_step = fuse_step  # one `step` graph, except while profiling phases
+        if overlap and not fuse_step:
+            raise ValueError("the overlap schedule launches the fused step graph: needs fuse_step")
+        self.overlap = overlap
+        self.max_advance = self.width  # a step commits at most num_steps + 1 tokens
+        self.launches = Launches()
+        if overlap:  # what step N+1 reads of step N's rows (module docstring)
+            rows = max(max_rows, graphs.max_bs)
+            self.carry = {k: torch.zeros(rows, dtype=torch.long, device=device)
+                          for k in ("seq", "root", "offset")}
         self.stats = SpecStats()
         # the last step's per-request states and the batch tensors they are rows of
         self._last_states: tuple[list[_DraftState], Tensors] | None = None
@@ -55,7 +72,7 @@ class EagleWorker(EaglePhases):
         graphs.register("verify[sample]", self.verify_sample_phase, self._example_verify_sample)
         graphs.register("draft_extend", self.draft_extend_phase, self._example_extend)
         if fuse_step:
-            graphs.register("step", self.step_phase, self._example_draft)
+            graphs.register("step", self.step_phase, self._example_step)
             graphs.register("step[sample]", self.step_sample_phase, self._example_step_sample)
 
     def _timed(self, phase: str, t0: float) -> float:
@@ -98,62 +115,121 @@ class EagleWorker(EaglePhases):
         return [[nxt[i]] if final[i] else [] for i in range(len(reqs))]
 
     # -- one speculative step ----------------------------------------------------------------
+    @property
+    def overlapping(self) -> bool:
+        """Whether the engine may launch a step before collecting the last one (not while the
+        phases are profiled: that runs them one by one)."""
+        return self.overlap and not self.profile
+
+    @property
+    def launched(self) -> int:
+        return len(self.launches)
+
+    def ahead(self, req: Request) -> int:
+        return self.launches.ahead(req)
+
+    def discard_launches(self) -> None:
+        self.launches.clear()
+
     @torch.inference_mode()
     def step(self, reqs: list[Request]) -> list[list[int]]:
-        t0 = time.perf_counter()
+        """One speculative step, launched and read."""
+        if self.fuse_step and not self.profile:
+            self.launch(reqs)
+            return self.collect()[1]
+        return self._phases_step(reqs)
+
+    def _inputs(self, reqs: list[Request], src: bool) -> tuple[Tensors, list[_DraftState]]:
+        """The step's host inputs and the requests' draft states (device tensors); `src`: the rows
+        of unread steps' outputs to read instead (the fused step with the overlap schedule)."""
+        ahead = [self.launches.ahead(r) for r in reqs]
+        if any(ahead) and not self.overlapping:
+            raise RuntimeError("a speculative step was launched before the last one was read; "
+                               "that needs the overlap schedule")
         if self.graphs.mode == "eager":
-            self.max_kv = max(r.seq_len for r in reqs) + self.reserve
+            self.max_kv = max(r.seq_len + a * self.max_advance for r, a in zip(reqs, ahead)) + self.reserve
         host = torch.device("cpu")  # the graph runner copies host inputs into its buffers
-        base: Tensors = {
+        x: Tensors = {
             "seq": torch.tensor([r.seq_len for r in reqs], dtype=torch.long),
             "tables": block_table_tensor(reqs, host),
+            "root": torch.tensor([0 if a else r.last_token for r, a in zip(reqs, ahead)], dtype=torch.long),
         }
-        draft_in = dict(base, root=torch.tensor([r.last_token for r in reqs], dtype=torch.long))
+        if src:
+            x["src"] = torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
         # The same requests in the same order as the last step, holding the states it set: its
         # batch tensors serve as they are (no stack kernels).
         states, last = [r.spec_state for r in reqs], self._last_states
         if last is not None and len(last[0]) == len(states) and all(
                 a is b for a, b in zip(states, last[0])):
-            draft_in.update(last[1])
+            x.update(last[1])
         else:
             self.restacks += 1
             for f in ("topk_logp", "topk_ids", "feature"):
-                draft_in[f] = torch.stack([getattr(s, f) for s in states])
-        greedy = all(r.params.temperature == 0 for r in reqs)
-        if self.fuse_step and not self.profile:
-            name = "step" if greedy else "step[sample]"
-            # (the emitted rows are read at once below: borrowed from the graph, no copy)
-            ext = self.graphs.run(name, draft_in if greedy else
-                                  dict(draft_in, **sampling_inputs(reqs, host)), borrow=("emitted",))
-            emitted_t = ext["emitted"]
-            self._timed("step", t0)
-        else:
-            tree = self.graphs.run("draft", draft_in)
-            t0 = self._timed("draft", t0)
-            verify_in = dict(base, **{k: tree[k] for k in ("tokens", "parents", "depth", "mask")})
-            if greedy:
-                acc = self.graphs.run("verify", verify_in)
-            else:
-                acc = self.graphs.run("verify[sample]", dict(verify_in, **sampling_inputs(reqs, host)))
-            t0 = self._timed("verify", t0)
-            ext = self.graphs.run("draft_extend", dict(base, **{
-                k: acc[k] for k in ("acc_tokens", "accept_len", "bonus", "acc_feature")}))
-            t0 = self._timed("draft_extend", t0)
-            emitted_t = emitted_rows(acc)
+                x[f] = torch.stack([getattr(s, f) for s in states])
+        return x, states
 
-        rows = emitted_t.tolist()  # the one host sync of the step
+    @torch.inference_mode()
+    def launch(self, reqs: list[Request]) -> None:
+        """Enqueue the fused step for `reqs`; no host sync. Each request's draft state becomes its
+        row of this step's outputs at once (they stay on the device)."""
+        t0 = time.perf_counter()
+        x, _ = self._inputs(reqs, src=self.overlap)
+        greedy = all(r.params.temperature == 0 for r in reqs)
+        if not greedy:
+            ahead = [self.launches.ahead(r) for r in reqs]
+            x.update(sampling_inputs(reqs, torch.device("cpu"), ahead))
+        # (read at once when not overlapping: borrowed from the graph, no copy)
+        ext = self.graphs.run("step" if greedy else "step[sample]", x,
+                              borrow=() if self.overlap else ("emitted",))
+        self._set_states(reqs, ext)
+        self.launches.push(reqs, ext["emitted"])
+        self._timed("step", t0)
+
+    def collect(self) -> tuple[list[Request], list[list[int]]]:
+        """The oldest launched step's requests and emitted tokens: the one host sync of a step.
+        Requests that finished since (a stop in the step before, an abort) are not counted."""
+        reqs, emitted = self.launches.pop()
+        return reqs, self._account(reqs, emitted.tolist())
+
+    def _account(self, reqs: list[Request], rows: list[list[int]]) -> list[list[int]]:
         emitted: list[list[int]] = []
-        for i, (r, row) in enumerate(zip(reqs, rows)):
+        for r, row in zip(reqs, rows):
             a = row[0]
-            toks = row[2 : 1 + a] + [row[-1]]  # accepted drafts after the root, then the bonus
-            emitted.append(toks)
+            emitted.append(row[2 : 1 + a] + [row[-1]])  # accepted drafts after the root, the bonus
+            if r.status is Status.FINISHED:
+                continue
             r.seq_len += a
             r.stats.spec_steps += 1
-            r.spec_state = _DraftState(ext["topk_logp"][i], ext["topk_ids"][i], ext["feature"][i])
             self.stats.accept_hist[a] += 1
+        return emitted
+
+    def _set_states(self, reqs: list[Request], ext: Tensors) -> None:
+        for i, r in enumerate(reqs):
+            r.spec_state = _DraftState(ext["topk_logp"][i], ext["topk_ids"][i], ext["feature"][i])
         self._last_states = ([r.spec_state for r in reqs],
                              {f: ext[f] for f in ("topk_logp", "topk_ids", "feature")})
-        return emitted
+
+    def _phases_step(self, reqs: list[Request]) -> list[list[int]]:
+        """The step as three phase graphs (--no-fuse-spec-step, or phases profiled)."""
+        t0 = time.perf_counter()
+        x, _ = self._inputs(reqs, src=False)
+        base = {k: x[k] for k in ("seq", "tables")}
+        greedy = all(r.params.temperature == 0 for r in reqs)
+        tree = self.graphs.run("draft", x)
+        t0 = self._timed("draft", t0)
+        verify_in = dict(base, **{k: tree[k] for k in ("tokens", "parents", "depth", "mask")})
+        if greedy:
+            acc = self.graphs.run("verify", verify_in)
+        else:
+            acc = self.graphs.run("verify[sample]",
+                                  dict(verify_in, **sampling_inputs(reqs, torch.device("cpu"))))
+        t0 = self._timed("verify", t0)
+        ext = self.graphs.run("draft_extend", dict(base, **{
+            k: acc[k] for k in ("acc_tokens", "accept_len", "bonus", "acc_feature")}))
+        self._timed("draft_extend", t0)
+        rows = emitted_rows(acc).tolist()  # the one host sync of the step
+        self._set_states(reqs, ext)
+        return self._account(reqs, rows)
 
     def record_served(self, tokens: list[int]) -> None:
         """Called by the engine with the tokens of a step it kept: hot-set coverage statistics."""

@@ -16,7 +16,6 @@ from hotspec.engine.block_allocator import OutOfBlocks
 from hotspec.engine.builder import DTYPES, EngineBuilder, Worker, load_target, resolve_device_dtype
 from hotspec.engine.request import Request, Status
 from hotspec.engine.stop_checker import StopChecker
-from hotspec.engine.vanilla_worker import VanillaWorker
 from hotspec.errors import InvalidRequestError
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
@@ -83,8 +82,6 @@ class Engine(EngineBuilder):
         self.in_flight: list[Request] = []
         self._prefill_turn = True  # decode_during_prefill: whose turn the next step is
         self.worker: Worker = self._build_worker()
-        # The worker that launches steps ahead of reading them (overlap schedule), else None.
-        self.overlap = self.worker if isinstance(self.worker, VanillaWorker) and self.worker.overlap else None
         # A request may never need more KV than the whole cache holds: alone, it always fits, so
         # preemption cannot evict it in favour of nothing (see _reserve_step_slots).
         self.kv_capacity = self.allocator.num_blocks * self.block_size
@@ -140,8 +137,7 @@ class Engine(EngineBuilder):
         too: the step's outputs, their last tokens included, were lost."""
         victims = self.in_flight or [*self.waiting, *self.prefilling, *self.running]
         self.in_flight = []
-        if self.overlap is not None:  # uncollected steps die with the step that failed
-            self.overlap.discard_launches()
+        self.worker.discard_launches()  # uncollected steps (overlap) die with the step that failed
         for req in victims:
             if req.status is not Status.FINISHED:
                 req.error = error
@@ -157,63 +153,75 @@ class Engine(EngineBuilder):
         alternate = self.cfg.decode_during_prefill and bool(self.running) and not self._prefill_turn
         if self.prefilling and not alternate:
             self._prefill_turn = False
-            return self._drain() + self._prefill_step()
+            return self._served(self._drain()) + self._prefill_step()
         self._prefill_turn = True
         if not self.running:
-            return self._drain()
-        if self.overlap is not None:
-            return self._overlap_step(self.overlap)
+            return self._served(self._drain())
+        if self.worker.overlapping:
+            return self._overlap_step()
+        outs = self._drain()  # steps launched while overlapping (profiling switched it off since)
+        if not self.running:
+            return outs
         reqs = self._reserve_step_slots()
         if not reqs:  # every running request was preempted for room: prefill goes next
-            return []
+            return outs
         self.in_flight = reqs
-        outs = self._emit(reqs, self.worker.step(reqs))
+        outs += self._emit(reqs, self.worker.step(reqs))
+        self.in_flight = []
+        return self._served(outs)
+
+    def _served(self, outs: list[StepOutput]) -> list[StepOutput]:
+        """Hand the decode steps' kept tokens to the worker's statistics (EAGLE: hot-set hits)."""
         record = getattr(self.worker, "record_served", None)
         if record is not None:
             record([t for o in outs for t in o.new_token_ids])
-        self.in_flight = []
         return outs
 
-    # -- the overlap schedule (vanilla decoding; see engine/vanilla_worker.py) -------------------
-    def _overlap_step(self, worker: VanillaWorker) -> list[StepOutput]:
-        """Launch the next decode step, then collect the one before it: the host emits step N's
-        tokens while the device computes step N+1."""
+    # -- the overlap schedule (engine/launches.py) ---------------------------------------------
+    def _overlap_step(self) -> list[StepOutput]:
+        """Launch the next step, then collect the one before it: the host emits step N's tokens
+        while the device computes step N+1 (engine/launches.py)."""
+        worker = self.worker
+        reqs = [r for r in self.running if not self._finishes_by_then(r)]
         outs: list[StepOutput] = []
-        if not self._grow_running():  # out of blocks: preemption needs every token read first
+        if not self._grow(reqs):  # out of blocks: preemption needs every step read first
             outs = self._drain()
-            if not self.running:
-                return outs
-            self._reserve_step_slots()
-        reqs = [r for r in self.running if not self._finishes_by_then(worker, r)]
+            reqs = self._reserve_step_slots()
         self.in_flight = reqs + [r for r in self.running if worker.ahead(r) and r not in reqs]
         if reqs:
             worker.launch(reqs)
         while worker.launched > (1 if reqs else 0):
             outs += self._emit(*worker.collect())
         self.in_flight = []
-        return outs
+        return self._served(outs)
 
-    def _grow_running(self) -> bool:
-        """Room for the next step of every running request, without preempting; False if short."""
+    def _room(self, req: Request) -> int:
+        """KV slots `req` may need for its next step: its unread steps may each advance it by the
+        worker's most, then the step writes `reserve` slots."""
+        return req.seq_len + self.worker.ahead(req) * self.worker.max_advance + self.worker.reserve
+
+    def _grow(self, reqs: list[Request]) -> bool:
+        """Room for the next step of `reqs`, without preempting; False if the blocks ran out."""
         try:
-            for req in self.running:
-                self._grow(req, req.seq_len + self.worker.reserve)
+            for req in reqs:
+                self._grow_to(req, self._room(req))
         except OutOfBlocks:
             return False
         return True
 
-    def _finishes_by_then(self, worker: VanillaWorker, req: Request) -> bool:
-        """Whether `req` surely finishes with the tokens already launched for it: max_tokens or the
-        context limit (the tests `_emit` applies), so no step is launched for it in vain."""
-        ahead = worker.ahead(req)
+    def _finishes_by_then(self, req: Request) -> bool:
+        """Whether `req` is not launched now, because its unread steps end it (max_tokens: each
+        step emits at least one token) or may (the context limit, at each step's largest
+        advance); it is launched again once they are read, if it goes on."""
+        ahead = self.worker.ahead(req)
         return ahead > 0 and (len(req.output_token_ids) + ahead >= req.params.max_tokens
-                              or req.seq_len + worker.reserve + 1 >= self.max_model_len)
+                              or self._room(req) + 1 >= self.max_model_len)
 
     def _drain(self) -> list[StepOutput]:
-        """Collect every launched step (overlap schedule; nothing to do otherwise)."""
+        """Collect every launched step (the overlap schedule's; none otherwise)."""
         outs: list[StepOutput] = []
-        while self.overlap is not None and self.overlap.launched:
-            outs += self._emit(*self.overlap.collect())
+        while self.worker.launched:
+            outs += self._emit(*self.worker.collect())
         return outs
 
     def _pending(self, req: Request) -> int:
@@ -243,7 +251,7 @@ class Engine(EngineBuilder):
         self.in_flight = []
         return outs
 
-    def _grow(self, req: Request, n_slots: int) -> None:
+    def _grow_to(self, req: Request, n_slots: int) -> None:
         extra = self._blocks_for(n_slots) - len(req.blocks)
         if extra > 0:
             req.blocks += self.allocator.allocate(extra)
@@ -257,7 +265,7 @@ class Engine(EngineBuilder):
             if self._blocks_for(n) > self.allocator.num_free:
                 break
             self.waiting.popleft()
-            self._grow(req, n)
+            self._grow_to(req, n)
             req.status = Status.RUNNING
             admitted.append(req)
         self.prefilling += admitted
@@ -269,7 +277,7 @@ class Engine(EngineBuilder):
         for req in list(self.running):
             while req in self.running:
                 try:
-                    self._grow(req, req.seq_len + self.worker.reserve)
+                    self._grow_to(req, req.seq_len + self.worker.reserve)
                     break
                 except OutOfBlocks:
                     victim = self.running[-1]
@@ -287,8 +295,6 @@ class Engine(EngineBuilder):
         for req, toks in zip(reqs, tokens):
             if req.status is not Status.RUNNING:  # overlap: finished (EOS, abort) after a launch
                 continue
-            # KV positions written once these tokens are in: not those of later launched steps
-            seq_len = req.seq_len - (self.overlap.ahead(req) if self.overlap is not None else 0)
             delta, taken = "", []
             for t in toks:
                 req.output_token_ids.append(t)
@@ -296,7 +302,7 @@ class Engine(EngineBuilder):
                 assert req.checker is not None
                 piece, reason = req.checker.append(t)
                 delta += piece
-                if reason is None and seq_len + self.worker.reserve + 1 >= self.max_model_len:
+                if reason is None and req.seq_len + self.worker.reserve + 1 >= self.max_model_len:
                     reason = "length"
                 if reason is not None:
                     self.running.remove(req)

@@ -2,21 +2,18 @@
 
 A decode step is launched (`launch`: inputs built and the graph enqueued, no host sync) and later
 collected (`collect`: the one `tolist()` of the step). `step` does both at once. With the overlap
-schedule the engine launches step N+1 before it collects step N, so the host's work between steps
-runs while the device computes. Step N+1 then needs step N's tokens before the host has seen them:
-each decode graph leaves its tokens in `last_next` (one device buffer shared by every batch size)
-and reads a request's input token from there (`src`: its row in the previous launch) or from the
-host (`src` -1: a token the host already knows). A vanilla step always advances a request by
-exactly one position, so positions, KV slots and sampling offsets are known ahead of the tokens.
+schedule the engine launches step N+1 before it collects step N (engine/launches.py): step N+1
+reads a request's input token from `last_next`, where every decode graph leaves its tokens, when
+the host has not read it yet. A vanilla step advances a request by exactly one position, so
+positions, KV slots and sampling offsets are known ahead of the tokens.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
 
-from hotspec.engine.request import Request
+from hotspec.engine.launches import Launches
+from hotspec.engine.request import Request, Status
 from hotspec.layers.sampler import SamplingTensors, sample
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch, slots_at
@@ -68,6 +65,7 @@ def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
 
 class VanillaWorker:
     reserve = 1  # KV slots a step writes beyond seq_len
+    max_advance = 1  # positions a step advances a request by, at most
 
     def __init__(self, target: LlamaForCausalLM, runner: ModelRunner, graphs: GraphRunner,
                  block_size: int, device: torch.device, max_blocks_per_seq: int,
@@ -77,22 +75,23 @@ class VanillaWorker:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.max_kv = max_blocks_per_seq * block_size
         self.overlap = overlap
-        # Launched, not yet collected: (requests, their next tokens on the device), oldest first.
-        self._launches: deque[tuple[list[Request], torch.Tensor]] = deque()
-        self._ahead: dict[Request, int] = {}  # per request: its rows in those launches
-        self._rows: dict[Request, int] = {}  # row of each request in the newest launch
+        self.launches = Launches()
         if overlap:  # sized for the largest batch a decode pass runs: padded graph or eager
-            rows = max(max_rows, graphs.max_bs)
-            self.last_next = torch.zeros(rows, dtype=torch.long, device=device)
+            self.last_next = torch.zeros(max(max_rows, graphs.max_bs), dtype=torch.long, device=device)
         graphs.register("decode", self.decode_phase, self._example)
         graphs.register("decode[sample]", self.decode_sample_phase,
                         lambda bs: dict(self._example(bs), **example_sampling(bs, device)))
+
+    @property
+    def overlapping(self) -> bool:
+        """Whether the engine may launch a step before collecting the last one."""
+        return self.overlap
 
     def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:
         """KV for the pending tokens (prompt + tokens already generated: recompute after
         preemption), appended after seq_len, `chunks[i]` of them (all when None). A request whose
         chunk was its last gets one new token; the others (chunked prefill) get none yet."""
-        assert not any(r in self._ahead for r in reqs), "collect a request's launches before prefill"
+        assert not any(self.launches.ahead(r) for r in reqs), "collect a request's steps before prefill"
         tokens, final = prefill_chunks(reqs, chunks)
         fb = prefill_batch(reqs, tokens, self.block_size, self.device)
         hidden, _ = self.runner.forward(fb)
@@ -115,55 +114,49 @@ class VanillaWorker:
 
     @torch.inference_mode()
     def launch(self, reqs: list[Request]) -> None:
-        """Enqueue one decode step for `reqs` (no host sync); each request's seq_len advances now."""
-        if self.graphs.mode == "eager":
-            self.max_kv = max(r.seq_len for r in reqs) + 1
-        host = torch.device("cpu")  # the graph runner copies host inputs into its buffers
-        ahead = [self._ahead.get(r, 0) for r in reqs]
-        if not self.overlap and any(ahead):
+        """Enqueue one decode step for `reqs`; no host sync (see the module docstring)."""
+        ahead = [self.launches.ahead(r) for r in reqs]
+        if any(ahead) and not self.overlap:
             raise RuntimeError("a decode step was launched before the last one was collected; "
                                "that needs overlap=True")
+        seq = [r.seq_len + a for r, a in zip(reqs, ahead)]
+        if self.graphs.mode == "eager":
+            self.max_kv = max(seq) + 1
+        host = torch.device("cpu")  # the graph runner copies host inputs into its buffers
         x: Tensors = {"ids": torch.tensor([0 if a else r.last_token for r, a in zip(reqs, ahead)],
                                           dtype=torch.long),
-                      "seq": torch.tensor([r.seq_len for r in reqs], dtype=torch.long),
+                      "seq": torch.tensor(seq, dtype=torch.long),
                       "tables": block_table_tensor(reqs, host)}
         if self.overlap:
-            x["src"] = torch.tensor([self._rows[r] if a else -1 for r, a in zip(reqs, ahead)],
-                                    dtype=torch.long)
+            x["src"] = torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
         if all(r.params.temperature == 0 for r in reqs):
             out = self.graphs.run("decode", x)
         else:
             out = self.graphs.run("decode[sample]", dict(x, **sampling_inputs(reqs, host, ahead)))
-        self._launches.append((reqs, out["next"]))
-        self._rows = {r: i for i, r in enumerate(reqs)}
-        for r in reqs:
-            r.seq_len += 1
-            self._ahead[r] = self._ahead.get(r, 0) + 1
+        self.launches.push(reqs, out["next"])
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:
-        """The oldest launched step's requests and their tokens: the one host sync of a step."""
-        reqs, nxt = self._launches.popleft()
+        """The oldest launched step's requests and their tokens: the one host sync of a step.
+        Requests that finished since (a stop token in the step before, an abort) keep theirs out."""
+        reqs, nxt = self.launches.pop()
         tokens = nxt.tolist()
         for r in reqs:
-            self._ahead[r] -= 1
-            if not self._ahead[r]:
-                del self._ahead[r]
+            if r.status is not Status.FINISHED:
+                r.seq_len += 1
         return reqs, [[t] for t in tokens]
 
     @property
     def launched(self) -> int:
         """Launched steps not yet collected."""
-        return len(self._launches)
+        return len(self.launches)
 
     def ahead(self, req: Request) -> int:
-        """Steps launched for `req` whose tokens the host has not read (its seq_len counts them)."""
-        return self._ahead.get(req, 0)
+        """Launched steps of `req` whose tokens the host has not read."""
+        return self.launches.ahead(req)
 
     def discard_launches(self) -> None:
         """Forget uncollected steps (after a failed step: their requests are failed)."""
-        self._launches.clear()
-        self._ahead.clear()
-        self._rows = {}
+        self.launches.clear()
 
     def _logits(self, x: Tensors) -> torch.Tensor:
         seq, tables = x["seq"], x["tables"]

@@ -1,0 +1,63 @@
+"""Steps launched on the device but not yet read by the host: the overlap schedule's bookkeeping.
+
+With the overlap schedule (EngineConfig.overlap_schedule) the engine launches step N+1 before it
+reads step N. Step N+1 must then take what it needs from step N on the device: each worker's step
+graph leaves, per batch row, what the next step reads (the next token; for EAGLE also the new
+sequence length and RNG offset) in buffers shared by every batch size, and reads a request's
+inputs from its row there (`src`) when the host has not seen them yet, or from the host (`src` -1).
+This class tracks which requests have such unread steps (`ahead`) and their rows in the newest
+launch. At most one launch is unread when the next is built (the engine reads all but the newest),
+so a request with unread steps is always in the newest launch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from hotspec.engine.request import Request
+
+
+class Launches:
+    def __init__(self) -> None:
+        self._queue: deque[tuple[list[Request], Any]] = deque()  # oldest first
+        self._ahead: dict[Request, int] = {}  # per request: its rows in unread launches
+        self._rows: dict[Request, int] = {}  # row of each request in the newest launch
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def ahead(self, req: Request) -> int:
+        """Launched steps of `req` that the host has not read."""
+        return self._ahead.get(req, 0)
+
+    def src_rows(self, reqs: list[Request]) -> list[int]:
+        """Per request: its row in the newest launch if that launch is unread, else -1."""
+        rows = []
+        for r in reqs:
+            if self.ahead(r):
+                assert r in self._rows, "a request with unread steps is in the newest launch"
+                rows.append(self._rows[r])
+            else:
+                rows.append(-1)
+        return rows
+
+    def push(self, reqs: list[Request], payload: Any) -> None:
+        self._queue.append((reqs, payload))
+        self._rows = {r: i for i, r in enumerate(reqs)}
+        for r in reqs:
+            self._ahead[r] = self._ahead.get(r, 0) + 1
+
+    def pop(self) -> tuple[list[Request], Any]:
+        """The oldest launch (requests, payload); its requests are one step less ahead."""
+        reqs, payload = self._queue.popleft()
+        for r in reqs:
+            self._ahead[r] -= 1
+            if not self._ahead[r]:
+                del self._ahead[r]
+        return reqs, payload
+
+    def clear(self) -> None:
+        self._queue.clear()
+        self._ahead.clear()
+        self._rows = {}
