@@ -171,13 +171,15 @@ async def drive(url: str, jobs: list[Job], clients: int) -> None:
     await client.close()
 
 
-@pytest.mark.parametrize("spec,n,blocks", [(False, 48, 72), (True, 24, 26)], ids=["vanilla", "eagle3"])
-def test_concurrent_streaming_load(tiny_dir: Path, spec: bool, n: int, blocks: int) -> None:
+@pytest.mark.parametrize("spec,overlap,n,blocks", [(False, False, 48, 72), (True, False, 24, 26),
+                                                   (False, True, 32, 72), (True, True, 24, 30)],
+                         ids=["vanilla", "eagle3", "vanilla-overlap", "eagle3-overlap"])
+def test_concurrent_streaming_load(tiny_dir: Path, spec: bool, overlap: bool, n: int, blocks: int) -> None:
     """16 streaming clients; a KV cache too small for all of them (preemption and recompute) and
-    a prefill budget below the longest prompts (chunked prefill). No 5xx (any would raise), no
-    stuck request (timeout), every block free afterwards, and deterministic requests (greedy and
-    seeded) produce exactly what they produce alone."""
-    llm = make_llm(tiny_dir, spec, num_kv_blocks=blocks, max_prefill_tokens=48)
+    a prefill budget below the longest prompts (chunked prefill); plain and overlapped schedules.
+    No 5xx (any would raise), no stuck request (timeout), every block free afterwards, and
+    deterministic requests (greedy and seeded) produce exactly what they produce alone."""
+    llm = make_llm(tiny_dir, spec, num_kv_blocks=blocks, max_prefill_tokens=48, overlap_schedule=overlap)
     engine = llm.engine
     jobs = make_jobs(n, seed=7 + spec)
     run_alone(llm, jobs)
