@@ -88,6 +88,7 @@ def test_same_tokens_as_the_plain_schedule(target, head, monkeypatch, spec, mode
         assert max(llm.engine.worker.stats.accept_hist) > 1
     if name == "stops":  # the test means something: stop tokens did end requests early
         assert any(reason == "stop" for _, reason in ref)
+        assert llm.engine.dropped_rows > 0  # the rows launched after a stop, counted
     engine = llm.engine
     assert engine.allocator.num_free == engine.allocator.num_blocks
     assert not engine.has_unfinished()

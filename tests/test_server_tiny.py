@@ -193,6 +193,7 @@ def test_concurrent_streaming_load(tiny_dir: Path, spec: bool, overlap: bool, n:
     elapsed = time.monotonic() - t0
     assert_idle(engine)
     assert "hotspec_kv_blocks_used 0.0" in metrics
+    assert "hotspec_overlap_dropped_rows_total" in metrics
     deterministic = 0
     for job in jobs:
         if job.disconnect_after is not None:

@@ -154,6 +154,8 @@ class EngineBuilder:
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
             log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())
+        if self.cfg.overlap_schedule:
+            log.info("overlap schedule: step N+1 is launched before step N is read")
         return worker
 
     def _load_draft(self) -> DraftHead:

@@ -82,6 +82,9 @@ class Engine(EngineBuilder):
         self.in_flight: list[Request] = []
         self._prefill_turn = True  # decode_during_prefill: whose turn the next step is
         self.worker: Worker = self._build_worker()
+        # Rows of launched steps dropped because their request had finished by the time they were
+        # read (overlap schedule: EOS, stop strings, aborts), a metric of the schedule's waste.
+        self.dropped_rows = 0
         # A request may never need more KV than the whole cache holds: alone, it always fits, so
         # preemption cannot evict it in favour of nothing (see _reserve_step_slots).
         self.kv_capacity = self.allocator.num_blocks * self.block_size
@@ -294,6 +297,7 @@ class Engine(EngineBuilder):
         outs: list[StepOutput] = []
         for req, toks in zip(reqs, tokens):
             if req.status is not Status.RUNNING:  # overlap: finished (EOS, abort) after a launch
+                self.dropped_rows += 1
                 continue
             delta, taken = "", []
             for t in toks:

@@ -37,6 +37,10 @@ class EngineMetrics:
                              "decoding)", registry=r)
         self.kv_used = Gauge("hotspec_kv_blocks_used", "KV cache blocks in use", registry=r)
         self.kv_total = Gauge("hotspec_kv_blocks_total", "KV cache blocks", registry=r)
+        self.dropped_rows = Counter("hotspec_overlap_dropped_rows", "Rows of launched steps dropped "
+                                    "because their request had finished (overlap schedule: a stop "
+                                    "or abort in the step before)", registry=r)
+        self._dropped_seen = 0
         self.graphs = Gauge("hotspec_cuda_graph_batch_sizes", "Captured batch sizes per phase and "
                             "status (graphed, static, eager, eager (<capture error>))",
                             ["phase", "status"], registry=r)
@@ -58,6 +62,8 @@ class EngineMetrics:
         self.waiting.set(len(engine.waiting))
         self.running.set(len(engine.prefilling) + len(engine.running))
         self.kv_used.set(engine.allocator.num_blocks - engine.allocator.num_free)
+        self.dropped_rows.inc(engine.dropped_rows - self._dropped_seen)
+        self._dropped_seen = engine.dropped_rows
         if self.hot_coverage is not None:
             self.hot_coverage.set(engine.worker.stats.hot_coverage)  # type: ignore[attr-defined]
 
