@@ -15,7 +15,8 @@
 #              (two sampled responses per prompt, 16k draft vocabulary, 4 epochs; TRAIN_S seconds)
 #   train6     next calls: continue that training; once done, prune to 8k, send the head back and
 #              sweep it beside the shipped head at batch 1 and 8
-#   overlap8b  first call of a chain: 8B decode at batch 1/8, plain and --overlap-schedule (~4 min)
+#   overlap8b  first call of a chain: 8B decode at batch 1/8, plain and --overlap-schedule, and
+#              overlapped with 16-block attention splits (~5 min)
 #   overlapsmol  second call: engine GPU tests, SmolLM2 decode at 1/8/32 plain and overlapped, then
 #              spec_sweep at batch 1 plain and with --overlap-schedule (~9 min)
 #   trainwide  a head with a wider MLP (INTER, default 3072) on the shipped head's greedy data,
@@ -146,6 +147,9 @@ if [ "$stage" = overlap8b ]; then  # first call of a chain: 8B decode, plain vs 
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
   step decode_8b_plain 120 "${D8[@]}" --batch-sizes 1,8 --out "$OUT/decode_8b_plain.json"
   step decode_8b_overlap 120 "${D8[@]}" --batch-sizes 1,8 --overlap-schedule --out "$OUT/decode_8b_overlap.json"
+  # fewer attention kv splits (the count follows the static 8k bound; at context 512 most are empty)
+  HOTSPEC_ATTN_SPLIT_BLOCKS=16 step decode_8b_overlap_split16 100 "${D8[@]}" --batch-sizes 1 --overlap-schedule \
+    --out "$OUT/decode_8b_overlap_split16.json"
 fi
 if [ "$stage" = overlapsmol ]; then  # second call: engine tests (overlap too), SmolLM2 plain vs overlap
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
