@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from hotspec.engine.eagle_phases import EaglePhases, emitted_rows
-from hotspec.engine.launches import Launches
+from hotspec.engine.launches import Launches, LaunchingWorker
 from hotspec.engine.request import Request, Status
 from hotspec.engine.spec_stats import SpecStats
 from hotspec.engine.vanilla_worker import prefill_chunks, sample_for, sampling_inputs
@@ -41,7 +41,7 @@ class _DraftState:
     feature: torch.Tensor  # [H] draft feature fed with the depth-1 candidates
 
 
-class EagleWorker(EaglePhases):
+class EagleWorker(EaglePhases, LaunchingWorker):
     def __init__(self, target: LlamaForCausalLM, draft: DraftHead, target_runner: ModelRunner,
                  draft_runner: ModelRunner, graphs: GraphRunner, block_size: int,
                  device: torch.device, num_steps: int, topk: int, num_draft_tokens: int,
@@ -120,16 +120,6 @@ class EagleWorker(EaglePhases):
         """Whether the engine may launch a step before collecting the last one (not while the
         phases are profiled: that runs them one by one)."""
         return self.overlap and not self.profile
-
-    @property
-    def launched(self) -> int:
-        return len(self.launches)
-
-    def ahead(self, req: Request) -> int:
-        return self.launches.ahead(req)
-
-    def discard_launches(self) -> None:
-        self.launches.clear()
 
     @torch.inference_mode()
     def step(self, reqs: list[Request]) -> list[list[int]]:

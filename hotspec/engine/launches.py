@@ -61,3 +61,22 @@ class Launches:
         self._queue.clear()
         self._ahead.clear()
         self._rows = {}
+
+
+class LaunchingWorker:
+    """What the engine asks a worker about its unread steps (both workers launch and collect)."""
+
+    launches: Launches
+
+    @property
+    def launched(self) -> int:
+        """Launched steps not yet read."""
+        return len(self.launches)
+
+    def ahead(self, req: Request) -> int:
+        """Launched steps of `req` that the host has not read."""
+        return self.launches.ahead(req)
+
+    def discard_launches(self) -> None:
+        """Forget unread steps (after a failed step: their requests are failed)."""
+        self.launches.clear()

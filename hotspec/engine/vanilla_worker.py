@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hotspec.engine.launches import Launches
+from hotspec.engine.launches import Launches, LaunchingWorker
 from hotspec.engine.request import Request, Status
 from hotspec.layers.sampler import SamplingTensors, sample
 from hotspec.models.llama import LlamaForCausalLM
@@ -63,7 +63,7 @@ def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
     return sample(logits, x["temperature"], x["top_p"], x["top_k"], x["min_p"], x["seeds"], x["offsets"])
 
 
-class VanillaWorker:
+class VanillaWorker(LaunchingWorker):
     reserve = 1  # KV slots a step writes beyond seq_len
     max_advance = 1  # positions a step advances a request by, at most
 
@@ -129,10 +129,13 @@ class VanillaWorker:
                       "tables": block_table_tensor(reqs, host)}
         if self.overlap:
             x["src"] = torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
+        # (read at once when not overlapping: borrowed from the graph, no copy)
+        borrow = () if self.overlap else ("next",)
         if all(r.params.temperature == 0 for r in reqs):
-            out = self.graphs.run("decode", x)
+            out = self.graphs.run("decode", x, borrow=borrow)
         else:
-            out = self.graphs.run("decode[sample]", dict(x, **sampling_inputs(reqs, host, ahead)))
+            out = self.graphs.run("decode[sample]", dict(x, **sampling_inputs(reqs, host, ahead)),
+                                  borrow=borrow)
         self.launches.push(reqs, out["next"])
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:
@@ -144,19 +147,6 @@ class VanillaWorker:
             if r.status is not Status.FINISHED:
                 r.seq_len += 1
         return reqs, [[t] for t in tokens]
-
-    @property
-    def launched(self) -> int:
-        """Launched steps not yet collected."""
-        return len(self.launches)
-
-    def ahead(self, req: Request) -> int:
-        """Launched steps of `req` whose tokens the host has not read."""
-        return self.launches.ahead(req)
-
-    def discard_launches(self) -> None:
-        """Forget uncollected steps (after a failed step: their requests are failed)."""
-        self.launches.clear()
 
     def _logits(self, x: Tensors) -> torch.Tensor:
         seq, tables = x["seq"], x["tables"]
