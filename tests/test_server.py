@@ -238,7 +238,7 @@ def test_openai_client_raises_typed_errors(server: BackgroundServer, client: ope
 
 def test_client_disconnect_mid_stream_aborts_the_request(server: BackgroundServer) -> None:
     aborted = metric(server, 'hotspec_requests_finished_total{finish_reason="abort"}') \
-        if "abort" in httpx.get(server.url + "/metrics").text else 0.0
+        if 'finish_reason="abort"' in httpx.get(server.url + "/metrics").text else 0.0
     body = {"model": NAME, "prompt": "Count: 1, 2, 3,", "max_tokens": 4000, "temperature": 0,
             "ignore_eos": True, "stream": True}
     t0 = time.monotonic()

@@ -129,9 +129,9 @@ class EagleWorker(EaglePhases, LaunchingWorker):
             return self.collect()[1]
         return self._phases_step(reqs)
 
-    def _inputs(self, reqs: list[Request], src: bool) -> tuple[Tensors, list[_DraftState]]:
-        """The step's host inputs and the requests' draft states (device tensors); `src`: the rows
-        of unread steps' outputs to read instead (the fused step with the overlap schedule)."""
+    def _inputs(self, reqs: list[Request], src: bool) -> Tensors:
+        """The step's inputs: host tensors and the requests' draft states (device tensors); `src`:
+        the rows of unread steps' outputs to read instead (the fused step, overlap schedule)."""
         ahead = [self.launches.ahead(r) for r in reqs]
         if any(ahead) and not self.overlapping:
             raise RuntimeError("a speculative step was launched before the last one was read; "
@@ -156,14 +156,14 @@ class EagleWorker(EaglePhases, LaunchingWorker):
             self.restacks += 1
             for f in ("topk_logp", "topk_ids", "feature"):
                 x[f] = torch.stack([getattr(s, f) for s in states])
-        return x, states
+        return x
 
     @torch.inference_mode()
     def launch(self, reqs: list[Request]) -> None:
         """Enqueue the fused step for `reqs`; no host sync. Each request's draft state becomes its
         row of this step's outputs at once (they stay on the device)."""
         t0 = time.perf_counter()
-        x, _ = self._inputs(reqs, src=self.overlap)
+        x = self._inputs(reqs, src=self.overlap)
         greedy = all(r.params.temperature == 0 for r in reqs)
         if not greedy:
             ahead = [self.launches.ahead(r) for r in reqs]
@@ -202,7 +202,7 @@ class EagleWorker(EaglePhases, LaunchingWorker):
     def _phases_step(self, reqs: list[Request]) -> list[list[int]]:
         """The step as three phase graphs (--no-fuse-spec-step, or phases profiled)."""
         t0 = time.perf_counter()
-        x, _ = self._inputs(reqs, src=False)
+        x = self._inputs(reqs, src=False)
         base = {k: x[k] for k in ("seq", "tables")}
         greedy = all(r.params.temperature == 0 for r in reqs)
         tree = self.graphs.run("draft", x)
