@@ -16,7 +16,7 @@
 #   train6     next calls: continue that training; once done, prune to 8k, send the head back and
 #              sweep it beside the shipped head at batch 1 and 8
 #   overlap8b  first call of a chain: 8B decode at batch 1/8, plain and --overlap-schedule, and
-#              overlapped with 16-block attention splits (~5 min)
+#              overlapped with 16-block attention splits; benchmarks/attn_bench.py (~8 min)
 #   overlapsmol  second call: engine GPU tests, SmolLM2 decode at 1/8/32 plain and overlapped, then
 #              spec_sweep at batch 1 plain and with --overlap-schedule (~9 min)
 #   trainwide  a head with a wider MLP (INTER, default 3072) on the shipped head's greedy data,
@@ -150,6 +150,10 @@ if [ "$stage" = overlap8b ]; then  # first call of a chain: 8B decode, plain vs 
   # fewer attention kv splits (the count follows the static 8k bound; at context 512 most are empty)
   HOTSPEC_ATTN_SPLIT_BLOCKS=16 step decode_8b_overlap_split16 100 "${D8[@]}" --batch-sizes 1 --overlap-schedule \
     --out "$OUT/decode_8b_overlap_split16.json"
+  # the attention kernel alone per phase shape: tiles, splits, custom mask vs causal
+  step attn_bench 150 python3 benchmarks/attn_bench.py --model default --batch-sizes 1,8 --out "$OUT/attn_bench.json"
+  step attn_bench_8b 90 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1 \
+    --phases decode,verify,verify-causal --out "$OUT/attn_bench_8b.json"
 fi
 if [ "$stage" = overlapsmol ]; then  # second call: engine tests (overlap too), SmolLM2 plain vs overlap
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
@@ -351,6 +355,7 @@ for f in "$OUT"/decode_*.log; do [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs 
 for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep -E "^(llama8b|default) " "$f"; done
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log
+[ -f "$OUT/attn_bench.log" ] && tail -n 14 "$OUT/attn_bench.log"
 for f in "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f")"; tail -n 14 "$f"; }
 done
