@@ -47,7 +47,7 @@ def hf_llama(engine: Engine) -> HFLlama:
         vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
         num_hidden_layers=mc.num_hidden_layers, num_attention_heads=mc.num_attention_heads,
         num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps,
-        rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
+        rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,  # type: ignore[call-arg]  # taken as **kwargs
         max_position_embeddings=mc.max_position_embeddings, tie_word_embeddings=mc.tie_word_embeddings,
         bos_token_id=mc.bos_token_id, eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
     with torch.device("meta"):

@@ -23,7 +23,8 @@ _REPLACEMENT_CHAR = "\ufffd"
 
 
 class Tokenizer(Protocol):
-    def decode(self, token_ids: list[int], **kwargs: Any) -> str: ...
+    # (transformers types decode's result str | list[str]; one id sequence decodes to a str)
+    def decode(self, token_ids: list[int], **kwargs: Any) -> str | list[str]: ...
 
 
 class _IncrementalDecoder:
@@ -59,12 +60,14 @@ class _IncrementalDecoder:
         return full_text[len(prefix_text) :]
 
     def _decode(self, ids: list[int]) -> str:
+        assert self._tokenizer is not None, "decode() returns before _decode without a tokenizer"
         # No clean-up: it rewrites spaces depending on the window, so deltas would not add up.
-        return self._tokenizer.decode(
+        text = self._tokenizer.decode(
             ids,
             skip_special_tokens=self._skip_special_tokens,
             clean_up_tokenization_spaces=False,
         )
+        return cast(str, text)
 
 
 class StopChecker:

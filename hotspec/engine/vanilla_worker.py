@@ -34,11 +34,13 @@ def sampling_inputs(reqs: list[Request], device: torch.device,
 
 def example_sampling(bs: int, device: torch.device) -> Tensors:
     """Static-buffer shapes (and padding rows: greedy) of `sampling_inputs`."""
-    f = {"dtype": torch.float32, "device": device}
-    i = {"dtype": torch.long, "device": device}
-    return {"temperature": torch.zeros(bs, **f), "top_p": torch.ones(bs, **f),
-            "top_k": torch.full((bs,), -1, **i), "min_p": torch.zeros(bs, **f),
-            "seeds": torch.zeros(bs, **i), "offsets": torch.zeros(bs, **i)}
+    f, i = torch.float32, torch.long
+    return {"temperature": torch.zeros(bs, dtype=f, device=device),
+            "top_p": torch.ones(bs, dtype=f, device=device),
+            "top_k": torch.full((bs,), -1, dtype=i, device=device),
+            "min_p": torch.zeros(bs, dtype=f, device=device),
+            "seeds": torch.zeros(bs, dtype=i, device=device),
+            "offsets": torch.zeros(bs, dtype=i, device=device)}
 
 
 def prefill_chunks(reqs: list[Request], chunks: list[int] | None) -> tuple[list[list[int]], list[bool]]:

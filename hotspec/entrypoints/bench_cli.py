@@ -104,7 +104,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     # Phase timing is switched on by the benchmark itself (see --profile-pass), never in the
     # timed pass on GPU.
     spec_cfg = replace(cfg, max_num_seqs=args.batch_size, profile_phases=False)
-    vanilla_cfg = replace(spec_cfg, **dict.fromkeys(SPEC_FIELDS))
+    no_spec: dict[str, Any] = dict.fromkeys(SPEC_FIELDS)  # every speculative field set to None
+    vanilla_cfg = replace(spec_cfg, **no_spec)
     prompts = read_bench_prompts(args.prompts, args.num_prompts)
     started = datetime.now(timezone.utc)
     target = load_target(cfg)

@@ -48,6 +48,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed)
     tok = llm.tokenizer
+    if tok is None:
+        raise HotspecError("generate needs a tokenizer; drop --skip-tokenizer-init")
     if args.chat:
         text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
                                        add_generation_prompt=True)

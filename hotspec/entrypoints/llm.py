@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from hotspec.config import EngineConfig
 from hotspec.engine.engine import Engine, StepOutput
@@ -56,9 +56,14 @@ class LLM:
     def chat(self, messages: Sequence[Sequence[dict[str, str]]] | Sequence[dict[str, str]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        texts = [self.tokenizer.apply_chat_template(list(c), tokenize=False,
-                                                    add_generation_prompt=True) for c in convs]
+        if self.tokenizer is None:
+            raise InvalidRequestError("chat needs a tokenizer; pass prompt_token_ids to generate")
+        convs = cast(Sequence[Sequence[dict[str, str]]],
+                     [messages] if messages and isinstance(messages[0], dict) else messages)
+        # (tokenize=False: the rendered text; transformers types the result as any of its outputs)
+        texts = [cast(str, self.tokenizer.apply_chat_template(list(c), tokenize=False,
+                                                              add_generation_prompt=True))
+                 for c in convs]
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         return self._run(list(texts), ids, sampling_params, use_tqdm)
 

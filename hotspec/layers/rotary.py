@@ -36,6 +36,9 @@ def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> to
 
 
 class RotaryEmbedding(nn.Module):
+    cos: torch.Tensor  # buffers [max_positions, head_dim // 2]
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float,
                  scaling: dict[str, Any] | None = None) -> None:
         super().__init__()

@@ -86,8 +86,8 @@ class Eagle3MidLayer(nn.Module):
         x = feature.new_empty((t, 2 * h))  # [norm(embed) | norm(feature)], each written in place
         self.input_layernorm.norm_into(embeds, x[:, :h])
         self.hidden_norm.norm_into(feature, x[:, h:])
-        h, r = self.post_attention_layernorm.add_forward(self.self_attn(x, fb, rope, kv, backend), feature)
-        return self.mlp(h), r
+        n, r = self.post_attention_layernorm.add_forward(self.self_attn(x, fb, rope, kv, backend), feature)
+        return self.mlp(n), r
 
 
 class Eagle3Head(DraftHead):

@@ -7,6 +7,9 @@ model built on the meta device. Differences between families are config flags: `
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -147,7 +150,7 @@ class LlamaForCausalLM(nn.Module):
 
     def fuse_projections(self) -> None:
         """One GEMM for q/k/v and one for gate/up in every layer (call once, after loading)."""
-        for layer in self.model.layers:
+        for layer in cast("Iterable[DecoderLayer]", self.model.layers):
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
 

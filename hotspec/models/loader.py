@@ -49,8 +49,8 @@ def load_checkpoint(
     if kind == "gguf":
         from hotspec.models.gguf_reader import read_gguf  # the gguf package is only needed here
 
-        config_dict, tensors = read_gguf(location, dtype)
-        return _model_config(config_dict, location), tensors
+        config_dict, gguf_tensors = read_gguf(location, dtype)
+        return _model_config(config_dict, location), gguf_tensors
     config = _model_config(_read_json(location / "config.json"), location / "config.json")
     tensors: dict[str, torch.Tensor] = {}
     for shard in _safetensors_files(location):

@@ -61,7 +61,7 @@ class GraphRunner:
         self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, Tensors]] = {}
         self.status: dict[tuple[str, int], str] = {}
         self.fallbacks = 0  # captures that failed and run eagerly (a metric)
-        self.pool = None
+        self.pool: torch.cuda._POOL_HANDLE | None = None
 
     @property
     def max_bs(self) -> int:

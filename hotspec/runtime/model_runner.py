@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -17,6 +19,8 @@ class ModelRunner:
         self.backend = backend
 
     @torch.inference_mode()
-    def forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, Any]:
+        """(hidden, aux): a target model's aux is its captured layer states (list[Tensor]), a draft
+        head's its feature for the next draft step (Tensor)."""
         self.backend.plan(fb)
         return self.model(fb, self.kv, self.backend)

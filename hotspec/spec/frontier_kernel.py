@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from hotspec.layers.attention import triton_kernels  # noqa: F401  (interpreter fix)
+from hotspec.spec.frontier import Frontier
 
 
 def _pow2(n: int) -> int:
@@ -54,7 +55,7 @@ def _frontier_kernel(F_SCORE, LOGP, IDS, H_FEAT, F_MASK, OWNS, C_SCORE, N_SCORE,
 
 def next_frontier(f_score: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor,
                   h_feat: torch.Tensor, f_mask: torch.Tensor, owns_next: torch.Tensor, base: int
-                  ) -> tuple[torch.Tensor, ...]:
+                  ) -> Frontier:
     """As spec/frontier.py's next_frontier_torch (same shapes and dtypes)."""
     b, k = f_score.shape
     hdim = h_feat.shape[1]

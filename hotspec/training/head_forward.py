@@ -30,12 +30,14 @@ all belong to the record; padded queries are dropped by the loss.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.draft_head import DraftHead
-from hotspec.models.eagle import EagleHead
+from hotspec.models.eagle import EagleHead, EagleLayer
 from hotspec.models.eagle3 import Eagle3Head
 from hotspec.models.llama import Attention
 
@@ -73,7 +75,7 @@ def head_step(head: DraftHead, tokens: torch.Tensor, feature: torch.Tensor, posi
         s = m.mlp(m.post_attention_layernorm(r)) + r
         return head.norm(s), s
     if isinstance(head, EagleHead):
-        layer = head.layers[0]
+        layer = cast(EagleLayer, head.layers[0])
         x = head.fc(torch.cat((head.embed_tokens(tokens), feature.to(head.fc.weight.dtype)), dim=-1))
         h = x + attention(layer.self_attn, x, positions, head.rotary, cache)
         h = h + layer.mlp(layer.post_attention_layernorm(h))

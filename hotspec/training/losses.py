@@ -58,7 +58,10 @@ def counted_rows(lengths: torch.Tensor, n_prompt: torch.Tensor, t: int, steps: i
 
 def eagle_loss(head: DraftHead, batch: TrainBatch,
                outs: list[tuple[torch.Tensor, torch.Tensor]]) -> LossOut:
-    terms, losses, accs, counted = [], [], [], []
+    terms: list[torch.Tensor] = []
+    losses: list[torch.Tensor] = []
+    accs: list[torch.Tensor] = []
+    counted: list[int] = []
     features = batch.feature.flatten(0, 1)
     for k, (hidden, _) in enumerate(outs):
         rows = batch.rows[k]
@@ -81,7 +84,10 @@ def eagle3_loss(head: DraftHead, batch: TrainBatch, outs: list[tuple[torch.Tenso
     `t2d` [V] bool: membership of the draft vocabulary."""
     assert batch.final is not None and batch.argmax is not None, "EAGLE-3 batches carry final/argmax"
     finals, argmax = batch.final.flatten(0, 1), batch.argmax.flatten()
-    terms, losses, accs, counted = [], [], [], []
+    terms: list[torch.Tensor] = []
+    losses: list[torch.Tensor] = []
+    accs: list[torch.Tensor] = []
+    counted: list[int] = []
     for k, (hidden, _) in enumerate(outs):
         rows = batch.rows[k]
         nxt = rows + k + 1  # the label position q = j + k + 1 (same record)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from hotspec.sampling_params import SamplingParams
 from hotspec.spec.token_map_builder import end_of_turn_ids
@@ -52,8 +52,8 @@ def user_prefix_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     if not has_chat_template(tokenizer):
         bos = tokenizer.bos_token_id
         return [] if bos is None else [int(bos)]
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False,
-                                             add_generation_prompt=False)
+    rendered = cast(str, tokenizer.apply_chat_template([{"role": "user", "content": _MARK}],
+                                                       tokenize=False, add_generation_prompt=False))
     prefix = rendered[: rendered.index(_MARK)]
     return list(tokenizer.encode(prefix, add_special_tokens=False))
 

@@ -16,9 +16,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from hotspec.models.draft_head import DraftHead
@@ -56,7 +57,7 @@ class Trainer:
                  vocab: Vocab | None, ckpt_dir: Path, meta: dict[str, Any]) -> None:
         self.head, self.data, self.cfg = head, data, cfg
         self.ttt_steps, self.vocab = ttt_steps, vocab
-        self.device = head.fc.weight.device
+        self.device = cast(nn.Linear, head.fc).weight.device  # EAGLE and EAGLE-3 heads have an fc
         self.ckpt = ckpt_dir / CHECKPOINT
         self.meta = dict(meta, ttt_steps=ttt_steps, batch_size=cfg.batch_size, epochs=cfg.epochs,
                          records=data.num_records)
@@ -110,7 +111,7 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not cfg.progress)
         while self.step < self.total_steps:
-            lr = self.sched.get_last_lr()[0]  # the rate this step uses
+            lr = cast(float, self.sched.get_last_lr()[0])  # the rate this step uses
             out = self.train_step(self.batch(self.step))
             self.step += 1
             k = out.step_loss.numel()
@@ -177,8 +178,8 @@ def epoch_batches(data: FeatureBlock, batch_size: int, seed: int) -> list[list[i
     batches: list[list[int]] = []
     for start in range(0, len(order), run):
         chunk = order[start:start + run]
-        chunk = chunk[torch.argsort(lengths[chunk], descending=True, stable=True)].tolist()
-        batches += [chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size)]
+        ids = chunk[torch.argsort(lengths[chunk], descending=True, stable=True)].tolist()
+        batches += [ids[j:j + batch_size] for j in range(0, len(ids), batch_size)]
     # The last (possibly short) batch stays last, so every other step sees `batch_size` records.
     full = batches[:-1] if len(batches[-1]) < batch_size else batches
     perm = torch.randperm(len(full), generator=g).tolist()

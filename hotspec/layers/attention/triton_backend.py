@@ -166,7 +166,7 @@ class TritonBackend(AttentionBackend):
         ragged = p.width is None
         cu = p.cu_seqlens_q if ragged else p.q_lens
         custom = p.custom_mask is not None
-        cm = p.custom_mask if custom else p.q_lens
+        cm = p.custom_mask if p.custom_mask is not None else p.q_lens
         cm_strides = tuple(cm.stride()) if custom else (0, 0, 0)
         m_custom = cm.shape[2] if custom else 0
         if splits > 1:

@@ -45,7 +45,7 @@ def _interpreter_numpy_compat() -> None:
         orig(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    patched._hotspec_index_fix = True
+    patched._hotspec_index_fix = True  # type: ignore[attr-defined]  # a function attribute
     _interp._patch_lang_tensor = patched
 
 
