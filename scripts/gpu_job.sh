@@ -16,9 +16,9 @@
 #   train6     next calls: continue that training; once done, prune to 8k, send the head back and
 #              sweep it beside the shipped head at batch 1 and 8
 #   overlap8b  first call of a chain: 8B decode at batch 1/8, plain and --overlap-schedule, and
-#              overlapped with 16-block attention splits; benchmarks/attn_bench.py (~8 min)
+#              overlapped with 16-block attention splits; benchmarks/attn_bench.py (~6.5 min)
 #   overlapsmol  second call: engine GPU tests, SmolLM2 decode at 1/8/32 plain and overlapped, then
-#              spec_sweep at batch 1 plain and with --overlap-schedule (~9 min)
+#              spec_sweep at batch 1 plain and with --overlap-schedule (~7 min)
 #   trainwide  a head with a wider MLP (INTER, default 3072) on the shipped head's greedy data,
 #              continued like train6; once done, pruned, sent back and swept beside the shipped head
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
@@ -152,8 +152,6 @@ if [ "$stage" = overlap8b ]; then  # first call of a chain: 8B decode, plain vs 
     --out "$OUT/decode_8b_overlap_split16.json"
   # the attention kernel alone per phase shape: tiles, splits, custom mask vs causal
   step attn_bench 150 python3 benchmarks/attn_bench.py --model default --batch-sizes 1,8 --out "$OUT/attn_bench.json"
-  step attn_bench_8b 90 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1 \
-    --phases decode,verify,verify-causal --out "$OUT/attn_bench_8b.json"
 fi
 if [ "$stage" = overlapsmol ]; then  # second call: engine tests (overlap too), SmolLM2 plain vs overlap
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
@@ -161,10 +159,10 @@ if [ "$stage" = overlapsmol ]; then  # second call: engine tests (overlap too), 
   step decode_smol_plain 45 "${DS[@]}" --batch-sizes 1,8,32 --out "$OUT/decode_smol_plain.json"
   step decode_smol_overlap 45 "${DS[@]}" --batch-sizes 1,8,32 --overlap-schedule --out "$OUT/decode_smol_overlap.json"
   # speculative vs vanilla, both plain, then both overlapped (one machine, two runs)
-  step sweep_b1_plain 130 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1_plain.json" \
-    --variants 4/8/12 6/10/32
-  step sweep_b1_overlap 130 "${SWEEP[@]}" --overlap-schedule --batch-size 1 --num-prompts 26 \
-    --out "$OUT/sweep_b1_overlap.json" --variants 4/8/12 6/10/32 4/8/12:plain
+  step sweep_b1_plain 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1_plain.json" \
+    --variants 4/8/12
+  step sweep_b1_overlap 120 "${SWEEP[@]}" --overlap-schedule --batch-size 1 --num-prompts 26 \
+    --out "$OUT/sweep_b1_overlap.json" --variants 4/8/12 4/8/12:plain
 fi
 if [ "$stage" = kernels5 ]; then  # first call of a chain: kernel tests, 8B decode A/Bs (GEMV, splits)
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py tests/test_graph_runner.py \
