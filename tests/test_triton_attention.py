@@ -213,6 +213,42 @@ def test_custom_mask_padding_rows_and_small_tiles() -> None:
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, block_m=16, block_n=16))
 
 
+@pytest.mark.parametrize("m", [12, 64])
+def test_packed_mask_bits_keep_every_slot(m: int) -> None:
+    """pack_mask_bits: bit j of row i's word is mask[i, j], the 64th slot (the sign bit) included."""
+    torch.manual_seed(13)
+    mask = torch.rand(2, 5, m) < 0.5
+    mask[0, 0, m - 1] = True
+    words = triton_backend.pack_mask_bits(mask)
+    unpacked = (words.unsqueeze(-1) >> torch.arange(m)) & 1
+    assert words.dtype == torch.int64 and torch.equal(unpacked.bool(), mask)
+    with pytest.raises(ValueError, match="at most 64"):
+        triton_backend.pack_mask_bits(torch.ones(1, 1, 65, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("phase", ["verify", "draft", "padding-rows"])
+def test_custom_mask_as_bits_matches_the_reference(phase: str) -> None:
+    """The packed-word mask path (HOTSPEC_ATTN_MASK_BITS) gives the reference's attention."""
+    if phase == "verify":
+        n, prefix = 8, [0, 21, 70]
+        case = make_case(q_lens=[n] * 3, kv_lens=[p + n for p in prefix], width=n, hq=6, hkv=2, d=64,
+                         dtype=BF16, seed=4, masks=[tree_mask(n) for _ in prefix])
+        backend = TritonBackend(PAGE, mask_bits=True)
+    elif phase == "draft":
+        k, m, prefix = 4, 12, [3, 40]
+        case = make_case(q_lens=[k, k], kv_lens=[p + m for p in prefix], width=k, hq=8, hkv=2, d=64,
+                         dtype=F32, seed=5, masks=[draft_mask(k, m) for _ in prefix])
+        backend = TritonBackend(PAGE, mask_bits=True, num_splits=3, block_n=16)
+    else:
+        n, prefix = 8, [50, 5]
+        case = make_case(q_lens=[3, n], kv_lens=[p + n for p in prefix], width=n, hq=8, hkv=2, d=64,
+                         dtype=F32, seed=6, masks=[tree_mask(n) for _ in prefix])
+        backend = TritonBackend(PAGE, mask_bits=True, block_m=16, block_n=16)
+    fb, q, kc, vc = case
+    check(fb, q, kc, vc, backend=backend)
+    assert fb.attn_meta.mask_bits and fb.attn_meta.custom_mask.dtype == torch.int64
+
+
 def test_prefill_many_query_tiles() -> None:
     """Ragged prefill spanning several query tiles and kv blocks (small tiles)."""
     q_lens = [33, 2, 20]
@@ -311,11 +347,12 @@ def test_gpu_decode(shape, batch, splits) -> None:
 @pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
 @pytest.mark.parametrize("batch,n", [(1, 60), (16, 8), (64, 16)])
 @pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "fp32"])
-def test_gpu_verify(shape, batch, n, dtype) -> None:
+@pytest.mark.parametrize("bits", [False, True], ids=["byte-mask", "bit-mask"])
+def test_gpu_verify(shape, batch, n, dtype, bits) -> None:
     prefix = _rand_lens(batch, 0, 4000, seed=n)
     fb, q, kc, vc = make_case(q_lens=[n] * batch, kv_lens=[p + n for p in prefix], width=n,
                               dtype=dtype, seed=102, masks=[tree_mask(n) for _ in prefix], **shape)
-    check(fb, q, kc, vc)
+    check(fb, q, kc, vc, backend=TritonBackend(PAGE, mask_bits=bits))
 
 
 @pytest.mark.gpu

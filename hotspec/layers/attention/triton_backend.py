@@ -50,13 +50,29 @@ class TritonPlan:
     kv_lens: torch.Tensor  # [B]
     block_tables: torch.Tensor  # [B, max_blocks], unit stride along blocks
     cu_seqlens_q: torch.Tensor | None  # [B+1] ragged only
-    custom_mask: torch.Tensor | None  # [B, width, M] uint8 view of the bool mask
-    width: int | None  # None: ragged
+    custom_mask: torch.Tensor | None  # [B, width, M] uint8 view of the bool mask, or [B, width]
+    width: int | None  # None: ragged                                # int64 words (mask_bits)
     max_q: int
     max_kv: int  # host-side bound, only used to choose the split count
+    mask_bits: bool = False  # custom_mask packed: bit j of row i's word = mask[i, j] (M <= 64)
+    m_custom: int = 0  # M, the custom mask's width
 
 
 _SPLIT_BLOCKS = int(os.environ.get("HOTSPEC_ATTN_SPLIT_BLOCKS", "4"))
+# HOTSPEC_ATTN_MASK_BITS=1: custom masks (verify, draft) as one int64 word per query row instead
+# of a byte per (row, slot): an A/B switch until the H200 says which is faster (attn_bench.py).
+_MASK_BITS = os.environ.get("HOTSPEC_ATTN_MASK_BITS", "0") not in ("", "0")
+MASK_BITS_MAX = 64  # tree slots one word holds
+
+
+def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
+    """[B, W, M] bool (M <= 64) -> [B, W] int64, bit j = mask[..., j]. Distinct powers of two sum
+    to their OR; bit 63's term wraps to the sign bit, which is its two's-complement pattern."""
+    m = mask.shape[-1]
+    if m > MASK_BITS_MAX:
+        raise ValueError(f"a packed mask holds at most {MASK_BITS_MAX} slots, got {m}")
+    shifts = torch.arange(m, dtype=torch.int64, device=mask.device)
+    return (mask.to(torch.int64) << shifts).sum(-1)
 
 
 def _pow2(x: int) -> int:
@@ -66,9 +82,12 @@ def _pow2(x: int) -> int:
 class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
-                 num_stages: int = 2) -> None:
+                 num_stages: int = 2, mask_bits: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
-        split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never)."""
+        split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
+        mask_bits packs custom masks of <= 64 slots into a word per row (None: the
+        HOTSPEC_ATTN_MASK_BITS switch, off by default)."""
+        self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.block_size = block_size
         self.block_n = block_n
         self.block_m = block_m
@@ -87,15 +106,19 @@ class TritonBackend(AttentionBackend):
         if bt.stride(1) != 1:
             bt = bt.contiguous()
         cm = fb.custom_mask
+        bits, m_custom = False, 0
         if cm is not None:
             if fb.width is None:
                 raise ValueError("custom_mask needs a uniform layout (width)")
-            if cm.dtype == torch.bool:
+            m_custom = cm.shape[2]
+            if self.mask_bits and m_custom <= MASK_BITS_MAX:
+                cm, bits = pack_mask_bits(cm.bool()), True
+            elif cm.dtype == torch.bool:
                 cm = cm.view(torch.uint8)
         if fb.width is None and fb.cu_seqlens_q is None:
             raise ValueError("ragged batch without cu_seqlens_q")
         fb.attn_meta = TritonPlan(fb.q_lens, fb.kv_lens, bt, fb.cu_seqlens_q, cm, fb.width,
-                                  int(fb.max_q), int(fb.max_kv))
+                                  int(fb.max_q), int(fb.max_kv), bits, m_custom)
 
     # -- launch configuration -----------------------------------------------------------------
     def _sms(self, dev: torch.device) -> int:
@@ -167,8 +190,11 @@ class TritonBackend(AttentionBackend):
         cu = p.cu_seqlens_q if ragged else p.q_lens
         custom = p.custom_mask is not None
         cm = p.custom_mask if p.custom_mask is not None else p.q_lens
-        cm_strides = tuple(cm.stride()) if custom else (0, 0, 0)
-        m_custom = cm.shape[2] if custom else 0
+        if p.mask_bits:
+            cm_strides: tuple[int, ...] = (cm.stride(0), cm.stride(1), 0)
+        else:
+            cm_strides = tuple(cm.stride()) if custom else (0, 0, 0)
+        m_custom = p.m_custom
         if splits > 1:
             opart = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
             lse = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
@@ -187,6 +213,7 @@ class TritonBackend(AttentionBackend):
             GROUP=group, GROUP_PAD=gp, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
+            MASK_BITS=p.mask_bits,
             num_warps=num_warps, num_stages=self.num_stages,
         )
         if splits > 1:

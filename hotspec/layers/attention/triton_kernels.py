@@ -55,10 +55,10 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
 
 @triton.jit
 def _attn_blocks(
-    acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, lo, hi, kv_len, lim, real, row_ok,
+    acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, hi, kv_len, lim, real, row_ok,
     start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CUSTOM: tl.constexpr, MASKED: tl.constexpr,
-    F32_DOT: tl.constexpr, EVEN_D: tl.constexpr,
+    F32_DOT: tl.constexpr, EVEN_D: tl.constexpr, MASK_BITS: tl.constexpr,
 ):
     """Online-softmax over kv indices [lo, hi) in BLOCK_N steps. MASKED=False: every index is
     < kv_len and visible to every real row (padding rows still see index 0 only)."""
@@ -89,8 +89,12 @@ def _attn_blocks(
             if CUSTOM:
                 rel = offs - start_tree
                 in_tree = rel >= 0
-                cm = tl.load(cm_row[:, None] + rel[None, :] * stride_cmj,
-                             mask=(real & row_ok)[:, None] & (in_tree & n_ok)[None, :], other=0)
+                if MASK_BITS:  # bit j of the row's word: tree slot j visible (M <= 64)
+                    shift = tl.minimum(tl.maximum(rel, 0), 63).to(tl.int64)
+                    cm = (bits[:, None] >> shift[None, :]) & 1
+                else:
+                    cm = tl.load(cm_row[:, None] + rel[None, :] * stride_cmj,
+                                 mask=(real & row_ok)[:, None] & (in_tree & n_ok)[None, :], other=0)
                 vis = (~in_tree)[None, :] | (cm != 0)
                 vis = tl.where(real[:, None], vis, (offs == 0)[None, :])
             else:
@@ -132,6 +136,7 @@ def paged_attn_fwd(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
+    MASK_BITS: tl.constexpr = False,
 ):
     pid0 = tl.program_id(0)
     b = tl.program_id(1)
@@ -204,14 +209,17 @@ def paged_attn_fwd(
     cm_row = CM + b.to(tl.int64) * stride_cmb + qi.to(tl.int64) * stride_cmi
     k_base = K + h * stride_kh
     v_base = V + h * stride_vh
+    bits = tl.zeros([BLOCK_M], dtype=tl.int64)
+    if MASK_BITS:  # CM holds one int64 word per query row: [B, width] at strides (cmb, cmi)
+        bits = tl.load(cm_row, mask=real & row_ok, other=0)
     acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, lo, tl.minimum(hi, full), kv_len, lim,
-        real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
-        PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM)
+        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, tl.minimum(hi, full), kv_len,
+        lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+        PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS)
     acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, tl.maximum(lo, full), hi, kv_len, lim,
-        real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
-        PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM)
+        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, tl.maximum(lo, full), hi, kv_len,
+        lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+        PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
