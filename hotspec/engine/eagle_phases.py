@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from hotspec.engine.launches import from_carry, to_carry
 from hotspec.engine.vanilla_worker import example_sampling
 from hotspec.layers.sampler import shape_logits_to_probs
 from hotspec.layers.topk_logp import topk_logp
@@ -35,7 +36,7 @@ def emitted_rows(acc: Tensors) -> torch.Tensor:
 
 
 class EaglePhases:
-    # The overlap schedule's row buffers ("seq", "root", "offset"; engine/eagle_worker.py), which
+    # The overlap schedule's row buffers ("seq", "root", "offsets"; engine/launches.py), which
     # the fused step reads for rows with `src` >= 0 and writes for the next step; None: unused.
     carry: Tensors | None = None
 
@@ -204,36 +205,16 @@ class EaglePhases:
 
     def _step(self, x: Tensors, verify: Callable[[Tensors, bool], Tensors]) -> Tensors:
         if self.carry is not None:
-            x = self._from_carry(x, self.carry)
+            x = from_carry(x, self.carry)
         tree = self.draft_phase(x)
         acc = verify(dict(x, **tree), True)
         ext = self.draft_extend_phase({"seq": x["seq"], "tables": x["tables"], **acc})
-        if self.carry is not None:
-            self._to_carry(x, acc, self.carry)
+        if self.carry is not None:  # seq + accepted, the bonus (next root), offset + emitted
+            a = acc["accept_len"]
+            to_carry(self.carry, {"seq": x["seq"] + a, "root": acc["bonus"]}
+                     | ({"offsets": x["offsets"] + a} if "offsets" in x else {}))
         return {"emitted": emitted_rows(acc), "topk_logp": ext["topk_logp"],
                 "topk_ids": ext["topk_ids"], "feature": ext["feature"]}
-
-    @staticmethod
-    def _from_carry(x: Tensors, carry: Tensors) -> Tensors:
-        """Rows with `src` >= 0 take their sequence length, root token and RNG offset from row
-        `src` of the last step's carry (what the host has not read yet)."""
-        take = x["src"] >= 0
-        row = x["src"].clamp(min=0)
-        x = dict(x, seq=torch.where(take, carry["seq"][row], x["seq"]),
-                 root=torch.where(take, carry["root"][row], x["root"]))
-        if "offsets" in x:
-            x["offsets"] = torch.where(take, carry["offset"][row], x["offsets"])
-        return x
-
-    @staticmethod
-    def _to_carry(x: Tensors, acc: Tensors, carry: Tensors) -> None:
-        """What the next step reads of this one's rows: seq + accepted, the bonus token (the next
-        root), offset + accepted (tokens emitted: the RNG offset of stochastic verification)."""
-        b, a = acc["accept_len"].shape[0], acc["accept_len"]
-        carry["seq"][:b].copy_(x["seq"] + a)
-        carry["root"][:b].copy_(acc["bonus"])
-        if "offsets" in x:
-            carry["offset"][:b].copy_(x["offsets"] + a)
 
     # -- examples: static buffer shapes and padding rows (null block 0, length 1) ------------
     def _example_base(self, bs: int) -> Tensors:

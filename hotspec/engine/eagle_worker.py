@@ -60,7 +60,7 @@ class EagleWorker(EaglePhases, LaunchingWorker):
         if overlap:  # what step N+1 reads of step N's rows (module docstring)
             rows = max(max_rows, graphs.max_bs)
             self.carry = {k: torch.zeros(rows, dtype=torch.long, device=device)
-                          for k in ("seq", "root", "offset")}
+                          for k in ("seq", "root", "offsets")}
         self.stats = SpecStats()
         # the last step's per-request states and the batch tensors they are rows of
         self._last_states: tuple[list[_DraftState], Tensors] | None = None

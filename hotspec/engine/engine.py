@@ -190,7 +190,8 @@ class Engine(EngineBuilder):
         if not self._grow(reqs):  # out of blocks: preemption needs every step read first
             outs = self._drain()
             reqs = self._reserve_step_slots()
-        self.in_flight = reqs + [r for r in self.running if worker.ahead(r) and r not in reqs]
+        launched = set(reqs)
+        self.in_flight = reqs + [r for r in self.running if worker.ahead(r) and r not in launched]
         if reqs:
             worker.launch(reqs)
         while worker.launched > (1 if reqs else 0):

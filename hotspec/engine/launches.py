@@ -15,7 +15,25 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import torch
+
 from hotspec.engine.request import Request
+
+Tensors = dict[str, torch.Tensor]
+
+
+def from_carry(x: Tensors, carry: Tensors) -> Tensors:
+    """Inside a step graph: each input named in `carry` taken from row `src` of the carry where
+    `src` >= 0 (what the host has not read yet), else the host's value."""
+    take = x["src"] >= 0
+    row = x["src"].clamp(min=0)
+    return dict(x, **{k: torch.where(take, buf[row], x[k]) for k, buf in carry.items() if k in x})
+
+
+def to_carry(carry: Tensors, values: Tensors) -> None:
+    """Inside a step graph: what the next step reads of this one's rows, row for row."""
+    for k, v in values.items():
+        carry[k][: v.shape[0]].copy_(v)
 
 
 class Launches:

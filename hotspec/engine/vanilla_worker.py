@@ -3,8 +3,8 @@
 A decode step is launched (`launch`: inputs built and the graph enqueued, no host sync) and later
 collected (`collect`: the one `tolist()` of the step). `step` does both at once. With the overlap
 schedule the engine launches step N+1 before it collects step N (engine/launches.py): step N+1
-reads a request's input token from `last_next`, where every decode graph leaves its tokens, when
-the host has not read it yet. A vanilla step advances a request by exactly one position, so
+reads a request's input token from the `carry` row where every decode graph leaves its tokens,
+when the host has not read it yet. A vanilla step advances a request by exactly one position, so
 positions, KV slots and sampling offsets are known ahead of the tokens.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hotspec.engine.launches import Launches, LaunchingWorker
+from hotspec.engine.launches import Launches, LaunchingWorker, from_carry, to_carry
 from hotspec.engine.request import Request, Status
 from hotspec.layers.sampler import SamplingTensors, sample
 from hotspec.models.llama import LlamaForCausalLM
@@ -79,7 +79,7 @@ class VanillaWorker(LaunchingWorker):
         self.overlap = overlap
         self.launches = Launches()
         if overlap:  # sized for the largest batch a decode pass runs: padded graph or eager
-            self.last_next = torch.zeros(max(max_rows, graphs.max_bs), dtype=torch.long, device=device)
+            self.carry = {"ids": torch.zeros(max(max_rows, graphs.max_bs), dtype=torch.long, device=device)}
         graphs.register("decode", self.decode_phase, self._example)
         graphs.register("decode[sample]", self.decode_sample_phase,
                         lambda bs: dict(self._example(bs), **example_sampling(bs, device)))
@@ -162,16 +162,12 @@ class VanillaWorker(LaunchingWorker):
         return self.target.compute_logits(hidden)
 
     def _input_ids(self, x: Tensors) -> Tensors:
-        """Overlap: each row's token from the previous launch's `last_next` row `src`, or from
-        the host (`src` -1)."""
-        if not self.overlap:
-            return x
-        src = x["src"]
-        return dict(x, ids=torch.where(src >= 0, self.last_next[src.clamp(min=0)], x["ids"]))
+        """Overlap: a row's token from the last step's carry (`src`), or the host's (`src` -1)."""
+        return from_carry(x, self.carry) if self.overlap else x
 
     def _next(self, nxt: torch.Tensor) -> Tensors:
         if self.overlap:  # what the next launch reads for rows it has not collected yet
-            self.last_next[: nxt.shape[0]].copy_(nxt)
+            to_carry(self.carry, {"ids": nxt})
         return {"next": nxt}
 
     def decode_phase(self, x: Tensors) -> Tensors:
