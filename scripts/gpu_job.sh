@@ -21,6 +21,10 @@
 #              spec_sweep at batch 1 plain and with --overlap-schedule (~7 min)
 #   trainwide  a head with a wider MLP (INTER, default 3072) on the shipped head's greedy data,
 #              continued like train6; once done, pruned, sent back and swept beside the shipped head
+#   overlap7a  session 7, first call: graph-runner GPU tests (asynchronous launch and read-back),
+#              8B decode at batch 1/8 plain and overlapped (~3 min)
+#   overlap7b  second call: engine GPU tests, SmolLM2 decode and spec_sweep at batch 1, plain and
+#              overlapped (~6 min)
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
 #   final5     second call: spec_sweep at batch 1 with 16-row attention tiles and without
@@ -159,6 +163,25 @@ if [ "$stage" = overlapsmol ]; then  # second call: engine tests (overlap too), 
   step decode_smol_plain 45 "${DS[@]}" --batch-sizes 1,8,32 --out "$OUT/decode_smol_plain.json"
   step decode_smol_overlap 45 "${DS[@]}" --batch-sizes 1,8,32 --overlap-schedule --out "$OUT/decode_smol_overlap.json"
   # speculative vs vanilla, both plain, then both overlapped (one machine, two runs)
+  step sweep_b1_plain 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1_plain.json" \
+    --variants 4/8/12
+  HOTSPEC_ATTN_MASK_BITS=0 step sweep_b1_bytemask 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 \
+    --out "$OUT/sweep_b1_bytemask.json" --variants 4/8/12
+  step sweep_b1_overlap 120 "${SWEEP[@]}" --overlap-schedule --batch-size 1 --num-prompts 26 \
+    --out "$OUT/sweep_b1_overlap.json" --variants 4/8/12 4/8/12:plain
+fi
+# session 7: the overlap schedule with its read-back fixed (HostCopy, pinned inputs); A/B in one run
+if [ "$stage" = overlap7a ]; then  # first call of a chain (carries .whl .models/p1)
+  step graph_tests 60 python3 -m pytest -q -m gpu tests/test_graph_runner.py -x
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
+  step decode_8b_plain 120 "${D8[@]}" --batch-sizes ${B8:-1,8} --out "$OUT/decode_8b_plain.json"
+  step decode_8b_overlap 120 "${D8[@]}" --batch-sizes ${B8:-1,8} --overlap-schedule --out "$OUT/decode_8b_overlap.json"
+fi
+if [ "$stage" = overlap7b ]; then  # second call (carries .models/p2 and the prompts)
+  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x ${ENGINE_K:+-k "$ENGINE_K"}
+  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512 --tokens 64)
+  step decode_smol_plain 45 "${DS[@]}" --batch-sizes 1,8 --out "$OUT/decode_smol_plain.json"
+  step decode_smol_overlap 45 "${DS[@]}" --batch-sizes 1,8 --overlap-schedule --out "$OUT/decode_smol_overlap.json"
   step sweep_b1_plain 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1_plain.json" \
     --variants 4/8/12
   step sweep_b1_overlap 120 "${SWEEP[@]}" --overlap-schedule --batch-size 1 --num-prompts 26 \

@@ -71,3 +71,45 @@ def test_borrowed_outputs_are_views_of_the_graph_and_the_rest_copies():
     assert out["z"].data_ptr() != graph_out["z"].data_ptr()
     assert out["y"].tolist() == [6.0, 8.0] and out["z"].tolist() == [4.0, 5.0]
     r.close()
+
+
+@pytest.mark.gpu
+def test_launch_and_read_back_do_not_wait_for_later_device_work():
+    """What the overlap schedule relies on: with the device busy, replaying a phase from host
+    inputs returns at once (pinned inputs, asynchronous copies), and a HostCopy of its output,
+    made before more work is queued, is read without waiting for that work."""
+    import time
+
+    from hotspec.engine.launches import HostCopy
+
+    dev = torch.device("cuda")
+    r = GraphRunner(dev, "cuda", [1, 2])
+    r.register("p", lambda x: {"y": x["a"] * 2}, lambda bs: {"a": torch.zeros(bs, device=dev)})
+    r.capture_all()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)  # ~0.2 s of device time queued first
+    t0 = time.perf_counter()
+    out = r.run("p", {"a": torch.tensor([3.0, 4.0])}, borrow=("y",))  # host input
+    copy = HostCopy(out["y"])
+    launched = time.perf_counter() - t0
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of later work the read-back must not wait for
+    r.run("p", {"a": torch.tensor([5.0, 6.0])})  # overwrites the borrowed view on the device
+    t1 = time.perf_counter()
+    assert copy.tolist() == [6.0, 8.0]
+    read = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    torch.cuda.synchronize()
+    rest = time.perf_counter() - t2
+    assert launched < 0.1, f"the launch waited for the device ({launched:.3f} s)"
+    assert rest > 0.5, f"the later work had run already ({rest:.3f} s left): the read-back waited"
+    assert read < 0.6, read
+    r.close()
+
+
+def test_host_copy_on_the_cpu_is_a_snapshot():
+    from hotspec.engine.launches import HostCopy
+
+    t = torch.tensor([1, 2, 3])
+    c = HostCopy(t)
+    t.fill_(0)  # the next step overwriting a static buffer
+    assert c.tolist() == [1, 2, 3]

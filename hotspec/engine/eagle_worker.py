@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from hotspec.engine.eagle_phases import EaglePhases, emitted_rows
-from hotspec.engine.launches import Launches, LaunchingWorker
+from hotspec.engine.launches import HostCopy, Launches, LaunchingWorker
 from hotspec.engine.request import Request, Status
 from hotspec.engine.spec_stats import SpecStats
 from hotspec.engine.vanilla_worker import prefill_chunks, sample_for, sampling_inputs
@@ -169,11 +169,10 @@ class EagleWorker(EaglePhases, LaunchingWorker):
         if not greedy:
             ahead = [self.launches.ahead(r) for r in reqs]
             x.update(sampling_inputs(reqs, torch.device("cpu"), ahead))
-        # (read at once when not overlapping: borrowed from the graph, no copy)
-        ext = self.graphs.run("step" if greedy else "step[sample]", x,
-                              borrow=() if self.overlap else ("emitted",))
+        # (borrowed from the graph: HostCopy copies it out before the next launch)
+        ext = self.graphs.run("step" if greedy else "step[sample]", x, borrow=("emitted",))
         self._set_states(reqs, ext)
-        self.launches.push(reqs, ext["emitted"])
+        self.launches.push(reqs, HostCopy(ext["emitted"]))
         self._timed("step", t0)
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:

@@ -22,6 +22,43 @@ from hotspec.engine.request import Request
 Tensors = dict[str, torch.Tensor]
 
 
+class HostCopy:
+    """A step's output on its way to the host. The device-to-host copy is enqueued at once, right
+    after the graph that wrote the tensor and before any later launch (so the tensor may be a view
+    of the graph's static output), into pinned memory; `tolist()` then waits for that copy alone.
+    A plain `tensor.tolist()` would queue its copy behind every step launched since and wait for
+    them too: with the overlap schedule, the step the host should be overlapping."""
+
+    # pinned buffers free for reuse, by (numel, dtype): pinning memory per step costs more host
+    # time than a step of the default model; a buffer returns here once read
+    _free: dict[tuple[int, torch.dtype], list[tuple[torch.Tensor, torch.cuda.Event]]] = {}
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.event: torch.cuda.Event | None = None
+        self._read: Any = None
+        if t.device.type == "cuda":
+            key = (t.numel(), t.dtype)
+            free = HostCopy._free.get(key)
+            if free:
+                buf, self.event = free.pop()
+            else:
+                buf, self.event = torch.empty(key[0], dtype=t.dtype, pin_memory=True), torch.cuda.Event()
+            self.host = buf.view(t.shape).copy_(t, non_blocking=True)
+            self.event.record()
+            self._buf = buf
+        else:  # computed already; copied because the next step may overwrite a static buffer
+            self.host = t.clone()
+
+    def tolist(self) -> Any:
+        if self.event is None:
+            return self.host.tolist() if self._read is None else self._read
+        self.event.synchronize()
+        self._read = self.host.tolist()
+        HostCopy._free.setdefault((self._buf.numel(), self._buf.dtype), []).append((self._buf, self.event))
+        self.event = None  # the buffer is someone else's now
+        return self._read
+
+
 def from_carry(x: Tensors, carry: Tensors) -> Tensors:
     """Inside a step graph: each input named in `carry` taken from row `src` of the carry where
     `src` >= 0 (what the host has not read yet), else the host's value."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hotspec.engine.launches import Launches, LaunchingWorker, from_carry, to_carry
+from hotspec.engine.launches import HostCopy, Launches, LaunchingWorker, from_carry, to_carry
 from hotspec.engine.request import Request, Status
 from hotspec.layers.sampler import SamplingTensors, sample
 from hotspec.models.llama import LlamaForCausalLM
@@ -131,14 +131,13 @@ class VanillaWorker(LaunchingWorker):
                       "tables": block_table_tensor(reqs, host)}
         if self.overlap:
             x["src"] = torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
-        # (read at once when not overlapping: borrowed from the graph, no copy)
-        borrow = () if self.overlap else ("next",)
+        # (borrowed from the graph: HostCopy copies it out before the next launch)
         if all(r.params.temperature == 0 for r in reqs):
-            out = self.graphs.run("decode", x, borrow=borrow)
+            out = self.graphs.run("decode", x, borrow=("next",))
         else:
             out = self.graphs.run("decode[sample]", dict(x, **sampling_inputs(reqs, host, ahead)),
-                                  borrow=borrow)
-        self.launches.push(reqs, out["next"])
+                                  borrow=("next",))
+        self.launches.push(reqs, HostCopy(out["next"]))
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:
         """The oldest launched step's requests and their tokens: the one host sync of a step.

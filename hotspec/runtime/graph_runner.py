@@ -42,11 +42,46 @@ def default_batch_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
+class _Staging:
+    """Pinned host mirrors of a phase's static inputs, two sets used in turn: host inputs are
+    written here and copied to the device asynchronously (CUDA promises that only from pinned
+    memory; from pageable memory the host may wait for the steps launched before, which the
+    overlap schedule must not). A set is rewritten only after its last copy ran (an event); with
+    at most one step unread that copy ran long ago. Allocated once: pinning memory per call
+    costs more host time than the whole step saves."""
+
+    def __init__(self, static: Tensors) -> None:
+        self.sets = [{k: torch.empty(v.numel(), dtype=v.dtype, pin_memory=True)
+                      for k, v in static.items()} for _ in range(2)]
+        self.copied = [torch.cuda.Event(), torch.cuda.Event()]
+        self.used = [False, False]
+        self.turn = 0
+
+    def stage(self, inputs: Tensors) -> tuple[Tensors, int]:
+        i = self.turn
+        self.turn ^= 1
+        if self.used[i]:
+            self.copied[i].synchronize()
+        out = {}
+        for k, v in inputs.items():
+            if v.device.type == "cpu":
+                out[k] = self.sets[i][k][: v.numel()].view(v.shape).copy_(v)
+            else:
+                out[k] = v
+        return out, i
+
+    def mark(self, i: int) -> None:
+        """After the copies from set `i` were enqueued."""
+        self.copied[i].record()
+        self.used[i] = True
+
+
 @dataclass
 class _Entry:
     fn: Phase
     static: Tensors  # inputs at the largest batch size
     pad: Tensors  # one padding row per input
+    staging: _Staging | None = None  # CUDA only
 
 
 class GraphRunner:
@@ -70,7 +105,8 @@ class GraphRunner:
     def register(self, name: str, fn: Phase, example: Callable[[int], Tensors]) -> None:
         static = example(self.max_bs) if self.mode != "eager" else {}
         pad = {k: v[:1].clone() for k, v in example(1).items()}
-        self.phases[name] = _Entry(fn, static, pad)
+        staging = _Staging(static) if static and self.device.type == "cuda" else None
+        self.phases[name] = _Entry(fn, static, pad, staging)
 
     # -- capture -------------------------------------------------------------------------------
     def capture_all(self) -> None:
@@ -122,12 +158,16 @@ class GraphRunner:
         padded = next((b for b in self.batch_sizes if b >= bs), None)
         if self.mode == "eager" or padded is None:
             return e.fn({k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
+        turn = None
+        if e.staging is not None:
+            inputs, turn = e.staging.stage(inputs)
         for k, src in inputs.items():
             dst = e.static[k]
-            # (non_blocking: a pageable host source is staged before the call returns)
             dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src, non_blocking=True)
             if padded > bs:
                 dst[bs:padded].copy_(e.pad[k].expand_as(dst[bs:padded]))
+        if e.staging is not None and turn is not None:
+            e.staging.mark(turn)
         graph = self.graphs.get((name, padded))
         if graph is None:  # static mode, or an allowed fallback
             out = e.fn({k: v[:padded] for k, v in e.static.items()})
@@ -165,3 +205,4 @@ class GraphRunner:
         self.graphs.clear()
         self.phases.clear()
         self.pool = None
+
