@@ -255,8 +255,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also time transformers generate (static cache) on the same weights")
     p.add_argument("--kernels", action="store_true",
                    help="graphed: print the kernels of one decode step (torch.profiler)")
-    p.add_argument("--overlap-schedule", action="store_true",
-                   help="launch decode step N+1 before reading step N (the engine option)")
+    p.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
+                   help="launch decode step N+1 before reading step N (the engine option; "
+                        "default: the engine's, on with CUDA graphs)")
     p.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -294,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"transformers generate (static cache), batch {b}: {hf_rows[-1]:.1f} tok/s",
                   file=sys.stderr)
     report = {
-        "benchmark": f"decode_bench (vanilla, {args.mode}{', overlap' if args.overlap_schedule else ''})",
+        "benchmark": f"decode_bench (vanilla, {args.mode}, "
+                     f"{'overlap' if engine.worker.overlapping else 'plain'} schedule)",
         "hf_static_cache_tokens_per_s": hf_rows,
         "command": " ".join(["python", *sys.argv]),
         "date_utc": started.strftime("%Y-%m-%d %H:%M UTC"),

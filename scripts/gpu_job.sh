@@ -174,16 +174,16 @@ fi
 if [ "$stage" = overlap7a ]; then  # first call of a chain (carries .whl .models/p1)
   step graph_tests 60 python3 -m pytest -q -m gpu tests/test_graph_runner.py -x
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
-  step decode_8b_plain 120 "${D8[@]}" --batch-sizes ${B8:-1,8} --out "$OUT/decode_8b_plain.json"
+  step decode_8b_plain 120 "${D8[@]}" --batch-sizes ${B8:-1,8} --no-overlap-schedule --out "$OUT/decode_8b_plain.json"
   step decode_8b_overlap 120 "${D8[@]}" --batch-sizes ${B8:-1,8} --overlap-schedule --out "$OUT/decode_8b_overlap.json"
 fi
 if [ "$stage" = overlap7b ]; then  # second call (carries .models/p2 and the prompts)
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x ${ENGINE_K:+-k "$ENGINE_K"}
   DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512 --tokens 64)
-  step decode_smol_plain 45 "${DS[@]}" --batch-sizes 1,8 --out "$OUT/decode_smol_plain.json"
+  step decode_smol_plain 45 "${DS[@]}" --batch-sizes 1,8 --no-overlap-schedule --out "$OUT/decode_smol_plain.json"
   step decode_smol_overlap 45 "${DS[@]}" --batch-sizes 1,8 --overlap-schedule --out "$OUT/decode_smol_overlap.json"
-  step sweep_b1_plain 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1_plain.json" \
-    --variants 4/8/12
+  step sweep_b1_plain 100 "${SWEEP[@]}" --no-overlap-schedule --batch-size 1 --num-prompts 26 \
+    --out "$OUT/sweep_b1_plain.json" --variants 4/8/12
   step sweep_b1_overlap 120 "${SWEEP[@]}" --overlap-schedule --batch-size 1 --num-prompts 26 \
     --out "$OUT/sweep_b1_overlap.json" --variants 4/8/12 4/8/12:plain
 fi

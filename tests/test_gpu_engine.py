@@ -20,8 +20,10 @@ N = 24
 
 @pytest.fixture(scope="module")
 def vanilla():
-    llm = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8)
+    llm = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8,
+              overlap_schedule=False)  # the plain schedule: the reference every other mode must equal
     assert set(llm.engine.graphs.status.values()) == {"graphed"}
+    assert not llm.engine.worker.overlapping
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=N))
     return [o.token_ids for o in outs]
 
@@ -93,6 +95,15 @@ def test_graphed_overlap_schedule_equals_graphed_vanilla_fp32(vanilla):
     assert max(spec.engine.worker.stats.accept_hist) > 2
     del spec
     sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=N)
-    plain = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8)
+    plain = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8,
+                overlap_schedule=False)
     ref = [o.token_ids for o in plain.generate(PROMPTS, sampled)]
     assert [o.token_ids for o in llm.generate(PROMPTS, sampled)] == ref
+    del plain
+    # the default with CUDA graphs: on for vanilla and the fused step, off for three phase graphs
+    auto = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8)
+    assert auto.engine.worker.overlapping
+    del auto
+    three = LLM(dtype="float32", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8,
+                speculative_algorithm="EAGLE3", fuse_spec_step=False)
+    assert not three.engine.worker.overlapping

@@ -219,3 +219,41 @@ def test_profiling_phases_reads_every_step_first(target, head):
         engine.step()
     assert engine.worker.stats.phase_calls["verify"] > 0
     assert [(r.output_token_ids, r.finish_reason) for r in reqs] == ref
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_bench_driver_syncs_prefill_steps_only_and_counts_tokens_right(target, monkeypatch, overlap):
+    """`hotspec bench` / spec_sweep time the prefill steps apart; a device sync after every step
+    would undo the overlap schedule (the step launched ahead would be waited for each time), so
+    only steps that may prefill are synced. Requests joining mid-run (batch 2, 5 prompts) still
+    get exactly their first tokens counted as prefill tokens."""
+    from hotspec.benchmark import spec_bench
+
+    syncs = []
+    monkeypatch.setattr(spec_bench, "sync", lambda dev: syncs.append(1))
+    llm = LLM(**_kw(target, max_num_seqs=2, overlap_schedule=overlap))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    run = spec_bench.drive(llm.engine, _prompts(5), params)
+    assert [len(o) for o in run.outputs] == [12] * 5
+    assert run.prefill_tokens == 5  # each request's first token, none of the decode steps' tokens
+    decode_steps = 11 * 5 // 2  # at least this many steps decode only
+    assert len(syncs) < 1 + 2 * 5 + 2, (len(syncs), "syncs: one per decode step?")
+    assert len(syncs) < decode_steps
+
+
+def test_default_is_on_with_cuda_graphs_and_a_fused_step_only(target):
+    """overlap_schedule=None (the default) resolves to on only where it pays: CUDA graphs, and for
+    speculative decoding the fused step; an explicit value always wins. On the CPU it is off."""
+    from types import SimpleNamespace
+
+    from hotspec.engine.builder import EngineBuilder
+
+    def resolved(mode, **cfg):
+        return EngineBuilder._overlap(SimpleNamespace(cfg=EngineConfig(**cfg), graphs=SimpleNamespace(mode=mode)))
+
+    assert resolved("cuda") and resolved("cuda", speculative_algorithm="EAGLE3")
+    assert not resolved("cuda", speculative_algorithm="EAGLE3", fuse_spec_step=False)
+    assert not resolved("eager") and not resolved("static")
+    assert not resolved("cuda", overlap_schedule=False)
+    assert resolved("eager", overlap_schedule=True)
+    assert not LLM(**_kw(target)).engine.worker.overlapping  # CPU default

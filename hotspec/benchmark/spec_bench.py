@@ -94,15 +94,24 @@ def drive(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> B
     start = time.perf_counter()
     reqs = [engine.add_request(p, params) for p in prompts]
     while engine.has_unfinished():
+        # Only a step that may prefill (requests waiting or mid-prefill) is timed apart, between
+        # two device syncs: the first lets a decode step still in flight (overlap schedule) finish
+        # outside it. Decode steps are never synced here: a sync per step would undo the overlap.
         waiting, prefilling = len(engine.waiting), len(engine.prefilling)
+        may_admit = waiting and len(engine.running) + prefilling < engine.cfg.max_num_seqs
+        pending = {id(r) for r in (*engine.waiting, *engine.prefilling)} if prefilling or may_admit else set()
+        if pending:
+            sync(dev)
         t0 = time.perf_counter()
         outs = engine.step()
-        sync(dev)
         # A step prefills iff requests were mid-prefill or it admitted some (waiting shrank; a
         # decode step can only grow `waiting`, by preemption).
         if prefilling or len(engine.waiting) < waiting:
+            sync(dev)
             prefill_s += time.perf_counter() - t0
-            prefill_tokens += sum(len(o.new_token_ids) for o in outs)
+            # the prefilled requests' first tokens (a decode step drained before the prefill, if
+            # any, is the running requests' and counts as decode)
+            prefill_tokens += sum(len(o.new_token_ids) for o in outs if id(o.request) in pending)
     wall = time.perf_counter() - start
     stats = None
     if worker_stats is not None and before is not None:

@@ -135,7 +135,7 @@ class EngineBuilder:
             self.allocator = BlockAllocator(num_blocks, first_block=1)
             runner = ModelRunner(self.target, self._target_pool(num_blocks), backend)
             worker = VanillaWorker(self.target, runner, self.graphs, self.block_size, self.device,
-                                   max_blocks, overlap=self.cfg.overlap_schedule,
+                                   max_blocks, overlap=self._overlap(),
                                    max_rows=self.cfg.max_num_seqs)
         else:
             self.draft = self._load_draft()
@@ -149,14 +149,28 @@ class EngineBuilder:
                 self.target, self.draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
                 ModelRunner(self.draft, draft_pool, backend), self.graphs, self.block_size, self.device,
                 steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases,
-                fuse_step=self.cfg.fuse_spec_step, overlap=self.cfg.overlap_schedule,
+                fuse_step=self.cfg.fuse_spec_step, overlap=self._overlap(),
                 max_rows=self.cfg.max_num_seqs)
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
             log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())
-        if self.cfg.overlap_schedule:
-            log.info("overlap schedule: step N+1 is launched before step N is read")
+        if self._overlap():
+            log.info("overlap schedule: step N+1 is launched before step N is read%s",
+                     "" if self.cfg.overlap_schedule else " (the default with CUDA graphs; "
+                     "--no-overlap-schedule turns it off)")
+        elif self.graphs.mode == "cuda":
+            log.info("overlap schedule off: %s", "--no-overlap-schedule"
+                     if self.cfg.overlap_schedule is False else
+                     "the speculative step runs as three phase graphs (--no-fuse-spec-step)")
         return worker
+
+    def _overlap(self) -> bool:
+        """EngineConfig.overlap_schedule, with None resolved: on with CUDA graphs and a fused
+        speculative step (or none), else off."""
+        if self.cfg.overlap_schedule is not None:
+            return self.cfg.overlap_schedule
+        return self.graphs.mode == "cuda" and (self.cfg.speculative_algorithm is None
+                                               or self.cfg.fuse_spec_step)
 
     def _load_draft(self) -> DraftHead:
         from hotspec.models.draft_loader import load_draft_head
