@@ -218,3 +218,32 @@ def test_rms_norm_into_half_of_a_wider_buffer(dtype):
     fk.rms_norm(x, norm.weight, norm.eps, out=buf[:, h:])
     _close(buf[:, h:], norm._norm(x), dtype)
     assert (buf[:, :h] == 7.0).all()
+
+
+def test_norm_gemv_engine_decode_equals_separate_kernels(tmp_path, monkeypatch):
+    """HOTSPEC_NORM_GEMV=1 (layers/linear.norm_linear): at one decode row each add+RMSNorm runs
+    inside the GEMV after it. In bf16 through the interpreter, the engine's greedy tokens equal
+    those of the separate norm and GEMV kernels, and the fused kernel really ran."""
+    from engine_utils import save_tiny_llama
+
+    from hotspec.entrypoints.llm import LLM
+    from hotspec.layers import fused
+    from hotspec.sampling_params import SamplingParams
+
+    path = save_tiny_llama(tmp_path / "tiny", vocab=96, hidden=64, layers=2, std=0.2)
+    prompts = [[1, 5, 9, 33, 2], list(range(10, 40))]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)  # CPU tensors through the interpreter
+    calls = []
+    real = fused.norm_gemv
+    monkeypatch.setattr(fused, "norm_gemv", lambda *a: calls.append(1) or real(*a))
+
+    def run(on: bool) -> list[list[int]]:
+        monkeypatch.setattr(fused, "_norm_gemv_allowed", lambda: on)
+        llm = LLM(str(path), device="cpu", dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=1)
+        return [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
+
+    ref = run(False)
+    assert not calls
+    assert run(True) == ref
+    assert len(calls) >= 2 * 2 * 5, "two norms per layer per decode step"

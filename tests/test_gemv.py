@@ -163,3 +163,56 @@ def test_every_config_the_engine_chooses():
             assert cfg is not None, (m, n, k, silu)
             x, w = _inputs(m, n, k, silu, seed=n + m)
             _check(gk.gemv(x, w, silu_mul=silu, config=cfg), x, w, silu)
+
+
+def _norm_reference(x, r, g, eps):
+    """(rms_norm(x + r) rounded where the model rounds, x + r) in fp32 values."""
+    s = _round(x.float() + r.float()) if r is not None else x.float()
+    inv = torch.rsqrt((s * s).sum(-1, keepdim=True) / s.shape[-1] + eps)
+    return _round(g.float() * _round(s * inv)), s
+
+
+@pytest.mark.parametrize("res", [True, False], ids=["add+norm", "norm"])
+def test_norm_gemv_matches_norm_then_linear(res):
+    """norm_gemv (HOTSPEC_NORM_GEMV=1): the residual add and RMSNorm done inside the GEMV that
+    reads them, one row, K not a multiple of the tile: the new residual bit for bit, the output
+    as the norm followed by the GEMV computes it (rounded at the same places)."""
+    x, w = _inputs(1, N, K, False, seed=40)
+    g = torch.Generator(device=DEV).manual_seed(41)
+    r = (torch.randn(1, K, generator=g, device=DEV) * 2).to(BF16) if res else None
+    nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(BF16)
+    y, s = gk.norm_gemv(x, r, nw, 1e-5, w, SMALL)
+    h, s_ref = _norm_reference(x, r, nw, 1e-5)
+    assert torch.equal(s.float(), s_ref) and (res or s is x)
+    ref = F.linear(h, w.float())
+    torch.testing.assert_close(y.float(), ref, rtol=1.6e-2, atol=1e-2)
+    assert (y.float() == _round(ref)).float().mean().item() >= 0.9
+
+
+def test_norm_gemv_rejects_what_it_does_not_handle():
+    x, w = _inputs(2, N, K, False, seed=42)
+    nw = torch.ones(K, dtype=BF16, device=DEV)
+    with pytest.raises(ValueError, match="one row"):
+        gk.norm_gemv(x, None, nw, 1e-5, w, SMALL)
+    with pytest.raises(ValueError, match="split-K"):
+        gk.norm_gemv(x[:1], None, nw, 1e-5, w, gk.GemvConfig(16, 32, 2, 4, 2))
+    with pytest.raises(ValueError, match="dtype"):
+        gk.norm_gemv(x[:1], None, nw.float(), 1e-5, w, SMALL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(6144, 4096), (960, 576), (3072, 576)], ids=["8b-qkv", "smol-qkv", "smol-gate_up"])
+def test_norm_gemv_real_shapes_match_the_two_kernels(shape):
+    """At the shapes the engine fuses: equal to fused_kernels.rms_norm then gemv, within an ulp."""
+    from hotspec.layers.fused_kernels import rms_norm
+
+    n, k = shape
+    x, w = _inputs(1, n, k, False, seed=43)
+    r = (torch.randn(1, k, device=DEV) * 2).to(BF16)
+    nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF16)
+    cfg = gk.choose(1, n, k)
+    assert cfg is not None and cfg.SPLIT_K == 1
+    y, s = gk.norm_gemv(x, r, nw, 1e-5, w, cfg)
+    h, s2 = rms_norm(x, nw, 1e-5, r)
+    assert torch.equal(s, s2)
+    torch.testing.assert_close(y, gk.gemv(h, w, config=cfg), rtol=1.6e-2, atol=1e-2)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hotspec.layers import fused
+from hotspec.layers.norm import RMSNorm
 
 
 def linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -15,6 +16,20 @@ def linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows, bf16, CUDA, no bias), else nn.Linear."""
     cfg = fused.gemv_config(x, lin.weight) if lin.bias is None else None
     return fused.gemv(x, lin.weight, cfg) if cfg is not None else lin(x)
+
+
+def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lin(norm(x + residual)), x + residual) for [T, H] x (residual None: lin(norm(x)), x): the
+    pre-norm step and the projection after it. One kernel for one row where enabled
+    (HOTSPEC_NORM_GEMV=1, layers/gemv_kernels.norm_gemv), else the norm, then `linear`."""
+    cfg = fused.norm_gemv_config(x, lin.weight, norm.weight) if lin.bias is None else None
+    if cfg is not None:
+        return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)
+    if residual is None:
+        return linear(lin, norm(x)), x
+    y, stream = norm.add_forward(x, residual)
+    return linear(lin, y), stream
 
 
 def silu_mul_linear(lin: nn.Linear, gate_up: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from torch import nn
 from hotspec.engine.kv_pool import KVPool
 from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend, store_kv
-from hotspec.layers.linear import linear, merge_linears, silu_mul_linear
+from hotspec.layers.linear import linear, merge_linears, norm_linear, silu_mul_linear
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
@@ -53,19 +53,28 @@ class Attention(nn.Module):
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of x [..., in] as [..., heads, head_dim], through the fused projection or not
         (the engine and the trainer both project here)."""
-        d, lead = self.head_dim, x.shape[:-1]
         if self.qkv_proj is not None:
-            qkv = linear(self.qkv_proj, x)
-            q, k, v = qkv.split((self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d), -1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            return self.split_qkv(linear(self.qkv_proj, x))
+        d, lead = self.head_dim, x.shape[:-1]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return (q.view(*lead, self.num_heads, d), k.view(*lead, self.num_kv_heads, d),
+                v.view(*lead, self.num_kv_heads, d))
+
+    def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv_proj's output [..., (heads + 2 kv heads) * head_dim] as q, k, v [..., heads, d]."""
+        d, lead = self.head_dim, qkv.shape[:-1]
+        q, k, v = qkv.split((self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d), -1)
         return (q.view(*lead, self.num_heads, d), k.view(*lead, self.num_kv_heads, d),
                 v.view(*lead, self.num_kv_heads, d))
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, rope: RotaryEmbedding, kv: KVPool,
                 backend: AttentionBackend) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv(x)
+        return self.attend(*self.qkv(x), fb, rope, kv, backend)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch,
+               rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend) -> torch.Tensor:
+        """Everything after the projection: q/k norms, RoPE, the KV store, attention, o_proj."""
+        t = q.shape[0]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
@@ -114,6 +123,13 @@ class DecoderLayer(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream is carried as (h, residual) with stream = h + residual, so each
         residual add fuses into the norm after it (residual None: h is the whole stream)."""
+        attn, mlp = self.self_attn, self.mlp
+        if attn.qkv_proj is not None and mlp.gate_up_proj is not None:  # fused projections (engine)
+            # each norm and the projection after it: one kernel where layers/linear allows it
+            qkv, residual = norm_linear(self.input_layernorm, attn.qkv_proj, h, residual)
+            x = attn.attend(*attn.split_qkv(qkv), fb, rope, kv, backend)
+            gate_up, residual = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, x, residual)
+            return silu_mul_linear(mlp.down_proj, gate_up), residual
         if residual is None:
             residual, x = h, self.input_layernorm(h)
         else:
