@@ -201,7 +201,8 @@ def test_norm_gemv_rejects_what_it_does_not_handle():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(6144, 4096), (960, 576), (3072, 576)], ids=["8b-qkv", "smol-qkv", "smol-gate_up"])
+@pytest.mark.parametrize("shape", [(6144, 4096), (960, 576), (3072, 576)],
+                         ids=["8b-qkv", "smol-qkv", "smol-gate_up"])
 def test_norm_gemv_real_shapes_match_the_two_kernels(shape):
     """At the shapes the engine fuses: equal to fused_kernels.rms_norm then gemv, within an ulp."""
     from hotspec.layers.fused_kernels import rms_norm

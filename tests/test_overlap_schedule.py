@@ -249,7 +249,8 @@ def test_default_is_on_with_cuda_graphs_and_a_fused_step_only(target):
     from hotspec.engine.builder import EngineBuilder
 
     def resolved(mode, **cfg):
-        return EngineBuilder._overlap(SimpleNamespace(cfg=EngineConfig(**cfg), graphs=SimpleNamespace(mode=mode)))
+        fake = SimpleNamespace(cfg=EngineConfig(**cfg), graphs=SimpleNamespace(mode=mode))
+        return EngineBuilder._overlap(fake)
 
     assert resolved("cuda") and resolved("cuda", speculative_algorithm="EAGLE3")
     assert not resolved("cuda", speculative_algorithm="EAGLE3", fuse_spec_step=False)
