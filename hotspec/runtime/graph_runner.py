@@ -205,4 +205,3 @@ class GraphRunner:
         self.graphs.clear()
         self.phases.clear()
         self.pool = None
-
