@@ -26,8 +26,10 @@
 #   overlap7b  second call: engine GPU tests, SmolLM2 decode and spec_sweep at batch 1, plain and
 #              overlapped (~6 min)
 #   s8a        next session, first call: kernel tests (graph runner, GEMV, fused), 8B decode at
-#              batch 1 plain, overlapped (the default) and with HOTSPEC_NORM_GEMV=1 (~3 min)
-#   s8b        second call: engine tests, SmolLM2 decode with and without HOTSPEC_NORM_GEMV,
+#              batch 1 plain, overlapped (the default), with HOTSPEC_NORM_GEMV=1 and with
+#              HOTSPEC_ATTN_FUSED_COMBINE=1; attn_bench with the fused combine (~5 min)
+#   s8b        second call: engine tests, SmolLM2 decode with and without HOTSPEC_NORM_GEMV and
+#              HOTSPEC_ATTN_FUSED_COMBINE,
 #              spec_sweep at batch 1 plain and overlapped, batch 8 overlapped and plain (~8 min)
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
@@ -194,13 +196,16 @@ fi
 # session 8 (planned): the overlap schedule end to end (the bench driver no longer syncs every
 # step), and the RMSNorm fused into the GEMV after it (HOTSPEC_NORM_GEMV=1) as an A/B
 if [ "$stage" = s8a ]; then  # first call of a chain (carries .whl .models/p1)
-  step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_graph_runner.py tests/test_gemv.py \
-    tests/test_fused_kernels.py -x
+  step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_graph_runner.py tests/test_gemv.py \
+    tests/test_fused_kernels.py tests/test_triton_attention.py -x
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64
     --batch-sizes 1)
   step decode_8b_plain 90 "${D8[@]}" --no-overlap-schedule --out "$OUT/decode_8b_plain.json"
   step decode_8b_overlap 90 "${D8[@]}" --out "$OUT/decode_8b_overlap.json"
   HOTSPEC_NORM_GEMV=1 step decode_8b_normgemv 90 "${D8[@]}" --kernels --out "$OUT/decode_8b_normgemv.json"
+  HOTSPEC_ATTN_FUSED_COMBINE=1 step decode_8b_fusedcombine 90 "${D8[@]}" --out "$OUT/decode_8b_fusedcombine.json"
+  step attn_bench 150 python3 benchmarks/attn_bench.py --model default --batch-sizes 1,8 \
+    --variants auto,bytes,fused,s8,s16 --out "$OUT/attn_bench.json"
 fi
 if [ "$stage" = s8b ]; then  # second call (carries .models/p2 and the prompts)
   step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
@@ -208,6 +213,7 @@ if [ "$stage" = s8b ]; then  # second call (carries .models/p2 and the prompts)
     --tokens 64 --batch-sizes 1,8)
   step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
   HOTSPEC_NORM_GEMV=1 step decode_smol_normgemv 45 "${DS[@]}" --out "$OUT/decode_smol_normgemv.json"
+  HOTSPEC_ATTN_FUSED_COMBINE=1 step decode_smol_fusedcombine 45 "${DS[@]}" --out "$OUT/decode_smol_fusedcombine.json"
   step sweep_b1_plain 100 "${SWEEP[@]}" --no-overlap-schedule --batch-size 1 --num-prompts 26 \
     --out "$OUT/sweep_b1_plain.json" --variants 4/8/12 6/10/32
   step sweep_b1 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" \
