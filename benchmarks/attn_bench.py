@@ -10,12 +10,12 @@ Verify's attention is the largest single item of a speculative step on the H200 
     draft         topk rows, the custom scratch mask  (draft-causal: same rows, causal mask)
     draft_extend  num_steps + 1 rows, causal
 
-and for each, the kernel's automatic choice beside the custom mask packed into a word per row
-(`bits`, the default since session 7) or a byte per slot (`bytes`, HOTSPEC_ATTN_MASK_BITS=0), the
-splits merged inside the attention kernel (`fused`, HOTSPEC_ATTN_FUSED_COMBINE), forced query-tile rows (`m16`, `m32`, `m64`) and kv split
-counts (`s1`, `s8`, `s16`). The split count follows `max_kv`, which the engine sets
-to the static context bound (`--static-kv`) rather than the real length (`--context`); `real-kv`
-rows plan with the real length. Every variant is checked against the torch reference backend
+and for each, the kernel's automatic choice beside: the custom mask packed into a word per row
+(`bits`, the default since session 7) or a byte per slot (`bytes`, HOTSPEC_ATTN_MASK_BITS=0); the
+splits merged inside the attention kernel (`fused`, HOTSPEC_ATTN_FUSED_COMBINE); forced query-tile
+rows (`m16`, `m32`, `m64`) and kv split counts (`s1`, `s8`, `s16`). The split count follows
+`max_kv`, which the engine sets to the static context bound (`--static-kv`) rather than the real
+length (`--context`); `real-kv` rows plan with the real length. Every variant is checked against the torch reference backend
 (max abs error) before it is timed.
 
     python benchmarks/attn_bench.py --model default --context 512 [--batch-sizes 1,8]
