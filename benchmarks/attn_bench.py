@@ -15,8 +15,8 @@ and for each, the kernel's automatic choice beside: the custom mask packed into 
 splits merged inside the attention kernel (`fused`, HOTSPEC_ATTN_FUSED_COMBINE); forced query-tile
 rows (`m16`, `m32`, `m64`) and kv split counts (`s1`, `s8`, `s16`). The split count follows
 `max_kv`, which the engine sets to the static context bound (`--static-kv`) rather than the real
-length (`--context`); `real-kv` rows plan with the real length. Every variant is checked against the torch reference backend
-(max abs error) before it is timed.
+length (`--context`); `real-kv` rows plan with the real length. Every variant is checked against
+the torch reference backend (max abs error) before it is timed.
 
     python benchmarks/attn_bench.py --model default --context 512 [--batch-sizes 1,8]
 
