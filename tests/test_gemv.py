@@ -15,6 +15,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from hotspec.layers import gemv_kernels as gk  # noqa: E402
+from hotspec.layers import norm_gemv_kernel as ng  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
@@ -181,7 +182,7 @@ def test_norm_gemv_matches_norm_then_linear(res):
     g = torch.Generator(device=DEV).manual_seed(41)
     r = (torch.randn(1, K, generator=g, device=DEV) * 2).to(BF16) if res else None
     nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(BF16)
-    y, s = gk.norm_gemv(x, r, nw, 1e-5, w, SMALL)
+    y, s = ng.norm_gemv(x, r, nw, 1e-5, w, SMALL)
     h, s_ref = _norm_reference(x, r, nw, 1e-5)
     assert torch.equal(s.float(), s_ref) and (res or s is x)
     ref = F.linear(h, w.float())
@@ -193,11 +194,11 @@ def test_norm_gemv_rejects_what_it_does_not_handle():
     x, w = _inputs(2, N, K, False, seed=42)
     nw = torch.ones(K, dtype=BF16, device=DEV)
     with pytest.raises(ValueError, match="one row"):
-        gk.norm_gemv(x, None, nw, 1e-5, w, SMALL)
+        ng.norm_gemv(x, None, nw, 1e-5, w, SMALL)
     with pytest.raises(ValueError, match="split-K"):
-        gk.norm_gemv(x[:1], None, nw, 1e-5, w, gk.GemvConfig(16, 32, 2, 4, 2))
+        ng.norm_gemv(x[:1], None, nw, 1e-5, w, gk.GemvConfig(16, 32, 2, 4, 2))
     with pytest.raises(ValueError, match="dtype"):
-        gk.norm_gemv(x[:1], None, nw.float(), 1e-5, w, SMALL)
+        ng.norm_gemv(x[:1], None, nw.float(), 1e-5, w, SMALL)
 
 
 @pytest.mark.gpu
@@ -213,7 +214,7 @@ def test_norm_gemv_real_shapes_match_the_two_kernels(shape):
     nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF16)
     cfg = gk.choose(1, n, k)
     assert cfg is not None and cfg.SPLIT_K == 1
-    y, s = gk.norm_gemv(x, r, nw, 1e-5, w, cfg)
+    y, s = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
     h, s2 = rms_norm(x, nw, 1e-5, r)
     assert torch.equal(s, s2)
     torch.testing.assert_close(y, gk.gemv(h, w, config=cfg), rtol=1.6e-2, atol=1e-2)

@@ -71,14 +71,14 @@ def _gemv_allowed() -> bool:
 @functools.cache
 def _norm_gemv_allowed() -> bool:
     # HOTSPEC_NORM_GEMV=1: the RMSNorm fused into the GEMV that reads it, at one row (an A/B
-    # switch, off until the H200 measures it: layers/gemv_kernels.norm_gemv)
+    # switch, off until the H200 measures it: layers/norm_gemv_kernel.norm_gemv)
     return os.environ.get("HOTSPEC_NORM_GEMV", "0") not in ("", "0")
 
 
 def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor
                      ) -> GemvConfig | None:
-    """The GEMV config to run `norm(x) @ weight.T` in one kernel with (layers/gemv_kernels.py
-    norm_gemv): one row, a GEMV config without split-K, the norm weight in x's dtype; else None."""
+    """The GEMV config to run `norm(x) @ weight.T` in one kernel with (layers/norm_gemv_kernel.py):
+    one row, a GEMV config without split-K, the norm weight in x's dtype; else None."""
     if x.dim() != 2 or x.shape[0] != 1 or norm_weight.dtype != x.dtype or not _norm_gemv_allowed():
         return None
     if not enabled(x, norm_weight):
@@ -89,7 +89,7 @@ def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.T
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
               weight: torch.Tensor, config: GemvConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    from hotspec.layers.gemv_kernels import norm_gemv as kernel
+    from hotspec.layers.norm_gemv_kernel import norm_gemv as kernel
 
     return kernel(x, residual, norm_weight, eps, weight, config)
 

@@ -22,7 +22,7 @@ def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lin(norm(x + residual)), x + residual) for [T, H] x (residual None: lin(norm(x)), x): the
     pre-norm step and the projection after it. One kernel for one row where enabled
-    (HOTSPEC_NORM_GEMV=1, layers/gemv_kernels.norm_gemv), else the norm, then `linear`."""
+    (HOTSPEC_NORM_GEMV=1, layers/norm_gemv_kernel.norm_gemv), else the norm, then `linear`."""
     cfg = fused.norm_gemv_config(x, lin.weight, norm.weight) if lin.bias is None else None
     if cfg is not None:
         return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)

@@ -1,0 +1,75 @@
+"""RMSNorm (after the residual add) fused into the GEMV that reads it, for one row (M == 1).
+
+A decode step at batch 1 runs two add+RMSNorm kernels per layer, each a few microseconds of
+launch and ramp-up for a few KB of data. Here every program of the GEMV computes the norm of the
+one row itself (the row is a few KB, read from L2) and program 0 stores the new residual, so the
+norm costs no kernel of its own. Rounded where layers/fused_kernels._rms_norm_kernel rounds, and
+tiled like layers/gemv_kernels' M == 1 path (its GemvConfig, without split-K).
+HOTSPEC_NORM_GEMV=1 turns it on (layers/fused.norm_gemv_config); off until measured on the H200.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hotspec.layers.gemv_kernels import GemvConfig
+
+
+@triton.jit
+def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr):
+    pid = tl.program_id(0)
+    dt = X.dtype.element_ty
+    # the row's stream s = x + residual (rounded to the dtype) and its reciprocal RMS
+    cols = tl.arange(0, BLOCK_ROW)
+    row_ok = cols < K
+    s = tl.load(X + cols, mask=row_ok, other=0.0)
+    if HAS_RES:
+        s = (s.to(tl.float32) + tl.load(R + cols, mask=row_ok, other=0.0).to(tl.float32)).to(dt)
+        if pid == 0:
+            tl.store(S + cols, s, mask=row_ok)
+    sf = s.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(sf * sf, axis=0) / K + eps)
+    # the GEMV, its input normalised tile by tile
+    offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + offs_k
+        k_ok = kk < K
+        w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0, eviction_policy="evict_first")
+        x = tl.load(X + kk, mask=k_ok, other=0.0)
+        if HAS_RES:
+            x = (x.to(tl.float32) + tl.load(R + kk, mask=k_ok, other=0.0).to(tl.float32)).to(dt)
+        normed = (x.to(tl.float32) * inv).to(dt).to(tl.float32)
+        g = tl.load(G + kk, mask=k_ok, other=0.0).to(tl.float32)
+        h = (g * normed).to(dt).to(tl.float32)
+        acc += w.to(tl.float32) * h[None, :]
+    tl.store(Y + offs_n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
+
+
+def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+              w: torch.Tensor, config: GemvConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) @ w.T, x + residual) for one row x [1, K] (residual None: the
+    norm of x, and x itself), as fused_kernels.rms_norm then gemv compute it, in one kernel.
+    Split-K configs are not supported (every program would recompute the norm per slice)."""
+    if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"norm_gemv: one row x [1, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}")
+    if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype or norm_weight.dtype != x.dtype:
+        raise ValueError("norm_gemv: bf16/fp16 x, w and norm weight of one dtype only")
+    if config.SPLIT_K != 1:
+        raise ValueError("norm_gemv: split-K configs are not supported")
+    if x.stride(1) != 1 or w.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
+        raise ValueError("norm_gemv: unit stride along K")
+    n, k = w.shape
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    s = torch.empty_like(x) if residual is not None else x
+    _norm_gemv_kernel[(triton.cdiv(n, config.BLOCK_N),)](
+        x, residual if residual is not None else x, norm_weight, w, y, s, n, k, eps, w.stride(0),
+        HAS_RES=residual is not None, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
+        BLOCK_ROW=triton.next_power_of_2(k), num_warps=config.num_warps, num_stages=config.num_stages)
+    return y, s
