@@ -27,7 +27,8 @@
 #              overlapped (~6 min)
 #   s8a        next session, first call: kernel tests (graph runner, GEMV, fused), 8B decode at
 #              batch 1 plain, overlapped (the default), with HOTSPEC_NORM_GEMV=1 and with
-#              HOTSPEC_ATTN_FUSED_COMBINE=1; attn_bench with the fused combine (~5 min)
+#              HOTSPEC_ATTN_FUSED_COMBINE=1; attn_bench with the fused combine; the 8B GEMV sweep
+#              at one row with persistent programs (~8 min)
 #   s8b        second call: engine tests, SmolLM2 decode with and without HOTSPEC_NORM_GEMV and
 #              HOTSPEC_ATTN_FUSED_COMBINE,
 #              spec_sweep at batch 1 plain and overlapped, batch 8 overlapped and plain (~8 min)
@@ -206,6 +207,8 @@ if [ "$stage" = s8a ]; then  # first call of a chain (carries .whl .models/p1)
   HOTSPEC_ATTN_FUSED_COMBINE=1 step decode_8b_fusedcombine 90 "${D8[@]}" --out "$OUT/decode_8b_fusedcombine.json"
   step attn_bench 150 python3 benchmarks/attn_bench.py --model default --batch-sizes 1,8 \
     --variants auto,bytes,fused,s8,s16 --out "$OUT/attn_bench.json"
+  # the 8B GEMVs at one row again, now with persistent programs (phase 3 of the sweep)
+  step gemv_8b 240 python3 benchmarks/gemv_bench.py --shapes 8b --m 1 --out "$OUT/gemv_8b.json"
 fi
 if [ "$stage" = s8b ]; then  # second call (carries .models/p2 and the prompts)
   step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
