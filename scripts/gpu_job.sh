@@ -26,12 +26,13 @@
 #   overlap7b  second call: engine GPU tests, SmolLM2 decode and spec_sweep at batch 1, plain and
 #              overlapped (~6 min)
 #   s8a        next session, first call: kernel tests (graph runner, GEMV, fused), 8B decode at
-#              batch 1 plain, overlapped (the default), with HOTSPEC_NORM_GEMV=1 and with
-#              HOTSPEC_ATTN_FUSED_COMBINE=1; attn_bench with the fused combine; the 8B GEMV sweep
-#              at one row with persistent programs (~8 min)
-#   s8b        second call: engine tests, SmolLM2 decode with and without HOTSPEC_NORM_GEMV and
-#              HOTSPEC_ATTN_FUSED_COMBINE,
+#              batch 1 plain, overlapped (the default), with HOTSPEC_NORM_GEMV=1, with
+#              HOTSPEC_ATTN_FUSED_COMBINE=1, with HOTSPEC_PDL=1 and all three; attn_bench with the
+#              fused combine (~6 min)
+#   s8b        second call: engine and PDL tests, SmolLM2 decode with and without HOTSPEC_NORM_GEMV,
+#              HOTSPEC_ATTN_FUSED_COMBINE and HOTSPEC_PDL,
 #              spec_sweep at batch 1 plain and overlapped, batch 8 overlapped and plain (~8 min)
+#   s8gemv     optional third call: the 8B GEMV sweep at one row with persistent programs (~4 min)
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
 #   final5     second call: spec_sweep at batch 1 with 16-row attention tiles and without
@@ -198,27 +199,33 @@ fi
 # step), and the RMSNorm fused into the GEMV after it (HOTSPEC_NORM_GEMV=1) as an A/B
 if [ "$stage" = s8a ]; then  # first call of a chain (carries .whl .models/p1)
   step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_graph_runner.py tests/test_gemv.py \
-    tests/test_fused_kernels.py tests/test_triton_attention.py -x
+    tests/test_fused_kernels.py tests/test_triton_attention.py \
+    tests/test_pdl.py::test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph -x
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64
     --batch-sizes 1)
   step decode_8b_plain 90 "${D8[@]}" --no-overlap-schedule --out "$OUT/decode_8b_plain.json"
   step decode_8b_overlap 90 "${D8[@]}" --out "$OUT/decode_8b_overlap.json"
   HOTSPEC_NORM_GEMV=1 step decode_8b_normgemv 90 "${D8[@]}" --kernels --out "$OUT/decode_8b_normgemv.json"
   HOTSPEC_ATTN_FUSED_COMBINE=1 step decode_8b_fusedcombine 90 "${D8[@]}" --out "$OUT/decode_8b_fusedcombine.json"
+  HOTSPEC_PDL=1 step decode_8b_pdl 90 "${D8[@]}" --kernels --out "$OUT/decode_8b_pdl.json"
+  HOTSPEC_PDL=1 HOTSPEC_NORM_GEMV=1 HOTSPEC_ATTN_FUSED_COMBINE=1 step decode_8b_all 90 "${D8[@]}" \
+    --out "$OUT/decode_8b_all.json"
   step attn_bench 150 python3 benchmarks/attn_bench.py --model default --batch-sizes 1,8 \
     --variants auto,bytes,fused,s8,s16 --out "$OUT/attn_bench.json"
-  # the 8B GEMVs at one row again, now with persistent programs (phase 3 of the sweep)
-  step gemv_8b 240 python3 benchmarks/gemv_bench.py --shapes 8b --m 1 --out "$OUT/gemv_8b.json"
+fi
+if [ "$stage" = s8gemv ]; then  # optional third call: the 8B GEMVs at one row, persistent programs too
+  step gemv_8b 500 python3 benchmarks/gemv_bench.py --shapes 8b --m 1 --out "$OUT/gemv_8b.json"
 fi
 if [ "$stage" = s8b ]; then  # second call (carries .models/p2 and the prompts)
-  step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+  step engine_tests 240 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -x
   DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
     --tokens 64 --batch-sizes 1,8)
   step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
   HOTSPEC_NORM_GEMV=1 step decode_smol_normgemv 45 "${DS[@]}" --out "$OUT/decode_smol_normgemv.json"
   HOTSPEC_ATTN_FUSED_COMBINE=1 step decode_smol_fusedcombine 45 "${DS[@]}" --out "$OUT/decode_smol_fusedcombine.json"
+  HOTSPEC_PDL=1 step decode_smol_pdl 45 "${DS[@]}" --out "$OUT/decode_smol_pdl.json"
   step sweep_b1_plain 100 "${SWEEP[@]}" --no-overlap-schedule --batch-size 1 --num-prompts 26 \
-    --out "$OUT/sweep_b1_plain.json" --variants 4/8/12 6/10/32
+    --out "$OUT/sweep_b1_plain.json" --variants 4/8/12
   step sweep_b1 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" \
     --variants 4/8/12 6/10/32
   step sweep_b8 100 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" \

@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hotspec.layers import pdl
+
 # Importing the attention kernels applies their TRITON_INTERPRET numpy fix for these kernels too.
 from hotspec.layers.attention import triton_kernels  # noqa: F401
 
@@ -40,7 +42,8 @@ def _pow2(n: int) -> int:
 
 @triton.jit
 def _rms_norm_kernel(X, R, W, Y, R_OUT, n, eps, stride_x, stride_r, stride_y, stride_ro,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.launch_dependents(PDL)  # the GEMV after it may start pulling its weights (layers/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -70,7 +73,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         ro = r_out if r_out is not None else y
         _rms_norm_kernel[(t,)](x, r, weight, y, ro, n, eps, x.stride(0), r.stride(0), y.stride(0),
                                ro.stride(0), HAS_RES=residual is not None, BLOCK=_pow2(n),
-                               num_warps=4 if n <= 4096 else 8)
+                               PDL=pdl.enabled(x.device), num_warps=4 if n <= 4096 else 8)
     return y, r_out
 
 

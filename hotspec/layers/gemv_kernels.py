@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hotspec.layers import pdl
+
 # Importing the attention kernels applies their TRITON_INTERPRET numpy fix for these kernels too.
 from hotspec.layers.attention import triton_kernels  # noqa: F401
 
@@ -116,10 +118,18 @@ def default_config(M: int, N: int, K: int) -> GemvConfig:
 def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 F32_DOT: tl.constexpr, PERSIST: tl.constexpr = False):
+                 F32_DOT: tl.constexpr, PERSIST: tl.constexpr = False, PDL: tl.constexpr = False):
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
-    PERSIST: program n does column tiles n, n + programs, ... (SPLIT_K == 1)."""
+    PERSIST: program n does column tiles n, n + programs, ... (SPLIT_K == 1).
+    PDL (layers/pdl.py): the program's first weight panel goes to L2 before it waits for the
+    kernel before; nothing else happens before the wait."""
+    if PDL:
+        pdl.launch_dependents(PDL)
+        first = tl.cast(tl.program_id(0), tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_lo = tl.program_id(1) * K_SPLIT
+        pdl.prefetch_rows(W, first, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), K, stride_wn, 32)
+        pdl.wait(PDL)
     if PERSIST:
         for pid_n in range(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
             _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, 0,
@@ -215,11 +225,12 @@ def prepare(N: int, config: GemvConfig, device: torch.device | str) -> None:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
-         config: GemvConfig | None = None) -> torch.Tensor:
+         config: GemvConfig | None = None, use_pdl: bool | None = None) -> torch.Tensor:
     """x [M, K] (or [M, 2K] = [gate | up] with silu_mul) @ w[N, K].T -> [M, N] in x's dtype.
 
     bf16/fp16 only, 1 <= M <= 16, unit stride along K for x and w (x's row stride is free);
-    anything else raises ValueError (callers fall back to F.linear)."""
+    anything else raises ValueError (callers fall back to F.linear). use_pdl: launch with
+    Programmatic Dependent Launch (layers/pdl.py; None: HOTSPEC_PDL on a Hopper GPU)."""
     if x.dim() != 2 or w.dim() != 2:
         raise ValueError(f"gemv: x and w must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
@@ -248,12 +259,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
     grid = (triton.cdiv(n, cfg.BLOCK_N), cfg.SPLIT_K)
     if cfg.PERSIST:
         grid = (min(grid[0], cfg.PERSIST * _sm_count(x.device)), 1)
+    use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
     _gemv_kernel[grid](
         x, w, y, ws, cnt, m, n, k, k_split, x.stride(0), w.stride(0), y.stride(0),
         SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=cfg.SPLIT_K, EVEN_K=k % cfg.BLOCK_K == 0 and k_split * cfg.SPLIT_K == k,
-        F32_DOT=_INTERPRET, PERSIST=cfg.PERSIST > 0, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        F32_DOT=_INTERPRET, PERSIST=cfg.PERSIST > 0, PDL=use_pdl, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 
 

@@ -14,14 +14,21 @@ import torch
 import triton
 import triton.language as tl
 
+from hotspec.layers import pdl
 from hotspec.layers.gemv_kernels import GemvConfig
 
 
 @triton.jit
 def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr,
+                      PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     dt = X.dtype.element_ty
+    if PDL:  # weights to L2 before waiting for the kernel before (layers/pdl.py)
+        pdl.launch_dependents(PDL)
+        pdl.prefetch_rows(W, tl.cast(pid, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N), N, 0, K, K,
+                          stride_wn, 32)
+        pdl.wait(PDL)
     # the row's stream s = x + residual (rounded to the dtype) and its reciprocal RMS
     cols = tl.arange(0, BLOCK_ROW)
     row_ok = cols < K
@@ -66,10 +73,12 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     if x.stride(1) != 1 or w.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
         raise ValueError("norm_gemv: unit stride along K")
     n, k = w.shape
+    use_pdl = pdl.enabled(x.device)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     s = torch.empty_like(x) if residual is not None else x
     _norm_gemv_kernel[(triton.cdiv(n, config.BLOCK_N),)](
         x, residual if residual is not None else x, norm_weight, w, y, s, n, k, eps, w.stride(0),
         HAS_RES=residual is not None, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-        BLOCK_ROW=triton.next_power_of_2(k), num_warps=config.num_warps, num_stages=config.num_stages)
+        BLOCK_ROW=triton.next_power_of_2(k), PDL=use_pdl, num_warps=config.num_warps,
+        num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.attention.triton_kernels import (
     combine_splits,
@@ -227,6 +228,7 @@ class TritonBackend(AttentionBackend):
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
+        use_pdl = pdl.enabled(q.device)
         grid = (q_blocks * splits, b, hkv)
         paged_attn_fwd[grid](
             q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse, cnt,
@@ -238,7 +240,7 @@ class TritonBackend(AttentionBackend):
             GROUP=group, GROUP_PAD=gp, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
-            MASK_BITS=p.mask_bits, FUSED_COMBINE=fused_combine,
+            MASK_BITS=p.mask_bits, FUSED_COMBINE=fused_combine, PDL=use_pdl,
             num_warps=num_warps, num_stages=self.num_stages,
         )
         if splits > 1 and not fused_combine:
@@ -246,7 +248,7 @@ class TritonBackend(AttentionBackend):
                 opart, lse, out,
                 opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
                 out.stride(0), out.stride(1), splits,
-                HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), num_warps=4,
+                HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl, num_warps=4,
             )
         return out
 

@@ -136,8 +136,10 @@ def paged_attn_fwd(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
-    MASK_BITS: tl.constexpr = False, FUSED_COMBINE: tl.constexpr = False,
+    MASK_BITS: tl.constexpr = False, FUSED_COMBINE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    if PDL:  # the kernel after it (o_proj's GEMV) may launch now (layers/pdl.py)
+        tl.extra.cuda.gdc_launch_dependents()
     pid0 = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -276,9 +278,11 @@ def combine_splits(
     OPART, LSE, OUT,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
     num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Merge the per-split partial outputs of one (token, q head): weights 2^(lse_s - max)."""
+    if PDL:  # the kernel after it (o_proj's GEMV) may launch now (layers/pdl.py)
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)

@@ -1,0 +1,70 @@
+"""Programmatic Dependent Launch (Hopper and later): a kernel may start while the one before it in
+the stream is still finishing, do the work that does not depend on it, then wait for it.
+
+A decode step at batch 1 is ~200 small kernels in a row, each a pure weight stream; between two
+of them the memory system idles while the last programs of one drain and the first of the next
+ramp up. With HOTSPEC_PDL=1 (an A/B switch, off until the H200 measures it):
+- every Triton kernel of the step signals at its start that the next kernel may launch
+  (`launch_dependents`; it orders nothing, so it is always safe);
+- the decode GEMV, launched with the PDL attribute, pulls its own weight panel into L2 before it
+  waits for the kernel before it (`prefetch_rows`, then `wait`). Weights are read-only, so that
+  is the only work done before the wait: every read of an activation and every write (whose
+  memory a CUDA graph's pool may share with a buffer the kernel before still reads) comes after.
+Kernels launched without the attribute (cuBLAS, torch ops) keep the stream's plain ordering.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@functools.cache
+def _switch() -> bool:
+    return os.environ.get("HOTSPEC_PDL", "0") not in ("", "0")
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether kernels on `device` use PDL: the switch, a CUDA device of compute capability 9+,
+    and not Triton's interpreter (which has no grid dependency control)."""
+    if not _switch() or device.type != "cuda":
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+@functools.cache
+def _capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+@triton.jit
+def launch_dependents(PDL: tl.constexpr):
+    """Let the next kernel in the stream launch (if it was launched with the PDL attribute)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """Wait until the kernel before has finished and its writes are visible."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def prefetch_rows(W, offs_n, N, k_lo, k_hi, K, stride_wn, CHUNK: tl.constexpr):
+    """Pull rows `offs_n` (clamped to N) of W, columns [k_lo, k_hi), into L2: one prefetch per
+    128-byte line (64 two-byte elements). Prefetches read nothing back and write nothing; a line
+    named twice by the clamping costs nothing."""
+    rows = tl.minimum(offs_n, N - 1)
+    for k in range(k_lo, k_hi, 64 * CHUNK):
+        cols = tl.minimum(k + tl.arange(0, CHUNK) * 64, K - 1)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
+                                  [W + rows[:, None] * stride_wn + cols[None, :]],
+                                  dtype=tl.int32, is_pure=False, pack=1)
