@@ -5,9 +5,15 @@ reads step N. Step N+1 must then take what it needs from step N on the device: e
 graph leaves, per batch row, what the next step reads (the next token; for EAGLE also the new
 sequence length and RNG offset) in buffers shared by every batch size, and reads a request's
 inputs from its row there (`src`) when the host has not seen them yet, or from the host (`src` -1).
-This class tracks which requests have such unread steps (`ahead`) and their rows in the newest
+`Launches` tracks which requests have such unread steps (`ahead`) and their rows in the newest
 launch. At most one launch is unread when the next is built (the engine reads all but the newest),
 so a request with unread steps is always in the newest launch.
+
+Neither direction of the host<->device traffic may wait for the step in flight: a step's output
+goes back through `HostCopy` (a pinned buffer and an event of its own), and host inputs go out
+through the graph runner's pinned staging buffers (runtime/graph_runner.py). With a plain
+`tolist()` the host waited for step N+1 before it could read step N, and the schedule overlapped
+nothing (benchmarks/RESULTS.md, session 7).
 """
 
 from __future__ import annotations
