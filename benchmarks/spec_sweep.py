@@ -152,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
 
     vms = 1e3 * v["decode_s"] / max(v["decode_tokens"] / args.batch_size, 1)
     dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    overlap = base.overlap_schedule if base.overlap_schedule is not None else device.type == "cuda"
     head = (f"{cfg.model or 'default model'}, {dtype} on {device_name(device)}; batch "
-            f"{args.batch_size}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy; "
-            f"vanilla {v['tokens_per_s']:.1f} tok/s, {vms:.3f} ms per decode step")
+            f"{args.batch_size}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, "
+            f"{'overlap' if overlap else 'plain'} schedule; vanilla {v['tokens_per_s']:.1f} tok/s, "
+            f"{vms:.3f} ms per decode step")
     lines = [head, f"{'variant':<34} {'tau':>5} {'tok/s':>8} {'speedup':>7} {'decode x':>8} "
              f"{'ms/step':>7} {'steps/vanilla':>13} {'identical':>9} {'replay ms':>9}"]
     for r in rows[1:]:
