@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
     vms = 1e3 * v["decode_s"] / max(v["decode_tokens"] / args.batch_size, 1)
     dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
-    overlap = base.overlap_schedule if base.overlap_schedule is not None else device.type == "cuda"
+    overlap = (base.overlap_schedule if base.overlap_schedule is not None
+               else device.type == "cuda" and not base.disable_cuda_graph)  # the vanilla run's
     head = (f"{cfg.model or 'default model'}, {dtype} on {device_name(device)}; batch "
             f"{args.batch_size}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, "
             f"{'overlap' if overlap else 'plain'} schedule; vanilla {v['tokens_per_s']:.1f} tok/s, "
