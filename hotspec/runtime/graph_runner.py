@@ -55,25 +55,21 @@ class _Staging:
                       for k, v in static.items()} for _ in range(2)]
         self.copied = [torch.cuda.Event(), torch.cuda.Event()]
         self.used = [False, False]
-        self.turn = 0
+        self.turn = 0  # the set the next `stage` writes
 
-    def stage(self, inputs: Tensors) -> tuple[Tensors, int]:
+    def stage(self, inputs: Tensors) -> Tensors:
+        """`inputs` with every host tensor moved into the next pinned set (device ones as they are)."""
         i = self.turn
-        self.turn ^= 1
         if self.used[i]:
             self.copied[i].synchronize()
-        out = {}
-        for k, v in inputs.items():
-            if v.device.type == "cpu":
-                out[k] = self.sets[i][k][: v.numel()].view(v.shape).copy_(v)
-            else:
-                out[k] = v
-        return out, i
+        return {k: self.sets[i][k][: v.numel()].view(v.shape).copy_(v) if v.device.type == "cpu" else v
+                for k, v in inputs.items()}
 
-    def mark(self, i: int) -> None:
-        """After the copies from set `i` were enqueued."""
-        self.copied[i].record()
-        self.used[i] = True
+    def staged(self) -> None:
+        """After the copies out of the set `stage` last wrote were enqueued: hand the turn on."""
+        self.copied[self.turn].record()
+        self.used[self.turn] = True
+        self.turn ^= 1
 
 
 @dataclass
@@ -151,23 +147,23 @@ class GraphRunner:
         except the `borrow`ed ones: views, valid until the phase runs again (for outputs the caller
         reads at once; one copy kernel less each).
 
-        Inputs may live on the host (what the scheduler builds from its lists): they are copied
-        straight into the static buffers, one host-to-device copy each and no device copy."""
+        Inputs may live on the host (what the scheduler builds from its lists): on CUDA they go
+        through the phase's pinned staging set, then one asynchronous host-to-device copy each
+        into the static buffers (no device copy)."""
         e = self.phases[name]
         bs = next(iter(inputs.values())).shape[0]
         padded = next((b for b in self.batch_sizes if b >= bs), None)
         if self.mode == "eager" or padded is None:
             return e.fn({k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
-        turn = None
         if e.staging is not None:
-            inputs, turn = e.staging.stage(inputs)
+            inputs = e.staging.stage(inputs)
         for k, src in inputs.items():
             dst = e.static[k]
             dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src, non_blocking=True)
             if padded > bs:
                 dst[bs:padded].copy_(e.pad[k].expand_as(dst[bs:padded]))
-        if e.staging is not None and turn is not None:
-            e.staging.mark(turn)
+        if e.staging is not None:
+            e.staging.staged()
         graph = self.graphs.get((name, padded))
         if graph is None:  # static mode, or an allowed fallback
             out = e.fn({k: v[:padded] for k, v in e.static.items()})

@@ -27,6 +27,8 @@ import os
 import triton
 import triton.language as tl
 
+from hotspec.layers import pdl
+
 
 def _interpreter_numpy_compat() -> None:
     """TRITON_INTERPRET with numpy >= 2.4: triton 3.6's interpreter converts a scalar tensor to an
@@ -138,8 +140,7 @@ def paged_attn_fwd(
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, FUSED_COMBINE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    if PDL:  # the kernel after it (o_proj's GEMV) may launch now (layers/pdl.py)
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pid0 = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -281,8 +282,7 @@ def combine_splits(
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Merge the per-split partial outputs of one (token, q head): weights 2^(lse_s - max)."""
-    if PDL:  # the kernel after it (o_proj's GEMV) may launch now (layers/pdl.py)
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     t = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
