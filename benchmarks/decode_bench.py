@@ -11,7 +11,8 @@ the LM head, greedy sampling, stop checks), so host overheads are included, as a
 Run from the repository root; without `pip install -e .`, prefix `PYTHONPATH=.` (hotspec imports
 the `gguf` package at load time, so a machine without it needs it on PYTHONPATH too).
 
-`llama8b-shape` is Llama-3.1-8B's shape with random weights generated on the device (no files).
+`llama8b-shape` is Llama-3.1-8B's shape with random weights generated on the device (no files);
+`smollm2-shape` the default model's, likewise.
 Weight bytes per step count every Linear weight and norm once (a tied embedding is read once, as
 the LM head); the embedding gather is negligible. Achieved bandwidth is that over the median
 step time; on CUDA it is also given as a fraction of the H200 roofline.
@@ -53,6 +54,13 @@ LLAMA_3_1_8B = ModelConfig(
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
     max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=128000,
     eos_token_ids=(128001, 128008, 128009))
+# the default model's shape (SmolLM2-135M), random weights: its kernels without carrying the GGUF
+SMOLLM2_135M = ModelConfig(
+    architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+    rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
+    tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
+SHAPES = {"llama8b-shape": LLAMA_3_1_8B, "smollm2-shape": SMOLLM2_135M}
 
 
 @dataclass
@@ -122,7 +130,7 @@ def build_engine(args: argparse.Namespace, num_kv_blocks: int, max_batch: int) -
     device, dtype = resolve_device_dtype(cfg)
     if args.dtype == "auto":
         dtype = torch.bfloat16
-    model_cfg = LLAMA_3_1_8B
+    model_cfg = SHAPES[args.model]
     if args.num_layers is not None:
         model_cfg = replace(model_cfg, num_hidden_layers=args.num_layers)
     target = build_target(model_cfg, random_state(model_cfg, device, dtype, args.seed), dtype, device)
@@ -237,18 +245,18 @@ def table(results: list[Result], cuda: bool) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=("default", "llama8b-shape"), default="default")
+    p.add_argument("--model", choices=("default", *SHAPES), default="default")
     p.add_argument("--device", choices=("cpu", "cuda"),
                    default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="auto: the engine's rule (bfloat16 on cuda, float32 on cpu); "
-                        "llama8b-shape: bfloat16")
+                        "the random-weight shapes: bfloat16")
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,8,32")
     p.add_argument("--context", type=int, default=512, help="prompt length (random token ids)")
     p.add_argument("--tokens", type=int, default=64, help="decode steps measured after warm-up")
     p.add_argument("--warmup", type=int, default=3, help="decode steps run before measuring")
     p.add_argument("--num-layers", type=int, default=None,
-                   help="llama8b-shape only: fewer layers, for a quick smoke run")
+                   help="random-weight shapes only: fewer layers, for a quick smoke run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mode", choices=("eager-torch", "eager-triton", "graphed"), default="eager-torch")
     p.add_argument("--vs-hf", action="store_true",
@@ -263,8 +271,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if min(args.batch_sizes) < 1 or args.context < 1 or args.tokens < 1 or args.warmup < 0:
         p.error("batch sizes, --context and --tokens must be >= 1, --warmup >= 0")
-    if args.num_layers is not None and args.model != "llama8b-shape":
-        p.error("--num-layers only applies to --model llama8b-shape")
+    if args.num_layers is not None and args.model == "default":
+        p.error("--num-layers only applies to the random-weight shapes (llama8b-shape, smollm2-shape)")
     return args
 
 

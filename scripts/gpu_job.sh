@@ -32,6 +32,10 @@
 #   s8b        second call: engine and PDL tests, SmolLM2 decode with and without HOTSPEC_NORM_GEMV,
 #              HOTSPEC_ATTN_FUSED_COMBINE and HOTSPEC_PDL,
 #              spec_sweep at batch 1 plain and overlapped, batch 8 overlapped and plain (~8 min)
+#   s8c        no carry: 8B and SmolLM2-shape decode with HOTSPEC_NORM_GEMV(_TIES), HOTSPEC_PDL and
+#              HOTSPEC_PDL_PREFETCH (0, 512, whole panel) in combinations (~7 min)
+#   s8d / s8e  a chain: the session-8 defaults (norm-GEMV, PDL) against session 7's on the 8B shape
+#              (kernel tests first), then engine tests, SmolLM2 decode and spec_sweep at batch 1
 #   s8gemv     optional third call: the 8B GEMV sweep at one row with persistent programs (~4 min)
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
@@ -212,6 +216,44 @@ if [ "$stage" = s8a ]; then  # first call of a chain (carries .whl .models/p1)
     --out "$OUT/decode_8b_all.json"
   step attn_bench 150 python3 benchmarks/attn_bench.py --model default --batch-sizes 1,8 \
     --variants auto,bytes,fused,s8,s16 --out "$OUT/attn_bench.json"
+fi
+if [ "$stage" = s8c ]; then  # no carry: PDL prefetch depth, norm-GEMV gate_up ties, 8B and SmolLM2 shapes
+  step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_gemv.py -k norm_gemv \
+    tests/test_pdl.py::test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64
+    --batch-sizes 1)
+  step d8_base 70 "${D8[@]}" --out "$OUT/d8_base.json"
+  HOTSPEC_NORM_GEMV=1 step d8_ng 70 "${D8[@]}" --out "$OUT/d8_ng.json"
+  HOTSPEC_NORM_GEMV=1 HOTSPEC_NORM_GEMV_TIES=1 step d8_ngt 70 "${D8[@]}" --kernels --out "$OUT/d8_ngt.json"
+  HOTSPEC_NORM_GEMV=1 HOTSPEC_NORM_GEMV_TIES=1 HOTSPEC_PDL=1 step d8_ngt_pdl 70 "${D8[@]}" --out "$OUT/d8_ngt_pdl.json"
+  HOTSPEC_NORM_GEMV=1 HOTSPEC_NORM_GEMV_TIES=1 HOTSPEC_PDL=1 HOTSPEC_PDL_PREFETCH=0 step d8_ngt_pdl0 70 \
+    "${D8[@]}" --kernels --out "$OUT/d8_ngt_pdl0.json"
+  HOTSPEC_NORM_GEMV=1 HOTSPEC_NORM_GEMV_TIES=1 HOTSPEC_PDL=1 HOTSPEC_PDL_PREFETCH=512 step d8_ngt_pdl512 70 \
+    "${D8[@]}" --out "$OUT/d8_ngt_pdl512.json"
+  HOTSPEC_PDL=1 HOTSPEC_PDL_PREFETCH=0 step d8_pdl0 70 "${D8[@]}" --out "$OUT/d8_pdl0.json"
+  DS=(python3 benchmarks/decode_bench.py --model smollm2-shape --mode graphed --context 512 --tokens 64
+    --batch-sizes 1,8)
+  step ds_base 45 "${DS[@]}" --out "$OUT/ds_base.json"
+  HOTSPEC_NORM_GEMV=1 step ds_ng 45 "${DS[@]}" --out "$OUT/ds_ng.json"
+  HOTSPEC_PDL=1 step ds_pdl 45 "${DS[@]}" --out "$OUT/ds_pdl.json"
+  HOTSPEC_NORM_GEMV=1 HOTSPEC_PDL=1 step ds_ng_pdl 45 "${DS[@]}" --out "$OUT/ds_ng_pdl.json"
+  HOTSPEC_NORM_GEMV=1 HOTSPEC_PDL=1 HOTSPEC_PDL_PREFETCH=0 step ds_ng_pdl0 45 "${DS[@]}" --out "$OUT/ds_ng_pdl0.json"
+fi
+if [ "$stage" = s8d ]; then  # first call of a chain (carries .whl .models/p1): the new defaults
+  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_graph_runner.py tests/test_gemv.py \
+    tests/test_fused_kernels.py tests/test_pdl.py::test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
+  step decode_8b_defaults 80 "${D8[@]}" --batch-sizes 1,8 --kernels --out "$OUT/decode_8b_defaults.json"
+  HOTSPEC_PDL=0 HOTSPEC_NORM_GEMV=0 step decode_8b_session7 80 "${D8[@]}" --batch-sizes 1,8 \
+    --out "$OUT/decode_8b_session7.json"
+fi
+if [ "$stage" = s8e ]; then  # second call (carries .models/p2 and the prompts): engine tests, SmolLM2
+  step engine_tests 240 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -x
+  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
+    --tokens 64 --batch-sizes 1,8)
+  step decode_smol_defaults 45 "${DS[@]}" --out "$OUT/decode_smol_defaults.json"
+  HOTSPEC_PDL=0 HOTSPEC_NORM_GEMV=0 step decode_smol_session7 45 "${DS[@]}" --out "$OUT/decode_smol_session7.json"
+  step sweep_b1 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants 4/8/12
 fi
 if [ "$stage" = s8gemv ]; then  # optional third call: the 8B GEMVs at one row, persistent programs too
   step gemv_8b 500 python3 benchmarks/gemv_bench.py --shapes 8b --m 1 --out "$OUT/gemv_8b.json"
@@ -416,7 +458,10 @@ fi
 
 echo; echo "================ summary ================"
 cat "$OUT/status.txt"
-for f in "$OUT"/decode_*.log; do [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs transformers|kernels per step" "$f"; done
+for f in "$OUT"/decode_*.log "$OUT"/d8_*.log "$OUT"/ds_*.log; do
+  [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs transformers|kernels per (step|replay)" "$f" |
+    sed "s|^|$(basename "$f" .log): |"
+done
 for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep -E "^(llama8b|default) " "$f"; done
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log

@@ -79,6 +79,12 @@ CONFIGS: dict[tuple[int, int, int, bool], GemvConfig] = {
     (16, 960, 576, False): GemvConfig(16, 256, 1, 4, 4),     # qkv     3.47 us vs 3.68
     (16, 576, 576, False): GemvConfig(16, 256, 1, 4, 4),     # o       3.43 us vs 3.66
 }
+# At one row, where the GEMV alone only ties cuBLAS but, with the add + RMSNorm before it folded
+# in (layers/norm_gemv_kernel.py), saves that norm's kernel (8B decode 4.44 -> 4.33 ms, RESULTS
+# "Session 8").
+NORM_TIES: dict[tuple[int, int], GemvConfig] = {
+    (28672, 4096): GemvConfig(16, 256, 1, 4, 4),  # 8B gate_up 57.8 us vs 57.7 (2026-11-30)
+}
 _SMS = 132  # H200; only the fallback heuristic uses it
 # Unmeasured shapes at M == 1 up to this many weights take the heuristic config (every measured
 # M == 1 shape this size won); larger ones and unmeasured M > 1 stay with cuBLAS.
@@ -118,7 +124,8 @@ def default_config(M: int, N: int, K: int) -> GemvConfig:
 def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 F32_DOT: tl.constexpr, PERSIST: tl.constexpr = False, PDL: tl.constexpr = False):
+                 F32_DOT: tl.constexpr, PERSIST: tl.constexpr = False, PDL: tl.constexpr = False,
+                 PF_COLS: tl.constexpr = -1):
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
     PERSIST: program n does column tiles n, n + programs, ... (SPLIT_K == 1).
@@ -128,7 +135,7 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
         pdl.launch_dependents(PDL)
         first = tl.cast(tl.program_id(0), tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         k_lo = tl.program_id(1) * K_SPLIT
-        pdl.prefetch_rows(W, first, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), K, stride_wn, 32)
+        pdl.prefetch_rows(W, first, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), K, stride_wn, 32, PF_COLS)
         pdl.wait(PDL)
     if PERSIST:
         for pid_n in range(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
@@ -264,8 +271,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         x, w, y, ws, cnt, m, n, k, k_split, x.stride(0), w.stride(0), y.stride(0),
         SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=cfg.SPLIT_K, EVEN_K=k % cfg.BLOCK_K == 0 and k_split * cfg.SPLIT_K == k,
-        F32_DOT=_INTERPRET, PERSIST=cfg.PERSIST > 0, PDL=use_pdl, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
+        F32_DOT=_INTERPRET, PERSIST=cfg.PERSIST > 0, PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 
 

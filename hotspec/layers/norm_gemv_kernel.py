@@ -5,7 +5,8 @@ launch and ramp-up for a few KB of data. Here every program of the GEMV computes
 one row itself (the row is a few KB, read from L2) and program 0 stores the new residual, so the
 norm costs no kernel of its own. Rounded where layers/fused_kernels._rms_norm_kernel rounds, and
 tiled like layers/gemv_kernels' M == 1 path (its GemvConfig, without split-K).
-HOTSPEC_NORM_GEMV=1 turns it on (layers/fused.norm_gemv_config); off until measured on the H200.
+On by default where a GEMV config exists (layers/fused.norm_gemv_config); HOTSPEC_NORM_GEMV=0
+turns it off.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from hotspec.layers.gemv_kernels import GemvConfig
 @triton.jit
 def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr,
-                      PDL: tl.constexpr = False):
+                      PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1):
     pid = tl.program_id(0)
     dt = X.dtype.element_ty
     if PDL:  # weights to L2 before waiting for the kernel before (layers/pdl.py)
         pdl.launch_dependents(PDL)
         pdl.prefetch_rows(W, tl.cast(pid, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N), N, 0, K, K,
-                          stride_wn, 32)
+                          stride_wn, 32, PF_COLS)
         pdl.wait(PDL)
     # the row's stream s = x + residual (rounded to the dtype) and its reciprocal RMS
     cols = tl.arange(0, BLOCK_ROW)
@@ -79,6 +80,6 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     _norm_gemv_kernel[(triton.cdiv(n, config.BLOCK_N),)](
         x, residual if residual is not None else x, norm_weight, w, y, s, n, k, eps, w.stride(0),
         HAS_RES=residual is not None, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-        BLOCK_ROW=triton.next_power_of_2(k), PDL=use_pdl, num_warps=config.num_warps,
-        num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
+        BLOCK_ROW=triton.next_power_of_2(k), PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
+        num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s

@@ -3,11 +3,13 @@ the stream is still finishing, do the work that does not depend on it, then wait
 
 A decode step at batch 1 is ~200 small kernels in a row, each a pure weight stream; between two
 of them the memory system idles while the last programs of one drain and the first of the next
-ramp up. With HOTSPEC_PDL=1 (an A/B switch, off until the H200 measures it):
+ramp up. On by default on Hopper (HOTSPEC_PDL=0 turns it off; RESULTS "Session 8": 8B decode 4.33 ->
+4.24 ms, SmolLM2 0.74 -> 0.60 ms, with the norm-GEMV on):
 - every Triton kernel of the step signals at its start that the next kernel may launch
   (`launch_dependents`; it orders nothing, so it is always safe);
 - the decode GEMV, launched with the PDL attribute, pulls its own weight panel into L2 before it
-  waits for the kernel before it (`prefetch_rows`, then `wait`). Weights are read-only, so that
+  waits for the kernel before it (`prefetch_rows`, then `wait`), when the weight is small enough
+  for that to pay (`prefetch_cols`). Weights are read-only, so that
   is the only work done before the wait: every read of an activation and every write (whose
   memory a CUDA graph's pool may share with a buffer the kernel before still reads) comes after.
 Kernels launched without the attribute (cuBLAS, torch ops) keep the stream's plain ordering.
@@ -25,7 +27,29 @@ import triton.language as tl
 
 @functools.cache
 def _switch() -> bool:
-    return os.environ.get("HOTSPEC_PDL", "0") not in ("", "0")
+    return os.environ.get("HOTSPEC_PDL", "1") not in ("", "0")
+
+
+# Weights up to this size are prefetched whole; larger ones not at all (RESULTS "Session 8": on
+# the 8B shape, whose GEMV weights are 34-235 MB, prefetching the whole panel made decode 5.17 ms
+# against 4.24 without, and even 512 columns 4.69; SmolLM2's <= 3.5 MB gain 0.66 -> 0.60 ms).
+_PREFETCH_MAX_BYTES = 16 << 20
+
+
+def prefetch_cols(w: torch.Tensor) -> int:
+    """Columns of its weight panel a GEMV program over `w` prefetches to L2 before its wait: -1
+    (all) for a weight of at most 16 MB, else 0. HOTSPEC_PDL_PREFETCH=<columns> overrides it
+    (-1 all, 0 none) for A/B runs."""
+    forced = _prefetch_override()
+    if forced is not None:
+        return forced
+    return -1 if w.numel() * w.element_size() <= _PREFETCH_MAX_BYTES else 0
+
+
+@functools.cache
+def _prefetch_override() -> int | None:
+    v = os.environ.get("HOTSPEC_PDL_PREFETCH", "")
+    return int(v) if v else None
 
 
 def enabled(device: torch.device) -> bool:
@@ -58,12 +82,16 @@ def wait(PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_rows(W, offs_n, N, k_lo, k_hi, K, stride_wn, CHUNK: tl.constexpr):
-    """Pull rows `offs_n` (clamped to N) of W, columns [k_lo, k_hi), into L2: one prefetch per
-    128-byte line (64 two-byte elements). Prefetches read nothing back and write nothing; a line
-    named twice by the clamping costs nothing."""
+def prefetch_rows(W, offs_n, N, k_lo, k_hi, K, stride_wn, CHUNK: tl.constexpr, COLS: tl.constexpr):
+    """Pull rows `offs_n` (clamped to N) of W, columns [k_lo, k_hi) (only the first COLS of them
+    when COLS >= 0; prefetch_cols), into L2: one prefetch per 128-byte line (64 two-byte
+    elements). Prefetches read nothing back and write nothing; a line named twice by the
+    clamping costs nothing."""
     rows = tl.minimum(offs_n, N - 1)
-    for k in range(k_lo, k_hi, 64 * CHUNK):
+    end = k_hi
+    if COLS >= 0:
+        end = tl.minimum(k_hi, k_lo + COLS)
+    for k in range(k_lo, end, 64 * CHUNK):
         cols = tl.minimum(k + tl.arange(0, CHUNK) * 64, K - 1)
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
                                   [W + rows[:, None] * stride_wn + cols[None, :]],
