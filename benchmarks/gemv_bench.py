@@ -6,7 +6,8 @@
 Per (shape, M) it times F.linear (for the silu_mul down projections: fused_kernels.silu_mul then
 F.linear, the engine's two kernels today, and F.linear alone) and every Triton config of a pruned
 sweep (phase 1: tiles, split-K and warps at num_stages=3; phase 2: stages 2 and 4 for the best
-two; phase 3: persistent programs, 1/2/4 per SM, for the two best without split-K). A config is
+two). Persistent programs (1/2/4 per SM looping over column tiles) were a phase 3 until session 8
+measured them slower at every 8B shape (RESULTS "Session 8") and they were removed. A config is
 timed only after its output matched the fp32 reference; failures are reported.
 
 Timing: the weights are `copies` distinct tensors totalling >= ~1 GB (at most 512 copies: >= 340
@@ -24,7 +25,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
@@ -83,8 +84,7 @@ def graph_us(call: Callable[[int], object], copies: int) -> float:
 
 
 def label(cfg: GemvConfig) -> str:
-    persist = f" p{cfg.PERSIST}" if cfg.PERSIST else ""
-    return f"{cfg.BLOCK_N}x{cfg.BLOCK_K} s{cfg.SPLIT_K} w{cfg.num_warps} st{cfg.num_stages}{persist}"
+    return f"{cfg.BLOCK_N}x{cfg.BLOCK_K} s{cfg.SPLIT_K} w{cfg.num_warps} st{cfg.num_stages}"
 
 
 def bench_m(name: str, ws: list[torch.Tensor], m: int, silu: bool, quick: bool, sms: int) -> dict:
@@ -123,13 +123,6 @@ def bench_m(name: str, ws: list[torch.Tensor], m: int, silu: bool, quick: bool, 
                 alt = GemvConfig(cfg.BLOCK_N, cfg.BLOCK_K, cfg.SPLIT_K, cfg.num_warps, st)
                 if fits(alt, m):
                     run(alt)
-        # phase 3: persistent programs (1, 2 or 4 per SM, looping over column tiles) for the two
-        # best without split-K
-        best = [c for c, _ in sorted(timed.values(), key=lambda c: c[1]) if c.SPLIT_K == 1][:2]
-        for cfg in best:
-            for per_sm in (1, 2, 4):
-                if math.ceil(n / cfg.BLOCK_N) > per_sm * sms:
-                    run(replace(cfg, PERSIST=per_sm))
     row["configs"] = {lab: us for lab, (_, us) in sorted(timed.items(), key=lambda t: t[1][1])}
     row["cublas_tbs"] = wbytes / row["cublas_us"] / 1e6
     if timed:
@@ -170,8 +163,7 @@ def report(rows: list[dict]) -> None:
         if "best_config" in r and bucket(r["M"]) == r["M"]:
             c = r["best_config"]
             print(f"    ({r['M']}, {r['N']}, {r['K']}, {r['silu_mul']}): GemvConfig({c['BLOCK_N']}, "
-                  f"{c['BLOCK_K']}, {c['SPLIT_K']}, {c['num_warps']}, {c['num_stages']}"
-                  + (f", PERSIST={c['PERSIST']}" if c.get("PERSIST") else "") + "),  "
+                  f"{c['BLOCK_K']}, {c['SPLIT_K']}, {c['num_warps']}, {c['num_stages']}),  "
                   f"# {r['shape']} {r['speedup']:.2f}x")
 
 

@@ -25,17 +25,18 @@
 #              8B decode at batch 1/8 plain and overlapped (~3 min)
 #   overlap7b  second call: engine GPU tests, SmolLM2 decode and spec_sweep at batch 1, plain and
 #              overlapped (~6 min)
-#   s8a        next session, first call: kernel tests (graph runner, GEMV, fused), 8B decode at
-#              batch 1 plain, overlapped (the default), with HOTSPEC_NORM_GEMV=1, with
-#              HOTSPEC_ATTN_FUSED_COMBINE=1, with HOTSPEC_PDL=1 and all three; attn_bench with the
-#              fused combine (~6 min)
+#   s8a        session 8, first call: kernel tests (graph runner, GEMV, fused), 8B decode at
+#              batch 1 plain, overlapped, with HOTSPEC_NORM_GEMV=1, with HOTSPEC_PDL=1 and both
+#              (written when both were off); attn_bench (~6 min)
 #   s8b        second call: engine and PDL tests, SmolLM2 decode with and without HOTSPEC_NORM_GEMV,
-#              HOTSPEC_ATTN_FUSED_COMBINE and HOTSPEC_PDL,
+#              and HOTSPEC_PDL,
 #              spec_sweep at batch 1 plain and overlapped, batch 8 overlapped and plain (~8 min)
 #   s8c        no carry: 8B and SmolLM2-shape decode with HOTSPEC_NORM_GEMV(_TIES), HOTSPEC_PDL and
 #              HOTSPEC_PDL_PREFETCH (0, 512, whole panel) in combinations (~7 min)
 #   s8d / s8e  a chain: the session-8 defaults (norm-GEMV, PDL) against session 7's on the 8B shape
 #              (kernel tests first), then engine tests, SmolLM2 decode and spec_sweep at batch 1
+#   s8f        no carry: GEMV/attention kernel tests, 8B and SmolLM2-shape decode with attention
+#              kv splits of 4 (default), 16 and 2 blocks (~4 min)
 #   s8gemv     optional third call: the 8B GEMV sweep at one row with persistent programs (~4 min)
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
@@ -210,12 +211,11 @@ if [ "$stage" = s8a ]; then  # first call of a chain (carries .whl .models/p1)
   step decode_8b_plain 90 "${D8[@]}" --no-overlap-schedule --out "$OUT/decode_8b_plain.json"
   step decode_8b_overlap 90 "${D8[@]}" --out "$OUT/decode_8b_overlap.json"
   HOTSPEC_NORM_GEMV=1 step decode_8b_normgemv 90 "${D8[@]}" --kernels --out "$OUT/decode_8b_normgemv.json"
-  HOTSPEC_ATTN_FUSED_COMBINE=1 step decode_8b_fusedcombine 90 "${D8[@]}" --out "$OUT/decode_8b_fusedcombine.json"
   HOTSPEC_PDL=1 step decode_8b_pdl 90 "${D8[@]}" --kernels --out "$OUT/decode_8b_pdl.json"
-  HOTSPEC_PDL=1 HOTSPEC_NORM_GEMV=1 HOTSPEC_ATTN_FUSED_COMBINE=1 step decode_8b_all 90 "${D8[@]}" \
+  HOTSPEC_PDL=1 HOTSPEC_NORM_GEMV=1 step decode_8b_all 90 "${D8[@]}" \
     --out "$OUT/decode_8b_all.json"
   step attn_bench 150 python3 benchmarks/attn_bench.py --model default --batch-sizes 1,8 \
-    --variants auto,bytes,fused,s8,s16 --out "$OUT/attn_bench.json"
+    --variants auto,bytes,s8,s16 --out "$OUT/attn_bench.json"
 fi
 if [ "$stage" = s8c ]; then  # no carry: PDL prefetch depth, norm-GEMV gate_up ties, 8B and SmolLM2 shapes
   step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_gemv.py -k norm_gemv \
@@ -255,6 +255,19 @@ if [ "$stage" = s8e ]; then  # second call (carries .models/p2 and the prompts):
   HOTSPEC_PDL=0 HOTSPEC_NORM_GEMV=0 step decode_smol_session7 45 "${DS[@]}" --out "$OUT/decode_smol_session7.json"
   step sweep_b1 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants 4/8/12
 fi
+if [ "$stage" = s8f ]; then  # no carry: kernel tests after removing the fused combine and PERSIST;
+  # attention kv splits at context 512 (HOTSPEC_ATTN_SPLIT_BLOCKS: 16 -> one split, no combine)
+  step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_triton_attention.py -x
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1)
+  step d8_split4 60 "${D8[@]}" --out "$OUT/d8_split4.json"
+  HOTSPEC_ATTN_SPLIT_BLOCKS=16 step d8_split16 60 "${D8[@]}" --out "$OUT/d8_split16.json"
+  HOTSPEC_ATTN_SPLIT_BLOCKS=2 step d8_split2 60 "${D8[@]}" --out "$OUT/d8_split2.json"
+  DS=(python3 benchmarks/decode_bench.py --model smollm2-shape --mode graphed --context 512 --tokens 64
+    --batch-sizes 1,8)
+  step ds_split4 40 "${DS[@]}" --out "$OUT/ds_split4.json"
+  HOTSPEC_ATTN_SPLIT_BLOCKS=16 step ds_split16 40 "${DS[@]}" --out "$OUT/ds_split16.json"
+fi
 if [ "$stage" = s8gemv ]; then  # optional third call: the 8B GEMVs at one row, persistent programs too
   step gemv_8b 500 python3 benchmarks/gemv_bench.py --shapes 8b --m 1 --out "$OUT/gemv_8b.json"
 fi
@@ -264,7 +277,6 @@ if [ "$stage" = s8b ]; then  # second call (carries .models/p2 and the prompts)
     --tokens 64 --batch-sizes 1,8)
   step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
   HOTSPEC_NORM_GEMV=1 step decode_smol_normgemv 45 "${DS[@]}" --out "$OUT/decode_smol_normgemv.json"
-  HOTSPEC_ATTN_FUSED_COMBINE=1 step decode_smol_fusedcombine 45 "${DS[@]}" --out "$OUT/decode_smol_fusedcombine.json"
   HOTSPEC_PDL=1 step decode_smol_pdl 45 "${DS[@]}" --out "$OUT/decode_smol_pdl.json"
   step sweep_b1_plain 100 "${SWEEP[@]}" --no-overlap-schedule --batch-size 1 --num-prompts 26 \
     --out "$OUT/sweep_b1_plain.json" --variants 4/8/12

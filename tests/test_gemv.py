@@ -79,21 +79,6 @@ def test_split_k_matches_and_rearms_its_counters(m, split):
     assert not cnt.any(), "the last program of each tile resets its counter"
 
 
-@pytest.mark.parametrize("silu", [False, True])
-@pytest.mark.parametrize("m", [1, 3])
-def test_persistent_programs_cover_every_tile(m, silu):
-    """PERSIST: fewer programs than column tiles (2 per SM; the interpreter counts 2 SMs, so 4
-    programs loop over 3 tiles of 16 and 5 of 8), the same result as a program per tile."""
-    x, w = _inputs(m, N, K, silu, seed=50 + m)
-    for bn in (16, 8) if m == 1 else (16,):
-        one_each = gk.gemv(x, w, silu_mul=silu, config=gk.GemvConfig(bn, 32, 1, 4, 2))
-        persistent = gk.gemv(x, w, silu_mul=silu, config=gk.GemvConfig(bn, 32, 1, 4, 2, PERSIST=1))
-        _check(persistent, x, w, silu)
-        assert torch.equal(persistent, one_each)
-    with pytest.raises(ValueError, match="PERSIST"):
-        gk.gemv(x, w, silu_mul=silu, config=gk.GemvConfig(16, 32, 2, 4, 2, PERSIST=1))
-
-
 @pytest.mark.parametrize("m", [1, 4])
 def test_row_strided_x(m):
     """x as columns of a wider tensor (a view with row stride != K): same result as a copy."""

@@ -276,29 +276,6 @@ def test_split_kv_verify_and_padding() -> None:
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=4, block_n=16))
 
 
-@pytest.mark.parametrize("kind", ["decode", "verify-bits", "verify-bytes", "padding"])
-def test_fused_split_combine_matches_the_reference_and_rearms(kind: str) -> None:
-    """HOTSPEC_ATTN_FUSED_COMBINE: the split finishing a tile last merges the partials in the
-    attention kernel (no combine kernel); same attention as the reference, splits with no kv
-    included, and every tile counter back at zero for the next launch (and graph replay)."""
-    if kind == "decode":
-        case = make_case(q_lens=[1, 1, 1], kv_lens=[1, 40, 170], width=1, hq=8, hkv=2, d=64,
-                         dtype=F32, seed=31)
-    elif kind.startswith("verify"):
-        n = 4
-        case = make_case(q_lens=[n, n], kv_lens=[n, 90 + n], width=n, hq=6, hkv=2, d=64,
-                         dtype=BF16, seed=32, masks=[tree_mask(n), tree_mask(n)])
-    else:
-        case = make_case(q_lens=[1, 3], kv_lens=[1, 60], width=4, hq=4, hkv=4, d=64, dtype=F32, seed=33)
-    backend = TritonBackend(PAGE, num_splits=3, block_n=16, fused_combine=True,
-                            mask_bits=kind != "verify-bytes")
-    fb, q, kc, vc = case
-    check(fb, q, kc, vc, backend=backend)
-    (cnt,) = backend._counters[q.device]
-    assert not cnt.any(), "the last split of each tile re-arms its counter"
-    check(fb, q, kc, vc, backend=backend)  # and a second launch on the same counters
-
-
 def test_store_kv_triton_matches_index_copy() -> None:
     torch.manual_seed(11)
     slots, hkv, d, t = 64, 3, 64, 10
@@ -364,22 +341,6 @@ def test_gpu_decode(shape, batch, splits) -> None:
     fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, dtype=BF16, seed=101,
                               **shape)
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
-@pytest.mark.parametrize("batch", [1, 8, 64])
-def test_gpu_fused_split_combine(shape, batch) -> None:
-    """The in-kernel split merge (HOTSPEC_ATTN_FUSED_COMBINE) at real shapes: decode and verify."""
-    kv = [4096] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
-    fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, dtype=BF16, seed=105, **shape)
-    be = TritonBackend(PAGE, fused_combine=True)
-    check(fb, q, kc, vc, backend=be)
-    n = 12
-    fb, q, kc, vc = make_case(q_lens=[n] * batch, kv_lens=[p + n for p in kv], width=n, dtype=BF16,
-                              seed=106, masks=[tree_mask(n) for _ in kv], **shape)
-    check(fb, q, kc, vc, backend=be)
-    assert not any(c.any() for c in be._counters[q.device])
 
 
 @pytest.mark.gpu

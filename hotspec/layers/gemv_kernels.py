@@ -26,7 +26,6 @@ F.linear up to the fp32 summation order (at most one ulp apart, bit-identical al
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 
@@ -50,9 +49,6 @@ class GemvConfig:
     SPLIT_K: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    # > 0: persistent programs, PERSIST per SM, each looping over column tiles (no split-K): no
-    # partial last wave of programs (an A/B in benchmarks/gemv_bench.py; no CONFIGS row uses it)
-    PERSIST: int = 0
 
 
 # Where the kernel beat cuBLAS on the H200 (benchmarks/gemv_bench.py, 2026-11-30; RESULTS.md,
@@ -124,11 +120,9 @@ def default_config(M: int, N: int, K: int) -> GemvConfig:
 def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 F32_DOT: tl.constexpr, PERSIST: tl.constexpr = False, PDL: tl.constexpr = False,
-                 PF_COLS: tl.constexpr = -1):
+                 F32_DOT: tl.constexpr, PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1):
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
-    PERSIST: program n does column tiles n, n + programs, ... (SPLIT_K == 1).
     PDL (layers/pdl.py): the program's first weight panel goes to L2 before it waits for the
     kernel before; nothing else happens before the wait."""
     if PDL:
@@ -137,14 +131,9 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
         k_lo = tl.program_id(1) * K_SPLIT
         pdl.prefetch_rows(W, first, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), K, stride_wn, 32, PF_COLS)
         pdl.wait(PDL)
-    if PERSIST:
-        for pid_n in range(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
-            _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, 0,
-                       SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT)
-    else:
-        _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
-                   tl.program_id(0), tl.program_id(1), SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
-                   EVEN_K, F32_DOT)
+    _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
+               tl.program_id(0), tl.program_id(1), SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+               EVEN_K, F32_DOT)
 
 
 @triton.jit
@@ -255,8 +244,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
     cfg = config or default_config(m, n, k)
     if m > 1 and cfg.BLOCK_N < 16:
         raise ValueError(f"gemv: M > 1 uses tl.dot, which needs BLOCK_N >= 16 (got {cfg.BLOCK_N})")
-    if cfg.PERSIST and cfg.SPLIT_K > 1:
-        raise ValueError("gemv: persistent programs (PERSIST) do not split K")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     k_split = triton.cdiv(triton.cdiv(k, cfg.SPLIT_K), cfg.BLOCK_K) * cfg.BLOCK_K
     ws = cnt = y
@@ -264,21 +251,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         prepare(n, cfg, x.device)
         ws, cnt = _WORKSPACES[(x.device, n, cfg.SPLIT_K, cfg.BLOCK_N)]
     grid = (triton.cdiv(n, cfg.BLOCK_N), cfg.SPLIT_K)
-    if cfg.PERSIST:
-        grid = (min(grid[0], cfg.PERSIST * _sm_count(x.device)), 1)
     use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
     _gemv_kernel[grid](
         x, w, y, ws, cnt, m, n, k, k_split, x.stride(0), w.stride(0), y.stride(0),
         SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=cfg.SPLIT_K, EVEN_K=k % cfg.BLOCK_K == 0 and k_split * cfg.SPLIT_K == k,
-        F32_DOT=_INTERPRET, PERSIST=cfg.PERSIST > 0, PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
+        F32_DOT=_INTERPRET, PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """SMs of the device (the interpreter: 2, so that its persistent programs loop)."""
-    if device.type != "cuda":
-        return 2
-    return torch.cuda.get_device_properties(device).multi_processor_count

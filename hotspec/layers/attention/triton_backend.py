@@ -66,11 +66,6 @@ _SPLIT_BLOCKS = int(os.environ.get("HOTSPEC_ATTN_SPLIT_BLOCKS", "4"))
 # the byte mask (an A/B switch; wider masks always use it).
 _MASK_BITS = os.environ.get("HOTSPEC_ATTN_MASK_BITS", "1") not in ("", "0")
 MASK_BITS_MAX = 64  # tree slots one word holds
-# HOTSPEC_ATTN_FUSED_COMBINE=1: the kv splits' partial outputs are merged inside the attention
-# kernel by the split that finishes its tile last, instead of by a second kernel (an A/B switch,
-# off until the H200 measures it: benchmarks/attn_bench.py, variant `fused`)
-_FUSED_COMBINE = os.environ.get("HOTSPEC_ATTN_FUSED_COMBINE", "0") not in ("", "0")
-_MIN_COUNTERS = 1 << 16
 
 
 def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
@@ -90,17 +85,12 @@ def _pow2(x: int) -> int:
 class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
-                 num_stages: int = 2, mask_bits: bool | None = None,
-                 fused_combine: bool | None = None) -> None:
+                 num_stages: int = 2, mask_bits: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
         HOTSPEC_ATTN_MASK_BITS switch, on by default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
-        self.fused_combine = _FUSED_COMBINE if fused_combine is None else fused_combine
-        # per device: zeroed tile counters of the fused combine (each launch leaves them zero);
-        # every buffer ever handed out stays alive, as captured graphs hold its address
-        self._counters: dict[torch.device, list[torch.Tensor]] = {}
         self.block_size = block_size
         self.block_n = block_n
         self.block_m = block_m
@@ -157,15 +147,6 @@ class TritonBackend(AttentionBackend):
         by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
         return max(1, min(want, by_len, 64))
 
-    def _tile_counters(self, dev: torch.device, tiles: int) -> torch.Tensor:
-        held = self._counters.setdefault(dev, [])
-        if not held or held[-1].numel() < tiles:
-            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("attention tile counters are allocated on first use, which must "
-                                   "not be under CUDA-graph capture: run the phase once eagerly")
-            held.append(torch.zeros(max(tiles, _MIN_COUNTERS), dtype=torch.int32, device=dev))
-        return held[-1]
-
     # -- forward ------------------------------------------------------------------------------
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -217,13 +198,9 @@ class TritonBackend(AttentionBackend):
         else:
             cm_strides = tuple(cm.stride()) if custom else (0, 0, 0)
         m_custom = p.m_custom
-        fused_combine = splits > 1 and self.fused_combine
-        cnt = out
         if splits > 1:
             opart = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
             lse = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
-            if fused_combine:
-                cnt = self._tile_counters(q.device, q_blocks * b * hkv)
         else:
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
@@ -231,7 +208,7 @@ class TritonBackend(AttentionBackend):
         use_pdl = pdl.enabled(q.device)
         grid = (q_blocks * splits, b, hkv)
         paged_attn_fwd[grid](
-            q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse, cnt,
+            q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             p.block_tables.stride(0), *cm_strides,
@@ -240,10 +217,10 @@ class TritonBackend(AttentionBackend):
             GROUP=group, GROUP_PAD=gp, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
-            MASK_BITS=p.mask_bits, FUSED_COMBINE=fused_combine, PDL=use_pdl,
+            MASK_BITS=p.mask_bits, PDL=use_pdl,
             num_warps=num_warps, num_stages=self.num_stages,
         )
-        if splits > 1 and not fused_combine:
+        if splits > 1:
             combine_splits[(t, hq)](
                 opart, lse, out,
                 opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),

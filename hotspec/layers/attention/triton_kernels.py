@@ -130,7 +130,7 @@ def _attn_blocks(
 
 @triton.jit
 def paged_attn_fwd(
-    Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE, CNT,
+    Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_bt, stride_cmb, stride_cmi, stride_cmj,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
@@ -138,7 +138,7 @@ def paged_attn_fwd(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
-    MASK_BITS: tl.constexpr = False, FUSED_COMBINE: tl.constexpr = False, PDL: tl.constexpr = False,
+    MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pid0 = tl.program_id(0)
@@ -231,47 +231,9 @@ def paged_attn_fwd(
         p_ptrs = OPART + sp * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
         tl.store(p_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE + sp * stride_ls + tok * stride_lt + head, lse, mask=row_ok)
-        if FUSED_COMBINE:
-            # The split that finishes its tile last merges every split's partial for the tile's
-            # rows (as combine_splits does, in split order), then re-arms the tile's counter: no
-            # combine kernel. Counters: one per (q block, request, kv head), zero between launches.
-            tl.debug_barrier()  # this program's partials are written before its tile counts it
-            tile = (b * tl.num_programs(2) + h) * (tl.num_programs(0) // num_splits) + qb
-            arrived = tl.atomic_add(CNT + tile, 1, sem="acq_rel")
-            if arrived == num_splits - 1:
-                _merge_splits(OPART, LSE, OUT, tok, head, row_ok, d, d_ok, num_splits,
-                              stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
-                              stride_ot, stride_oh, BLOCK_M, BLOCK_D)
-                tl.atomic_xchg(CNT + tile, 0)
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _merge_splits(OPART, LSE, OUT, tok, head, row_ok, d, d_ok, num_splits,
-                  stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """combine_splits for one tile's rows, inside the attention kernel (FUSED_COMBINE). Loads
-    bypass L1 (.cg): the other splits' partials were written by other programs."""
-    l_ptrs = LSE + tok * stride_lt + head
-    mx = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s in range(num_splits):
-        mx = tl.maximum(mx, tl.load(l_ptrs + s * stride_ls, mask=row_ok, other=float("-inf"),
-                                    cache_modifier=".cg"))
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    w_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    p_ptrs = OPART + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
-    both = row_ok[:, None] & d_ok[None, :]
-    for s in range(num_splits):
-        w = tl.exp2(tl.load(l_ptrs + s * stride_ls, mask=row_ok, other=float("-inf"),
-                            cache_modifier=".cg") - mx)
-        w_sum += w
-        acc += w[:, None] * tl.load(p_ptrs + s * stride_ps, mask=both, other=0.0, cache_modifier=".cg")
-    w_sum = tl.where(w_sum == 0.0, 1.0, w_sum)
-    o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-    tl.store(o_ptrs, (acc / w_sum[:, None]).to(OUT.dtype.element_ty), mask=both)
 
 
 @triton.jit
