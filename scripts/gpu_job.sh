@@ -37,6 +37,10 @@
 #              (kernel tests first), then engine tests, SmolLM2 decode and spec_sweep at batch 1
 #   s8f        no carry: GEMV/attention kernel tests, 8B and SmolLM2-shape decode with attention
 #              kv splits of 4 (default), 16 and 2 blocks (~4 min)
+#   s9a / s9b  next session's chain: kernel tests (12-row norm-GEMV included) and 8B decode at batch
+#              1/8/32 beside transformers with session 8's defaults; then engine tests, the phase
+#              kernels and spec_sweep at batch 1 with HOTSPEC_NORM_GEMV_ROWS=16 and without (tree
+#              and chain shapes), batch 8 (~5 + ~9 min)
 #   s8gemv     optional third call: the 8B GEMV sweep at one row with persistent programs (~4 min)
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
@@ -268,6 +272,24 @@ if [ "$stage" = s8f ]; then  # no carry: kernel tests after removing the fused c
   step ds_split4 40 "${DS[@]}" --out "$OUT/ds_split4.json"
   HOTSPEC_ATTN_SPLIT_BLOCKS=16 step ds_split16 40 "${DS[@]}" --out "$OUT/ds_split16.json"
 fi
+if [ "$stage" = s9a ]; then  # first call of a chain (carries .whl .models/p1)
+  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py \
+    tests/test_graph_runner.py tests/test_pdl.py::test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph
+  step decode_8b_hf 300 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 \
+    --tokens 32 --batch-sizes 1,8,32 --vs-hf --out "$OUT/decode_8b_hf.json"
+fi
+if [ "$stage" = s9b ]; then  # second call (carries .models/p2 and the prompts)
+  step engine_tests 240 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+  PK=(python3 benchmarks/spec_phase_bench.py --target default --draft default --batch-sizes 1 --shapes 4,8,12
+    --hot full --modes graphed --iters 30 --kernels)
+  step phase_kernels 90 "${PK[@]}" --out "$OUT/phase_kernels.json"
+  HOTSPEC_NORM_GEMV_ROWS=16 step phase_kernels_rows16 90 "${PK[@]}" --out "$OUT/phase_kernels_rows16.json"
+  step sweep_b1 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" \
+    --variants 4/8/12 3/1/4 2/1/3
+  HOTSPEC_NORM_GEMV_ROWS=16 step sweep_b1_rows16 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 \
+    --out "$OUT/sweep_b1_rows16.json" --variants 4/8/12 3/1/4
+  step sweep_b8 100 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants 4/8/12
+fi
 if [ "$stage" = s8gemv ]; then  # optional third call: the 8B GEMVs at one row, persistent programs too
   step gemv_8b 500 python3 benchmarks/gemv_bench.py --shapes 8b --m 1 --out "$OUT/gemv_8b.json"
 fi
@@ -478,7 +500,7 @@ for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep 
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log
 [ -f "$OUT/attn_bench.log" ] && tail -n 14 "$OUT/attn_bench.log"
-for f in "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
+for f in "$OUT"/phase_kernels*.log "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f")"; tail -n 14 "$f"; }
 done
 # The device tool returns at most 8 files: everything but the head parts goes into one archive.

@@ -79,17 +79,28 @@ def _norm_gemv_allowed() -> bool:
 def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor
                      ) -> GemvConfig | None:
     """The GEMV config to run `norm(x) @ weight.T` in one kernel with (layers/norm_gemv_kernel.py):
-    one row, a GEMV config without split-K, the norm weight in x's dtype; else None."""
-    if x.dim() != 2 or x.shape[0] != 1 or norm_weight.dtype != x.dtype or not _norm_gemv_allowed():
+    up to norm_gemv_rows() rows, a GEMV config without split-K (and, above one row, with column
+    blocks of 16 or more), the norm weight in x's dtype; else None."""
+    if x.dim() != 2 or not 1 <= x.shape[0] <= norm_gemv_rows() or norm_weight.dtype != x.dtype:
         return None
-    if not enabled(x, norm_weight):
+    if not _norm_gemv_allowed() or not enabled(x, norm_weight):
         return None
     cfg = gemv_config(x, weight)
     if cfg is None and _gemv_allowed():
-        from hotspec.layers.gemv_kernels import NORM_TIES
+        from hotspec.layers.gemv_kernels import NORM_TIES, bucket
 
-        cfg = NORM_TIES.get((weight.shape[0], weight.shape[1]))
-    return cfg if cfg is not None and cfg.SPLIT_K == 1 else None
+        cfg = NORM_TIES.get((bucket(x.shape[0]), weight.shape[0], weight.shape[1]))
+    if cfg is None or cfg.SPLIT_K != 1 or (x.shape[0] > 1 and cfg.BLOCK_N < 16):
+        return None
+    return cfg
+
+
+@functools.cache
+def norm_gemv_rows() -> int:
+    """Most rows the norm-GEMV takes: 1 (decode at batch 1), or up to 16 with
+    HOTSPEC_NORM_GEMV_ROWS (an A/B switch for the rows of a speculative step, off until the H200
+    measures it)."""
+    return max(1, min(16, int(os.environ.get("HOTSPEC_NORM_GEMV_ROWS", "1"))))
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
