@@ -37,10 +37,11 @@
 #              (kernel tests first), then engine tests, SmolLM2 decode and spec_sweep at batch 1
 #   s8f        no carry: GEMV/attention kernel tests, 8B and SmolLM2-shape decode with attention
 #              kv splits of 4 (default), 16 and 2 blocks (~4 min)
-#   s9a / s9b  next session's chain: kernel tests (12-row norm-GEMV included) and 8B decode at batch
-#              1/8/32 beside transformers with session 8's defaults; then engine tests, the phase
-#              kernels and spec_sweep at batch 1 with HOTSPEC_NORM_GEMV_ROWS=16 and without (tree
-#              and chain shapes), batch 8 (~5 + ~9 min)
+#   s9a / s9b / s9c  next session's chain (~5 min each): kernel tests (12-row norm-GEMV, PDL
+#              chains) and 8B decode at batch 1/8/32 beside transformers, then with
+#              HOTSPEC_PDL_ALL=1; engine and PDL tests, SmolLM2 decode with HOTSPEC_PDL_ALL=1, phase
+#              kernels with HOTSPEC_NORM_GEMV_ROWS=16 + HOTSPEC_PDL_ALL=1; spec_sweep at batch 1
+#              (tree and chain shapes) plain / rows16 / rows16 + PDL_ALL, batch 8
 #   s8gemv     optional third call: the 8B GEMV sweep at one row with persistent programs (~4 min)
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
@@ -274,20 +275,31 @@ if [ "$stage" = s8f ]; then  # no carry: kernel tests after removing the fused c
 fi
 if [ "$stage" = s9a ]; then  # first call of a chain (carries .whl .models/p1)
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py \
-    tests/test_graph_runner.py tests/test_pdl.py::test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph
-  step decode_8b_hf 300 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 \
-    --tokens 32 --batch-sizes 1,8,32 --vs-hf --out "$OUT/decode_8b_hf.json"
+    tests/test_graph_runner.py tests/test_pdl.py -k "not engine"
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32)
+  step decode_8b_hf 240 "${D8[@]}" --batch-sizes 1,8,32 --vs-hf --out "$OUT/decode_8b_hf.json"
+  HOTSPEC_PDL_ALL=1 step decode_8b_pdlall 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_pdlall.json"
+  step decode_8b_again 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_again.json"
 fi
-if [ "$stage" = s9b ]; then  # second call (carries .models/p2 and the prompts)
-  step engine_tests 240 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+if [ "$stage" = s9b ]; then  # second call (carries .models/p2 and the prompts): tests, decode, phases
+  step engine_tests 300 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -x
+  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
+    --tokens 64 --batch-sizes 1,8)
+  step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
+  HOTSPEC_PDL_ALL=1 step decode_smol_pdlall 45 "${DS[@]}" --out "$OUT/decode_smol_pdlall.json"
   PK=(python3 benchmarks/spec_phase_bench.py --target default --draft default --batch-sizes 1 --shapes 4,8,12
     --hot full --modes graphed --iters 30 --kernels)
   step phase_kernels 90 "${PK[@]}" --out "$OUT/phase_kernels.json"
-  HOTSPEC_NORM_GEMV_ROWS=16 step phase_kernels_rows16 90 "${PK[@]}" --out "$OUT/phase_kernels_rows16.json"
+  HOTSPEC_NORM_GEMV_ROWS=16 HOTSPEC_PDL_ALL=1 step phase_kernels_rows16_all 90 "${PK[@]}" \
+    --out "$OUT/phase_kernels_rows16_all.json"
+fi
+if [ "$stage" = s9c ]; then  # third call, at once (the machine keeps .models/p1 and p2; carry the prompts)
   step sweep_b1 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" \
     --variants 4/8/12 3/1/4 2/1/3
-  HOTSPEC_NORM_GEMV_ROWS=16 step sweep_b1_rows16 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 \
+  HOTSPEC_NORM_GEMV_ROWS=16 step sweep_b1_rows16 80 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 \
     --out "$OUT/sweep_b1_rows16.json" --variants 4/8/12 3/1/4
+  HOTSPEC_NORM_GEMV_ROWS=16 HOTSPEC_PDL_ALL=1 step sweep_b1_rows16_all 80 "${SWEEP[@]}" --batch-size 1 \
+    --num-prompts 26 --out "$OUT/sweep_b1_rows16_all.json" --variants 4/8/12 3/1/4
   step sweep_b8 100 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants 4/8/12
 fi
 if [ "$stage" = s8gemv ]; then  # optional third call: the 8B GEMVs at one row, persistent programs too

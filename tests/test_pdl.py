@@ -1,4 +1,4 @@
-"""Programmatic Dependent Launch (HOTSPEC_PDL=1, layers/pdl.py): a switch that changes timing only.
+"""Programmatic Dependent Launch (layers/pdl.py; HOTSPEC_PDL, HOTSPEC_PDL_ALL): timing only.
 
 On the GPU, a chain of kernels where each reads the one before (norm -> GEMV -> norm -> GEMV ...)
 gives the same bits with PDL as without, eagerly and replayed from a CUDA graph many times (a
@@ -15,9 +15,12 @@ from hotspec.layers import pdl
 
 def test_never_on_without_a_hopper_gpu(monkeypatch):
     monkeypatch.setattr(pdl, "_switch", lambda: True)
+    monkeypatch.setattr(pdl, "_all_switch", lambda: True)
     assert not pdl.enabled(torch.device("cpu"))
+    assert not pdl.chained(torch.device("cpu")) and pdl.launch_kwargs(torch.device("cpu")) == {}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not pdl.enabled(torch.device("cuda", 0))
+    assert not pdl.chained(torch.device("cuda", 0))
 
 
 def _chain(x, ws, nw):
@@ -32,15 +35,20 @@ def _chain(x, ws, nw):
 
 
 @pytest.mark.gpu
-def test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph(monkeypatch):
+@pytest.mark.parametrize("chain_all", [False, True], ids=["gemv", "all"])
+def test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph(monkeypatch, chain_all):
+    """`all`: HOTSPEC_PDL_ALL, the norms PDL-launched too (each waits first thing)."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     ws = [(torch.randn(4096, 4096, generator=g, device=dev) * 0.02).to(torch.bfloat16) for _ in range(6)]
     nw = torch.ones(4096, device=dev, dtype=torch.bfloat16)
     x = torch.randn(1, 4096, generator=g, device=dev).to(torch.bfloat16)
+    monkeypatch.setattr(pdl, "_switch", lambda: False)
     ref = _chain(x, ws, nw)
     monkeypatch.setattr(pdl, "_switch", lambda: True)
+    monkeypatch.setattr(pdl, "_all_switch", lambda: chain_all)
     assert pdl.enabled(dev), "the H200 is compute capability 9.0"
+    assert pdl.chained(dev) == chain_all
     assert torch.equal(_chain(x, ws, nw), ref)
     _chain(x, ws, nw)  # warm-up before capture
     torch.cuda.synchronize()
@@ -54,17 +62,22 @@ def test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_engine_bf16_tokens_equal_with_and_without_pdl(monkeypatch):
+@pytest.mark.parametrize("algo", [None, "EAGLE3"], ids=["vanilla", "eagle3"])
+def test_engine_bf16_tokens_equal_with_and_without_pdl(monkeypatch, algo):
+    """PDL off, on (the default), and on for every Triton kernel (HOTSPEC_PDL_ALL): the same bf16
+    greedy tokens, vanilla and with the shipped EAGLE-3 head (draft, verify, draft_extend)."""
     from hotspec import LLM, SamplingParams
 
     prompts = ["The capital of France is", "def quicksort(arr):", "List three colours:"]
     params = SamplingParams(temperature=0, max_tokens=24)
 
-    def run():
+    def run(on: bool, chain_all: bool) -> list[list[int]]:
+        monkeypatch.setattr(pdl, "_switch", lambda: on)
+        monkeypatch.setattr(pdl, "_all_switch", lambda: chain_all)
         llm = LLM(dtype="bfloat16", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=1,
-                  cuda_graph_max_bs=1)
+                  cuda_graph_max_bs=1, **({"speculative_algorithm": algo} if algo else {}))
         return [o.token_ids for o in llm.generate(prompts, params)]
 
-    ref = run()
-    monkeypatch.setattr(pdl, "_switch", lambda: True)
-    assert run() == ref
+    ref = run(False, False)
+    assert run(True, False) == ref
+    assert run(True, True) == ref

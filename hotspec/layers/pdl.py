@@ -13,6 +13,11 @@ ramp up. On by default on Hopper (HOTSPEC_PDL=0 turns it off; RESULTS "Session 8
   is the only work done before the wait: every read of an activation and every write (whose
   memory a CUDA graph's pool may share with a buffer the kernel before still reads) comes after.
 Kernels launched without the attribute (cuBLAS, torch ops) keep the stream's plain ordering.
+
+HOTSPEC_PDL_ALL=1 (an A/B switch, off until the H200 measures it) launches the step's other
+Triton kernels (RMSNorm, RoPE/KV store, attention, its split combine) with the attribute too:
+each waits for the kernel before at its very start (`wait`, before any load or store), so only
+its launch and the residency of its programs overlap the kernel before.
 """
 
 from __future__ import annotations
@@ -60,6 +65,22 @@ def enabled(device: torch.device) -> bool:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+def chained(device: torch.device) -> bool:
+    """Whether the non-GEMV Triton kernels on `device` are PDL-launched (HOTSPEC_PDL_ALL=1 on top
+    of `enabled`): they then call `wait` first thing."""
+    return enabled(device) and _all_switch()
+
+
+def launch_kwargs(device: torch.device) -> dict[str, bool]:
+    """Launch options of a kernel that waits first thing when `chained` (the PDL attribute)."""
+    return {"launch_pdl": True} if chained(device) else {}
+
+
+@functools.cache
+def _all_switch() -> bool:
+    return os.environ.get("HOTSPEC_PDL_ALL", "0") not in ("", "0")
 
 
 @functools.cache

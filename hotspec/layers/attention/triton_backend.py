@@ -205,7 +205,7 @@ class TritonBackend(AttentionBackend):
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
-        use_pdl = pdl.enabled(q.device)
+        use_pdl, pdl_wait, launch = pdl.enabled(q.device), pdl.chained(q.device), pdl.launch_kwargs(q.device)
         grid = (q_blocks * splits, b, hkv)
         paged_attn_fwd[grid](
             q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,
@@ -217,15 +217,16 @@ class TritonBackend(AttentionBackend):
             GROUP=group, GROUP_PAD=gp, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
-            MASK_BITS=p.mask_bits, PDL=use_pdl,
-            num_warps=num_warps, num_stages=self.num_stages,
+            MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
+            num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
         if splits > 1:
             combine_splits[(t, hq)](
                 opart, lse, out,
                 opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
                 out.stride(0), out.stride(1), splits,
-                HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl, num_warps=4,
+                HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl, PDL_WAIT=pdl_wait,
+                num_warps=4, **launch,
             )
         return out
 

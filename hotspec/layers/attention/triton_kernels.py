@@ -138,9 +138,10 @@ def paged_attn_fwd(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
-    MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False,
+    MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
+    pdl.wait(PDL_WAIT)  # PDL-launched itself (HOTSPEC_PDL_ALL): nothing is read before this
     pid0 = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -242,9 +243,11 @@ def combine_splits(
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
     num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False,
 ):
     """Merge the per-split partial outputs of one (token, q head): weights 2^(lse_s - max)."""
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
+    pdl.wait(PDL_WAIT)  # PDL-launched itself (HOTSPEC_PDL_ALL): nothing is read before this
     t = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
