@@ -16,7 +16,9 @@ A variant is STEPS/TOPK/DRAFT_TOKENS, then options joined by ':': `fused` / `unf
 shipped head), `overlap` / `plain` (--overlap-schedule or not; vanilla follows the engine
 options), `profile`
 (a second, phase-timed pass). Greedy; prints a table last (tau, tokens/s end to end and decode
-only, speedup over vanilla, ms per speculative step, greedy outputs identical to vanilla, and on
+only, speedup over vanilla, ms per speculative step (wall per engine decode step; `rows`: requests
+per step on average, as batches thin out at the end of each category), greedy outputs identical
+to vanilla, and on
 CUDA the fused step graph replayed alone: its device time, so ms/step minus it is host time) and
 writes every number to --out.
 """
@@ -140,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({
             "variant": name, **s, **st, "speedup": s["tokens_per_s"] / v["tokens_per_s"],
             "decode_speedup": s["decode_tokens_per_s"] / v["decode_tokens_per_s"],
-            # wall of the decode steps per verify pass (each request's prefill step excluded)
-            "ms_per_spec_step": 1e3 * s["decode_s"] / max(steps / args.batch_size, 1),
+            # wall per decode step as the engine ran it (prefill steps excluded); until session 8
+            # this was per batch-full of verify passes, which overstates it once batches thin out
+            "ms_per_spec_step": 1e3 * s["decode_s"] / max(s["decode_steps"], 1),
+            "verify_passes_per_step": steps / max(s["decode_steps"], 1),
             "greedy_identical": f"{same}/{n}", "engine_overrides": over,
             "step_replay_ms": replay[0] if replay else None,
             "per_category": {c: {"tau_mean": sum(spec[c].taus) / len(spec[c].taus),
@@ -150,23 +154,24 @@ def main(argv: list[str] | None = None) -> int:
                              for c in spec},
             "phases": phase_breakdown(_flat(profiled), source) if profile else None})
 
-    vms = 1e3 * v["decode_s"] / max(v["decode_tokens"] / args.batch_size, 1)
+    vms = 1e3 * v["decode_s"] / max(v["decode_steps"], 1)  # per engine decode step
     dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
     overlap = (base.overlap_schedule if base.overlap_schedule is not None
                else device.type == "cuda" and not base.disable_cuda_graph)  # the vanilla run's
     head = (f"{cfg.model or 'default model'}, {dtype} on {device_name(device)}; batch "
             f"{args.batch_size}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, "
             f"{'overlap' if overlap else 'plain'} schedule; vanilla {v['tokens_per_s']:.1f} tok/s, "
-            f"{vms:.3f} ms per decode step")
+            f"{vms:.3f} ms per decode step ({v['decode_tokens'] / max(v['decode_steps'], 1):.1f} rows)")
     lines = [head, f"{'variant':<34} {'tau':>5} {'tok/s':>8} {'speedup':>7} {'decode x':>8} "
-             f"{'ms/step':>7} {'steps/vanilla':>13} {'identical':>9} {'replay ms':>9}"]
+             f"{'ms/step':>7} {'rows':>5} {'steps/vanilla':>13} {'identical':>9} {'replay ms':>9}"]
     for r in rows[1:]:
         if "error" in r:
             lines.append(f"{r['variant']:<34} FAILED: {r['error'][:120]}")
             continue
         lines.append(f"{r['variant']:<34} {r['tau_total']:>5.2f} {r['tokens_per_s']:>8.1f} "
                      f"{r['speedup']:>6.2f}x {r['decode_speedup']:>7.2f}x {r['ms_per_spec_step']:>7.3f} "
-                     f"{r['ms_per_spec_step'] / vms:>13.2f} {r['greedy_identical']:>9} "
+                     f"{r['verify_passes_per_step']:>5.1f} {r['ms_per_spec_step'] / vms:>13.2f} "
+                     f"{r['greedy_identical']:>9} "
                      + (f"{r['step_replay_ms']:>9.3f}" if r["step_replay_ms"] is not None else f"{'-':>9}"))
         if r["phases"]:
             ph = r["phases"]["phases"]

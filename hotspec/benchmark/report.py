@@ -34,7 +34,8 @@ def mode_summary(runs: list[BatchRun]) -> dict[str, Any]:
     return {"requests": sum(len(r.outputs) for r in runs), "generated_tokens": tokens,
             "wall_s": wall, "tokens_per_s": _rate(tokens, wall), "prefill_s": prefill_s,
             "decode_s": wall - prefill_s, "decode_tokens": decode_tokens,
-            "decode_tokens_per_s": _rate(decode_tokens, wall - prefill_s)}
+            "decode_tokens_per_s": _rate(decode_tokens, wall - prefill_s),
+            "decode_steps": sum(r.decode_steps for r in runs)}
 
 
 def merged_stats(runs: list[BatchRun]) -> SpecStats:

@@ -51,6 +51,9 @@ class BatchRun:
     verify_steps: list[int]  # per prompt; 0 without speculation
     taus: list[float]  # per prompt: RequestStats.tau (generated tokens per verify pass)
     stats: SpecStats | None = field(default=None)  # the speculative worker's, over this pass only
+    # Engine.step() calls that did not prefill: the decode steps as the engine ran them, whatever
+    # their batch (a batch thins out as its requests finish, so tokens / batch size undercounts)
+    decode_steps: int = 0
 
     @property
     def generated(self) -> int:
@@ -89,7 +92,7 @@ def drive(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> B
     worker_stats: SpecStats | None = getattr(engine.worker, "stats", None)
     before = copy.deepcopy(worker_stats) if worker_stats is not None else None
     dev = engine.device
-    prefill_s, prefill_tokens = 0.0, 0
+    prefill_s, prefill_tokens, decode_steps = 0.0, 0, 0
     sync(dev)
     start = time.perf_counter()
     reqs = [engine.add_request(p, params) for p in prompts]
@@ -112,12 +115,14 @@ def drive(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> B
             # the prefilled requests' first tokens (a decode step drained before the prefill, if
             # any, is the running requests' and counts as decode)
             prefill_tokens += sum(len(o.new_token_ids) for o in outs if id(o.request) in pending)
+        else:
+            decode_steps += 1
     wall = time.perf_counter() - start
     stats = None
     if worker_stats is not None and before is not None:
         stats = _stats_delta(before, engine.worker.stats)  # type: ignore[attr-defined]
     return BatchRun(wall, prefill_s, prefill_tokens, [list(r.output_token_ids) for r in reqs],
-                    [r.stats.spec_steps for r in reqs], [r.stats.tau for r in reqs], stats)
+                    [r.stats.spec_steps for r in reqs], [r.stats.tau for r in reqs], stats, decode_steps)
 
 
 def run_categories(engine: Engine, groups: dict[str, list[list[int]]],
