@@ -39,7 +39,7 @@
 #              kv splits of 4 (default), 16 and 2 blocks (~4 min)
 #   s9a / s9b / s9c  next session's chain (~5 min each): kernel tests (12-row norm-GEMV, PDL
 #              chains) and 8B decode at batch 1/8/32 beside transformers, then with
-#              HOTSPEC_PDL_ALL=1; engine and PDL tests, SmolLM2 decode with HOTSPEC_PDL_ALL=1, phase
+#              HOTSPEC_PDL_ALL=1 and HOTSPEC_ATTN_BLOCK_N=128, attn_bench at the 8B heads; engine and PDL tests, SmolLM2 decode with HOTSPEC_PDL_ALL=1, phase
 #              kernels with HOTSPEC_NORM_GEMV_ROWS=16 + HOTSPEC_PDL_ALL=1; spec_sweep at batch 1
 #              (tree and chain shapes) plain / rows16 / rows16 + PDL_ALL, batch 8
 #   s8gemv     optional third call: the 8B GEMV sweep at one row with persistent programs (~4 min)
@@ -279,7 +279,10 @@ if [ "$stage" = s9a ]; then  # first call of a chain (carries .whl .models/p1)
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32)
   step decode_8b_hf 240 "${D8[@]}" --batch-sizes 1,8,32 --vs-hf --out "$OUT/decode_8b_hf.json"
   HOTSPEC_PDL_ALL=1 step decode_8b_pdlall 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_pdlall.json"
+  HOTSPEC_ATTN_BLOCK_N=128 step decode_8b_n128 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_n128.json"
   step decode_8b_again 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_again.json"
+  step attn_bench 120 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1 \
+    --variants auto,n32,n128,s1,s8,real-kv --out "$OUT/attn_bench.json"
 fi
 if [ "$stage" = s9b ]; then  # second call (carries .models/p2 and the prompts): tests, decode, phases
   step engine_tests 300 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -x

@@ -17,7 +17,7 @@ def test_attn_bench_checks_every_variant_against_the_reference() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "attn_bench.py"), "--model", "tiny", "--context", "40",
          "--static-kv", "128", "--batch-sizes", "2", "--copies", "1", "--iters", "1",
-         "--variants", "auto,bits,bytes,m16,s8,real-kv"],
+         "--variants", "auto,bits,bytes,n32,n128,m16,s8,real-kv"],
         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]  # 1 would mean a variant disagreed
     table = out.stdout.splitlines()

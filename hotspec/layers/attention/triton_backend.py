@@ -92,7 +92,9 @@ class TritonBackend(AttentionBackend):
         HOTSPEC_ATTN_MASK_BITS switch, on by default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.block_size = block_size
-        self.block_n = block_n
+        # HOTSPEC_ATTN_BLOCK_N: kv rows per tile (an A/B switch for the benchmarks: 128 halves the
+        # serial kv loop of a decode program, 32 doubles it)
+        self.block_n = block_n or int(os.environ.get("HOTSPEC_ATTN_BLOCK_N", "0")) or None
         self.block_m = block_m
         # HOTSPEC_ATTN_BLOCK_M: query rows per tile of the uniform phases (decode, verify, draft,
         # draft_extend), an A/B switch for the benchmarks: fewer rows, more and shorter programs
