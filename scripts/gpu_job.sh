@@ -290,6 +290,7 @@ if [ "$stage" = s9b ]; then  # second call (carries .models/p2 and the prompts):
     --tokens 64 --batch-sizes 1,8)
   step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
   HOTSPEC_PDL_ALL=1 step decode_smol_pdlall 45 "${DS[@]}" --out "$OUT/decode_smol_pdlall.json"
+  HOTSPEC_NORM_GEMV_ROWS=16 step decode_smol_rows16 45 "${DS[@]}" --out "$OUT/decode_smol_rows16.json"
   PK=(python3 benchmarks/spec_phase_bench.py --target default --draft default --batch-sizes 1 --shapes 4,8,12
     --hot full --modes graphed --iters 30 --kernels)
   step phase_kernels 90 "${PK[@]}" --out "$OUT/phase_kernels.json"
