@@ -37,12 +37,16 @@
 #              (kernel tests first), then engine tests, SmolLM2 decode and spec_sweep at batch 1
 #   s8f        no carry: GEMV/attention kernel tests, 8B and SmolLM2-shape decode with attention
 #              kv splits of 4 (default), 16 and 2 blocks (~4 min)
-#   s9a / s9b / s9c  next session's chain (~5 min each): kernel tests (12-row norm-GEMV, PDL
-#              chains) and 8B decode at batch 1/8/32 beside transformers, then with
-#              HOTSPEC_PDL_ALL=1 and HOTSPEC_ATTN_BLOCK_N=128, attn_bench at the 8B heads; engine and PDL tests, SmolLM2 decode with HOTSPEC_PDL_ALL=1, phase
-#              kernels with HOTSPEC_NORM_GEMV_ROWS=16 + HOTSPEC_PDL_ALL=1; spec_sweep at batch 1
-#              (tree and chain shapes) plain / rows16 / rows16 + PDL_ALL, batch 8
-#   s8gemv     optional third call: the 8B GEMV sweep at one row with persistent programs (~4 min)
+#   s9a / s9b / s9c  next session's chain (~6, ~6, ~5 min):
+#              s9a: kernel tests (12-row norm-GEMV, PDL chains); 8B decode at batch 1/8/32 beside
+#              transformers, then with HOTSPEC_PDL_ALL=1 and HOTSPEC_ATTN_BLOCK_N=128; attn_bench
+#              at the 8B heads.
+#              s9b: engine and PDL tests; SmolLM2 decode plain / HOTSPEC_PDL_ALL=1 /
+#              HOTSPEC_NORM_GEMV_ROWS=16; host_bench (host time per step), vanilla and EAGLE-3;
+#              phase kernels plain and with ROWS16 + PDL_ALL.
+#              s9c: spec_sweep at batch 1 (tree and chain shapes) plain / rows16 / rows16 +
+#              PDL_ALL, and batch 8.
+#   s8gemv     optional third call: the 8B GEMV sweep at one row (persistent programs since removed)
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
 #   final5     second call: spec_sweep at batch 1 with 16-row attention tiles and without
@@ -291,6 +295,9 @@ if [ "$stage" = s9b ]; then  # second call (carries .models/p2 and the prompts):
   step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
   HOTSPEC_PDL_ALL=1 step decode_smol_pdlall 45 "${DS[@]}" --out "$OUT/decode_smol_pdlall.json"
   HOTSPEC_NORM_GEMV_ROWS=16 step decode_smol_rows16 45 "${DS[@]}" --out "$OUT/decode_smol_rows16.json"
+  step host_vanilla 60 python3 benchmarks/host_bench.py --batch-sizes 1,8 --out "$OUT/host_vanilla.json"
+  step host_eagle3 60 python3 benchmarks/host_bench.py --speculative-algorithm EAGLE3 --batch-sizes 1,8 \
+    --out "$OUT/host_eagle3.json"
   PK=(python3 benchmarks/spec_phase_bench.py --target default --draft default --batch-sizes 1 --shapes 4,8,12
     --hot full --modes graphed --iters 30 --kernels)
   step phase_kernels 90 "${PK[@]}" --out "$OUT/phase_kernels.json"
@@ -516,7 +523,7 @@ for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep 
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log
 [ -f "$OUT/attn_bench.log" ] && tail -n 14 "$OUT/attn_bench.log"
-for f in "$OUT"/phase_kernels*.log "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
+for f in "$OUT"/host_*.log "$OUT"/phase_kernels*.log "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f")"; tail -n 14 "$f"; }
 done
 # The device tool returns at most 8 files: everything but the head parts goes into one archive.
