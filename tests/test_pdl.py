@@ -81,3 +81,21 @@ def test_engine_bf16_tokens_equal_with_and_without_pdl(monkeypatch, algo):
     ref = run(False, False)
     assert run(True, False) == ref
     assert run(True, True) == ref
+
+
+def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
+    """prefetch_cols: the whole panel for a weight within a third of L2, nothing for a larger one
+    (a prefetch that L2 cannot hold is a second read), HOTSPEC_PDL_PREFETCH over both."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(pdl, "_l2_bytes", lambda index: 50 << 20)  # the H200's L2
+    monkeypatch.setattr(pdl, "_prefetch_override", lambda: None)
+
+    def weight(n: int, k: int) -> SimpleNamespace:
+        return SimpleNamespace(device=torch.device("cuda", 0), numel=lambda: n * k, element_size=lambda: 2)
+
+    assert pdl.prefetch_cols(weight(3072, 576)) == -1  # SmolLM2 gate_up, 3.5 MB
+    assert pdl.prefetch_cols(weight(4096, 4096)) == 0  # 8B o_proj, 33.5 MB
+    assert pdl.prefetch_cols(torch.zeros(4, 4)) == 0  # not a CUDA weight: PDL is off anyway
+    monkeypatch.setattr(pdl, "_prefetch_override", lambda: 512)
+    assert pdl.prefetch_cols(weight(4096, 4096)) == 512

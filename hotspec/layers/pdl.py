@@ -3,15 +3,16 @@ the stream is still finishing, do the work that does not depend on it, then wait
 
 A decode step at batch 1 is ~200 small kernels in a row, each a pure weight stream; between two
 of them the memory system idles while the last programs of one drain and the first of the next
-ramp up. On by default on Hopper (HOTSPEC_PDL=0 turns it off; RESULTS "Session 8": 8B decode 4.33 ->
-4.24 ms, SmolLM2 0.74 -> 0.60 ms, with the norm-GEMV on):
-- every Triton kernel of the step signals at its start that the next kernel may launch
-  (`launch_dependents`; it orders nothing, so it is always safe);
-- the decode GEMV, launched with the PDL attribute, pulls its own weight panel into L2 before it
-  waits for the kernel before it (`prefetch_rows`, then `wait`), when the weight is small enough
-  for that to pay (`prefetch_cols`). Weights are read-only, so that
-  is the only work done before the wait: every read of an activation and every write (whose
-  memory a CUDA graph's pool may share with a buffer the kernel before still reads) comes after.
+ramp up. On by default on Hopper (HOTSPEC_PDL=0 turns it off; RESULTS "Session 8": 8B decode
+4.33 -> 4.24 ms, SmolLM2 0.74 -> 0.60 ms, with the norm-GEMV on):
+- the norms, the attention kernel and its split combine signal at their start that the next
+  kernel may launch (`launch_dependents`; it orders nothing, so it is always safe);
+- the decode GEMVs (layers/gemv_kernels.py, layers/norm_gemv_kernel.py) are launched with the PDL
+  attribute: each pulls its own weight panel into L2, when the weight is small enough for that
+  to pay (`prefetch_cols`), then waits for the kernel before it (`prefetch_rows`, then `wait`).
+  Weights are read-only, so that is the only work done before the wait: every read of an
+  activation and every write (whose memory a CUDA graph's pool may share with a buffer the
+  kernel before still reads) comes after.
 Kernels launched without the attribute (cuBLAS, torch ops) keep the stream's plain ordering.
 
 HOTSPEC_PDL_ALL=1 (an A/B switch, off until the H200 measures it) launches the step's other
@@ -35,20 +36,25 @@ def _switch() -> bool:
     return os.environ.get("HOTSPEC_PDL", "1") not in ("", "0")
 
 
-# Weights up to this size are prefetched whole; larger ones not at all (RESULTS "Session 8": on
-# the 8B shape, whose GEMV weights are 34-235 MB, prefetching the whole panel made decode 5.17 ms
-# against 4.24 without, and even 512 columns 4.69; SmolLM2's <= 3.5 MB gain 0.66 -> 0.60 ms).
-_PREFETCH_MAX_BYTES = 16 << 20
-
-
 def prefetch_cols(w: torch.Tensor) -> int:
     """Columns of its weight panel a GEMV program over `w` prefetches to L2 before its wait: -1
-    (all) for a weight of at most 16 MB, else 0. HOTSPEC_PDL_PREFETCH=<columns> overrides it
-    (-1 all, 0 none) for A/B runs."""
+    (all) when the weight fits in a third of the device's L2, else 0. A prefetch of weights that
+    do not fit is evicted before use and read twice (RESULTS "Session 8": the 8B shape's GEMV
+    weights, 34-235 MB against the H200's 50 MB L2, made decode 5.17 ms whole-panel and 4.69 ms
+    at 512 columns, against 4.24 ms without; SmolLM2's, at most 3.5 MB, gain 0.66 -> 0.60 ms).
+    HOTSPEC_PDL_PREFETCH=<columns> overrides it (-1 all, 0 none) for A/B runs."""
     forced = _prefetch_override()
     if forced is not None:
         return forced
-    return -1 if w.numel() * w.element_size() <= _PREFETCH_MAX_BYTES else 0
+    if w.device.type != "cuda":
+        return 0
+    index = w.device.index if w.device.index is not None else torch.cuda.current_device()
+    return -1 if 3 * w.numel() * w.element_size() <= _l2_bytes(index) else 0
+
+
+@functools.cache
+def _l2_bytes(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).L2_cache_size)
 
 
 @functools.cache
