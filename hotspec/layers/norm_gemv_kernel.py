@@ -1,12 +1,12 @@
-"""RMSNorm (after the residual add) fused into the GEMV that reads it, for one row (M == 1).
+"""RMSNorm (after the residual add) fused into the GEMV that reads it, for up to 16 rows.
 
-A decode step at batch 1 runs two add+RMSNorm kernels per layer, each a few microseconds of
-launch and ramp-up for a few KB of data. Here every program of the GEMV computes the norm of the
-one row itself (the row is a few KB, read from L2) and program 0 stores the new residual, so the
-norm costs no kernel of its own. Rounded where layers/fused_kernels._rms_norm_kernel rounds, and
-tiled like layers/gemv_kernels' M == 1 path (its GemvConfig, without split-K).
-On by default where a GEMV config exists (layers/fused.norm_gemv_config); HOTSPEC_NORM_GEMV=0
-turns it off.
+One row (`_norm_gemv_kernel`): a decode step at batch 1 runs two add+RMSNorm kernels per
+layer, each a few microseconds of launch and ramp-up for a few KB of data. Here every program of
+the GEMV computes the norm of the one row itself (the row is a few KB, read from L2) and program 0
+stores the new residual, so the norm costs no kernel of its own. Rounded where
+layers/fused_kernels._rms_norm_kernel rounds, and tiled like layers/gemv_kernels' M == 1 path
+(its GemvConfig, without split-K). On by default where a GEMV config exists
+(layers/fused.norm_gemv_config); HOTSPEC_NORM_GEMV=0 turns it off.
 
 2..16 rows (`_norm_gemm_kernel`, HOTSPEC_NORM_GEMV_ROWS=16: an A/B switch, off until the H200
 measures it): the same for the few rows of a speculative step (verify's tree at batch 1), tiled
@@ -16,12 +16,16 @@ rows come from L2), then streams its weight panel, normalising the input tile by
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from hotspec.layers import pdl
-from hotspec.layers.gemv_kernels import _INTERPRET, MAX_M, GemvConfig
+from hotspec.layers.gemv_kernels import MAX_M, GemvConfig
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
