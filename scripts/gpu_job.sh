@@ -39,7 +39,8 @@
 #              kv splits of 4 (default), 16 and 2 blocks (~4 min)
 #   s9a / s9b / s9c  next session's chain (~6, ~6, ~5 min):
 #              s9a: kernel tests (12-row norm-GEMV, PDL chains); 8B decode at batch 1/8/32 beside
-#              transformers, then with HOTSPEC_PDL_ALL=1 and HOTSPEC_ATTN_BLOCK_N=128; attn_bench
+#              transformers, then with HOTSPEC_PDL_ALL=1 (also with the o_proj prefetched during
+#              attention: HOTSPEC_PDL_PREFETCH_L2=0.7) and HOTSPEC_ATTN_BLOCK_N=128; attn_bench
 #              at the 8B heads.
 #              s9b: engine and PDL tests; SmolLM2 decode plain / HOTSPEC_PDL_ALL=1 /
 #              HOTSPEC_NORM_GEMV_ROWS=16; host_bench (host time per step), vanilla and EAGLE-3;
@@ -283,6 +284,8 @@ if [ "$stage" = s9a ]; then  # first call of a chain (carries .whl .models/p1)
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32)
   step decode_8b_hf 240 "${D8[@]}" --batch-sizes 1,8,32 --vs-hf --out "$OUT/decode_8b_hf.json"
   HOTSPEC_PDL_ALL=1 step decode_8b_pdlall 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_pdlall.json"
+  HOTSPEC_PDL_ALL=1 HOTSPEC_PDL_PREFETCH_L2=0.7 step decode_8b_pdlall_o 60 "${D8[@]}" --batch-sizes 1 \
+    --out "$OUT/decode_8b_pdlall_o.json"
   HOTSPEC_ATTN_BLOCK_N=128 step decode_8b_n128 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_n128.json"
   step decode_8b_again 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_again.json"
   step attn_bench 120 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1 \

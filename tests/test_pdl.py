@@ -90,6 +90,7 @@ def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
 
     monkeypatch.setattr(pdl, "_l2_bytes", lambda index: 50 << 20)  # the H200's L2
     monkeypatch.setattr(pdl, "_prefetch_override", lambda: None)
+    monkeypatch.setattr(pdl, "_prefetch_l2_fraction", lambda: 1 / 3)
 
     def weight(n: int, k: int) -> SimpleNamespace:
         return SimpleNamespace(device=torch.device("cuda", 0), numel=lambda: n * k, element_size=lambda: 2)
@@ -97,5 +98,8 @@ def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
     assert pdl.prefetch_cols(weight(3072, 576)) == -1  # SmolLM2 gate_up, 3.5 MB
     assert pdl.prefetch_cols(weight(4096, 4096)) == 0  # 8B o_proj, 33.5 MB
     assert pdl.prefetch_cols(torch.zeros(4, 4)) == 0  # not a CUDA weight: PDL is off anyway
+    monkeypatch.setattr(pdl, "_prefetch_l2_fraction", lambda: 0.7)  # HOTSPEC_PDL_PREFETCH_L2=0.7
+    assert pdl.prefetch_cols(weight(4096, 4096)) == -1
+    assert pdl.prefetch_cols(weight(6144, 4096)) == 0  # 8B qkv, 50.3 MB
     monkeypatch.setattr(pdl, "_prefetch_override", lambda: 512)
     assert pdl.prefetch_cols(weight(4096, 4096)) == 512

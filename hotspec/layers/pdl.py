@@ -42,14 +42,22 @@ def prefetch_cols(w: torch.Tensor) -> int:
     do not fit is evicted before use and read twice (RESULTS "Session 8": the 8B shape's GEMV
     weights, 34-235 MB against the H200's 50 MB L2, made decode 5.17 ms whole-panel and 4.69 ms
     at 512 columns, against 4.24 ms without; SmolLM2's, at most 3.5 MB, gain 0.66 -> 0.60 ms).
-    HOTSPEC_PDL_PREFETCH=<columns> overrides it (-1 all, 0 none) for A/B runs."""
+    HOTSPEC_PDL_PREFETCH=<columns> overrides it (-1 all, 0 none) for A/B runs, and
+    HOTSPEC_PDL_PREFETCH_L2=<fraction> moves the bound (0.7 takes in the 8B o_proj, 33.5 MB,
+    whose prefetch can overlap the attention before it once that is PDL-launched too:
+    HOTSPEC_PDL_ALL)."""
     forced = _prefetch_override()
     if forced is not None:
         return forced
     if w.device.type != "cuda":
         return 0
     index = w.device.index if w.device.index is not None else torch.cuda.current_device()
-    return -1 if 3 * w.numel() * w.element_size() <= _l2_bytes(index) else 0
+    return -1 if w.numel() * w.element_size() <= _prefetch_l2_fraction() * _l2_bytes(index) else 0
+
+
+@functools.cache
+def _prefetch_l2_fraction() -> float:
+    return float(os.environ.get("HOTSPEC_PDL_PREFETCH_L2", str(1 / 3)))
 
 
 @functools.cache
