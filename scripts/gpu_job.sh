@@ -37,14 +37,14 @@
 #              (kernel tests first), then engine tests, SmolLM2 decode and spec_sweep at batch 1
 #   s8f        no carry: GEMV/attention kernel tests, 8B and SmolLM2-shape decode with attention
 #              kv splits of 4 (default), 16 and 2 blocks (~4 min)
-#   s9a / s9b / s9c  next session's chain (~6, ~6, ~5 min):
-#              s9a: kernel tests (12-row norm-GEMV, PDL chains); 8B decode at batch 1/8/32 beside
-#              transformers, then with HOTSPEC_PDL_ALL=1 (also with the o_proj prefetched during
-#              attention: HOTSPEC_PDL_PREFETCH_L2=0.7) and HOTSPEC_ATTN_BLOCK_N=128; attn_bench
-#              at the 8B heads.
-#              s9b: engine and PDL tests; SmolLM2 decode plain / HOTSPEC_PDL_ALL=1 /
-#              HOTSPEC_NORM_GEMV_ROWS=16; host_bench (host time per step), vanilla and EAGLE-3;
-#              phase kernels plain and with ROWS16 + PDL_ALL.
+#   s9a / s9b / s9c  next session's chain (~7, ~7, ~5 min):
+#              s9a: kernel tests (12-row norm-GEMV, PDL chains, qkv-RoPE); 8B decode at batch
+#              1/8/32 beside transformers, then at batch 1 with HOTSPEC_PDL_ALL=1 (also with the
+#              o_proj prefetched during attention: HOTSPEC_PDL_PREFETCH_L2=0.7),
+#              HOTSPEC_ATTN_BLOCK_N=128 and HOTSPEC_QKV_ROPE=1; attn_bench at the 8B heads.
+#              s9b: engine, PDL and qkv-RoPE tests; SmolLM2 decode plain / HOTSPEC_PDL_ALL=1 /
+#              HOTSPEC_NORM_GEMV_ROWS=16 / HOTSPEC_QKV_ROPE=1; host_bench (host time per step),
+#              vanilla and EAGLE-3; phase kernels plain and with ROWS16 + PDL_ALL.
 #              s9c: spec_sweep at batch 1 (tree and chain shapes) plain / rows16 / rows16 +
 #              PDL_ALL, and batch 8.
 #   s8gemv     optional third call: the 8B GEMV sweep at one row (persistent programs since removed)
@@ -280,24 +280,27 @@ if [ "$stage" = s8f ]; then  # no carry: kernel tests after removing the fused c
 fi
 if [ "$stage" = s9a ]; then  # first call of a chain (carries .whl .models/p1)
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py \
-    tests/test_graph_runner.py tests/test_pdl.py -k "not engine"
+    tests/test_graph_runner.py tests/test_pdl.py tests/test_qkv_rope.py -k "not engine"
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32)
   step decode_8b_hf 240 "${D8[@]}" --batch-sizes 1,8,32 --vs-hf --out "$OUT/decode_8b_hf.json"
   HOTSPEC_PDL_ALL=1 step decode_8b_pdlall 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_pdlall.json"
   HOTSPEC_PDL_ALL=1 HOTSPEC_PDL_PREFETCH_L2=0.7 step decode_8b_pdlall_o 60 "${D8[@]}" --batch-sizes 1 \
     --out "$OUT/decode_8b_pdlall_o.json"
   HOTSPEC_ATTN_BLOCK_N=128 step decode_8b_n128 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_n128.json"
+  HOTSPEC_QKV_ROPE=1 step decode_8b_qkvrope 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_qkvrope.json"
   step decode_8b_again 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_again.json"
   step attn_bench 120 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1 \
     --variants auto,n32,n128,s1,s8,real-kv --out "$OUT/attn_bench.json"
 fi
 if [ "$stage" = s9b ]; then  # second call (carries .models/p2 and the prompts): tests, decode, phases
-  step engine_tests 300 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -x
+  step engine_tests 330 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py \
+    tests/test_qkv_rope.py -x
   DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
     --tokens 64 --batch-sizes 1,8)
   step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
   HOTSPEC_PDL_ALL=1 step decode_smol_pdlall 45 "${DS[@]}" --out "$OUT/decode_smol_pdlall.json"
   HOTSPEC_NORM_GEMV_ROWS=16 step decode_smol_rows16 45 "${DS[@]}" --out "$OUT/decode_smol_rows16.json"
+  HOTSPEC_QKV_ROPE=1 step decode_smol_qkvrope 45 "${DS[@]}" --out "$OUT/decode_smol_qkvrope.json"
   step host_vanilla 60 python3 benchmarks/host_bench.py --batch-sizes 1,8 --out "$OUT/host_vanilla.json"
   step host_eagle3 60 python3 benchmarks/host_bench.py --speculative-algorithm EAGLE3 --batch-sizes 1,8 \
     --out "$OUT/host_eagle3.json"
