@@ -73,3 +73,28 @@ def write_gemma_gguf(path):
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def interpreter_ab(monkeypatch, path, entry: str, switch: str, values, **llm_kw):
+    """Greedy bf16 tokens of the model at `path` through Triton's interpreter (CPU tensors take the
+    fused kernels), once per value of the zero-argument switch `hotspec.layers.fused.<switch>`;
+    per run: (tokens of two prompts, the row count of every call to `fused.<entry>`)."""
+    from hotspec.entrypoints.llm import LLM
+    from hotspec.layers import fused
+    from hotspec.sampling_params import SamplingParams
+
+    prompts = [[1, 5, 9, 33, 2], list(range(10, 40))]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)
+    real = getattr(fused, entry)
+    rows: list[int] = []
+    monkeypatch.setattr(fused, entry, lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
+    runs = []
+    for value in values:
+        monkeypatch.setattr(fused, switch, lambda v=value: v)
+        rows.clear()
+        llm = LLM(str(path), device="cpu", dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=1,
+                  **llm_kw)
+        tokens = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
+        runs.append((tokens, list(rows)))
+    return runs

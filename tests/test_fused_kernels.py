@@ -224,29 +224,14 @@ def test_norm_gemv_engine_decode_equals_separate_kernels(tmp_path, monkeypatch):
     """HOTSPEC_NORM_GEMV=1 (layers/linear.norm_linear): at one decode row each add+RMSNorm runs
     inside the GEMV after it. In bf16 through the interpreter, the engine's greedy tokens equal
     those of the separate norm and GEMV kernels, and the fused kernel really ran."""
-    from engine_utils import save_tiny_llama
-
-    from hotspec.entrypoints.llm import LLM
-    from hotspec.layers import fused
-    from hotspec.sampling_params import SamplingParams
+    from engine_utils import interpreter_ab, save_tiny_llama
 
     path = save_tiny_llama(tmp_path / "tiny", vocab=96, hidden=64, layers=2, std=0.2)
-    prompts = [[1, 5, 9, 33, 2], list(range(10, 40))]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    monkeypatch.setattr(fused, "_on_device", lambda x: True)  # CPU tensors through the interpreter
-    calls = []
-    real = fused.norm_gemv
-    monkeypatch.setattr(fused, "norm_gemv", lambda *a: calls.append(1) or real(*a))
-
-    def run(on: bool) -> list[list[int]]:
-        monkeypatch.setattr(fused, "_norm_gemv_allowed", lambda: on)
-        llm = LLM(str(path), device="cpu", dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=1)
-        return [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
-
-    ref = run(False)
-    assert not calls
-    assert run(True) == ref
-    assert len(calls) >= 2 * 2 * 5, "two norms per layer per decode step"
+    (ref, off_rows), (tokens, on_rows) = interpreter_ab(monkeypatch, path, "norm_gemv",
+                                                        "_norm_gemv_allowed", (False, True))
+    assert not off_rows
+    assert tokens == ref
+    assert len(on_rows) >= 2 * 2 * 5, "two norms per layer per decode step"
 
 
 def test_norm_gemv_rows_speculative_step_equals_separate_kernels(tmp_path, monkeypatch):
@@ -254,37 +239,23 @@ def test_norm_gemv_rows_speculative_step_equals_separate_kernels(tmp_path, monke
     step (verify's tree at batch 1) take the multi-row norm-GEMV. EAGLE-3 tree drafting in bf16
     through the interpreter gives the same greedy tokens as the separate norm and GEMV kernels,
     and the multi-row kernel really ran."""
-    from engine_utils import save_tiny_llama
+    from engine_utils import interpreter_ab, save_tiny_llama
 
-    from hotspec.entrypoints.llm import LLM
-    from hotspec.layers import fused
     from hotspec.layers import gemv_kernels as gk
     from hotspec.models.draft_checkpoint import random_draft_checkpoint
     from hotspec.models.loader import load_checkpoint
-    from hotspec.sampling_params import SamplingParams
 
     path = save_tiny_llama(tmp_path / "tiny", vocab=96, hidden=64, layers=4, std=0.2)
     cfg, _ = load_checkpoint(path, torch.float32)
     head = random_draft_checkpoint(tmp_path / "head", cfg, "EAGLE3", seed=1)
-    prompts = [list(range(10, 30))]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    monkeypatch.setattr(fused, "_on_device", lambda x: True)  # CPU tensors through the interpreter
     # every shape gets a Triton GEMV config (the table only lists the H200-measured shapes), in
     # both runs: the runs differ only in where the norm is computed
     monkeypatch.setattr(gk, "choose",
                         lambda m, n, k, silu=False: gk.GemvConfig(16, 32, 1, 4, 2) if m <= gk.MAX_M else None)
-    rows: list[int] = []
-    real = fused.norm_gemv
-    monkeypatch.setattr(fused, "norm_gemv", lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
-
-    def run(max_rows: int) -> list[list[int]]:
-        monkeypatch.setattr(fused, "norm_gemv_rows", lambda: max_rows)
-        llm = LLM(str(path), device="cpu", dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=1,
-                  speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head),
-                  speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=4)
-        return [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
-
-    ref = run(1)
-    assert not any(r > 1 for r in rows)
-    assert run(16) == ref
-    assert any(r > 1 for r in rows), "verify's rows went through the multi-row kernel"
+    (ref, one_rows), (tokens, many_rows) = interpreter_ab(
+        monkeypatch, path, "norm_gemv", "norm_gemv_rows", (1, 16), speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=str(head), speculative_num_steps=2, speculative_eagle_topk=2,
+        speculative_num_draft_tokens=4)
+    assert all(r == 1 for r in one_rows)  # one row at most (the tree's rows take the separate kernels)
+    assert tokens == ref
+    assert max(many_rows) > 1, "verify's rows went through the multi-row kernel"

@@ -72,29 +72,14 @@ def test_qkv_rope_real_shapes(hq, hkv, d, k):
 def test_engine_decodes_the_same_tokens_with_it(tmp_path, monkeypatch):
     """bf16 through the interpreter: the engine's greedy tokens with HOTSPEC_QKV_ROPE equal those
     without, and the fused kernel really ran (every layer, every decode step)."""
-    from engine_utils import save_tiny_llama
-
-    from hotspec.entrypoints.llm import LLM
-    from hotspec.layers import fused
-    from hotspec.sampling_params import SamplingParams
+    from engine_utils import interpreter_ab, save_tiny_llama
 
     path = save_tiny_llama(tmp_path / "tiny", vocab=96, hidden=64, layers=2, std=0.2)
-    prompts = [[1, 5, 9, 33, 2], list(range(10, 40))]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    monkeypatch.setattr(fused, "_on_device", lambda x: True)  # CPU tensors through the interpreter
-    calls = []
-    real = fused.qkv_rope
-    monkeypatch.setattr(fused, "qkv_rope", lambda *a: calls.append(1) or real(*a))
-
-    def run(on: bool) -> list[list[int]]:
-        monkeypatch.setattr(fused, "_qkv_rope_allowed", lambda: on)
-        llm = LLM(str(path), device="cpu", dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=1)
-        return [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
-
-    ref = run(False)
-    assert not calls
-    assert run(True) == ref
-    assert len(calls) >= 2 * 2 * 5, "every layer of every decode step"
+    (ref, off_rows), (tokens, on_rows) = interpreter_ab(monkeypatch, path, "qkv_rope", "_qkv_rope_allowed",
+                                                        (False, True))
+    assert not off_rows
+    assert tokens == ref
+    assert len(on_rows) >= 2 * 2 * 5, "every layer of every decode step"
 
 
 @pytest.mark.gpu

@@ -29,26 +29,50 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
+def stream(XP, RP, mask, HAS_RES: tl.constexpr):
+    """x + residual at pointers XP / RP, rounded to x's dtype (x alone without HAS_RES)."""
+    x = tl.load(XP, mask=mask, other=0.0)
+    if HAS_RES:
+        x = (x.to(tl.float32) + tl.load(RP, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+    return x
+
+
+@triton.jit
+def row_rms(X, R, S, K, eps, pid, HAS_RES: tl.constexpr, BLOCK_ROW: tl.constexpr):
+    """The reciprocal RMS of one row's stream s = x + residual (rounded to the dtype; x alone
+    without HAS_RES), the whole row read at once; program 0 stores s to S."""
+    cols = tl.arange(0, BLOCK_ROW)
+    row_ok = cols < K
+    s = stream(X + cols, R + cols, row_ok, HAS_RES)
+    if HAS_RES:
+        if pid == 0:
+            tl.store(S + cols, s, mask=row_ok)
+    sf = s.to(tl.float32)
+    return tl.rsqrt(tl.sum(sf * sf, axis=0) / K + eps)
+
+
+@triton.jit
+def normed_tile(X, R, G, kk, k_ok, inv, HAS_RES: tl.constexpr):
+    """Columns kk of norm(x + residual) * g for one row, as fp32 values rounded where
+    fused_kernels._rms_norm_kernel rounds (the stream, the normalised value, the product)."""
+    dt = X.dtype.element_ty
+    x = stream(X + kk, R + kk, k_ok, HAS_RES)
+    normed = (x.to(tl.float32) * inv).to(dt).to(tl.float32)
+    g = tl.load(G + kk, mask=k_ok, other=0.0).to(tl.float32)
+    return (g * normed).to(dt).to(tl.float32)
+
+
+@triton.jit
 def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr,
                       PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1):
     pid = tl.program_id(0)
-    dt = X.dtype.element_ty
     if PDL:  # weights to L2 before waiting for the kernel before (layers/pdl.py)
         pdl.launch_dependents(PDL)
         pdl.prefetch_rows(W, tl.cast(pid, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N), N, 0, K, K,
                           stride_wn, 32, PF_COLS)
         pdl.wait(PDL)
-    # the row's stream s = x + residual (rounded to the dtype) and its reciprocal RMS
-    cols = tl.arange(0, BLOCK_ROW)
-    row_ok = cols < K
-    s = tl.load(X + cols, mask=row_ok, other=0.0)
-    if HAS_RES:
-        s = (s.to(tl.float32) + tl.load(R + cols, mask=row_ok, other=0.0).to(tl.float32)).to(dt)
-        if pid == 0:
-            tl.store(S + cols, s, mask=row_ok)
-    sf = s.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(sf * sf, axis=0) / K + eps)
+    inv = row_rms(X, R, S, K, eps, pid, HAS_RES, BLOCK_ROW)
     # the GEMV, its input normalised tile by tile
     offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -59,13 +83,7 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
         k_ok = kk < K
         w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0, eviction_policy="evict_first")
-        x = tl.load(X + kk, mask=k_ok, other=0.0)
-        if HAS_RES:
-            x = (x.to(tl.float32) + tl.load(R + kk, mask=k_ok, other=0.0).to(tl.float32)).to(dt)
-        normed = (x.to(tl.float32) * inv).to(dt).to(tl.float32)
-        g = tl.load(G + kk, mask=k_ok, other=0.0).to(tl.float32)
-        h = (g * normed).to(dt).to(tl.float32)
-        acc += w.to(tl.float32) * h[None, :]
+        acc += w.to(tl.float32) * normed_tile(X, R, G, kk, k_ok, inv, HAS_RES)[None, :]
     tl.store(Y + offs_n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
 
 
@@ -91,10 +109,7 @@ def _norm_gemm_kernel(X, R, G, W, Y, S, M, N, K, eps, stride_xm, stride_rm, stri
     for k in range(0, K, BLOCK_K):
         kk = k + offs_k
         ok = m_ok[:, None] & (kk < K)[None, :]
-        s = tl.load(x_rows + kk[None, :], mask=ok, other=0.0)
-        if HAS_RES:
-            s = (s.to(tl.float32) + tl.load(r_rows + kk[None, :], mask=ok, other=0.0).to(tl.float32)).to(dt)
-        sf = s.to(tl.float32)
+        sf = stream(x_rows + kk[None, :], r_rows + kk[None, :], ok, HAS_RES).to(tl.float32)
         sq += tl.sum(sf * sf, axis=1)
     inv = tl.rsqrt(sq / K + eps)
     # pass 2: the GEMM, its input normalised tile by tile; program 0 stores the new stream
@@ -106,9 +121,8 @@ def _norm_gemm_kernel(X, R, G, W, Y, S, M, N, K, eps, stride_xm, stride_rm, stri
         ok = m_ok[:, None] & k_ok[None, :]
         w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0, eviction_policy="evict_first")
-        s = tl.load(x_rows + kk[None, :], mask=ok, other=0.0)
+        s = stream(x_rows + kk[None, :], r_rows + kk[None, :], ok, HAS_RES)
         if HAS_RES:
-            s = (s.to(tl.float32) + tl.load(r_rows + kk[None, :], mask=ok, other=0.0).to(tl.float32)).to(dt)
             if pid == 0:
                 tl.store(S + offs_m[:, None].to(tl.int64) * stride_sm + kk[None, :], s, mask=ok)
         normed = (s.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32)

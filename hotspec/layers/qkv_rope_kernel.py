@@ -19,6 +19,7 @@ import triton.language as tl
 
 from hotspec.layers import pdl
 from hotspec.layers.gemv_kernels import GemvConfig
+from hotspec.layers.norm_gemv_kernel import normed_tile, row_rms
 
 
 @triton.jit
@@ -38,16 +39,7 @@ def _qkv_rope_kernel(X, R, G, W, S, Q_OUT, K_CACHE, V_CACHE, POS, LOC, COS, SIN,
         pdl.prefetch_rows(W, rows1, (HQ + 2 * HKV) * 2 * HALF, 0, K, K, stride_wn, 32, PF_COLS)
         pdl.prefetch_rows(W, rows2, (HQ + 2 * HKV) * 2 * HALF, 0, K, K, stride_wn, 32, PF_COLS)
         pdl.wait(PDL)
-    # the row's stream s = x + residual (rounded to the dtype) and its reciprocal RMS
-    cols = tl.arange(0, BLOCK_ROW)
-    row_ok = cols < K
-    s = tl.load(X + cols, mask=row_ok, other=0.0)
-    if HAS_RES:
-        s = (s.to(tl.float32) + tl.load(R + cols, mask=row_ok, other=0.0).to(tl.float32)).to(dt)
-        if pid == 0:
-            tl.store(S + cols, s, mask=row_ok)
-    sf = s.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(sf * sf, axis=0) / K + eps)
+    inv = row_rms(X, R, S, K, eps, pid, HAS_RES, BLOCK_ROW)
     # the two rows of each pair, their input normalised tile by tile (as norm_gemv does)
     offs_k = tl.arange(0, BLOCK_K)
     acc1 = tl.zeros((PAIRS, BLOCK_K), dtype=tl.float32)
@@ -55,12 +47,7 @@ def _qkv_rope_kernel(X, R, G, W, S, Q_OUT, K_CACHE, V_CACHE, POS, LOC, COS, SIN,
     for k in range(0, K, BLOCK_K):
         kk = k + offs_k
         k_ok = kk < K
-        x = tl.load(X + kk, mask=k_ok, other=0.0)
-        if HAS_RES:
-            x = (x.to(tl.float32) + tl.load(R + kk, mask=k_ok, other=0.0).to(tl.float32)).to(dt)
-        normed = (x.to(tl.float32) * inv).to(dt).to(tl.float32)
-        g = tl.load(G + kk, mask=k_ok, other=0.0).to(tl.float32)
-        h = (g * normed).to(dt).to(tl.float32)
+        h = normed_tile(X, R, G, kk, k_ok, inv, HAS_RES)
         w1 = tl.load(W + rows1[:, None] * stride_wn + kk[None, :], mask=k_ok[None, :], other=0.0,
                      eviction_policy="evict_first")
         w2 = tl.load(W + rows2[:, None] * stride_wn + kk[None, :], mask=k_ok[None, :], other=0.0,
