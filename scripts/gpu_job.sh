@@ -37,16 +37,13 @@
 #              (kernel tests first), then engine tests, SmolLM2 decode and spec_sweep at batch 1
 #   s8f        no carry: GEMV/attention kernel tests, 8B and SmolLM2-shape decode with attention
 #              kv splits of 4 (default), 16 and 2 blocks (~4 min)
-#   s9a / s9b / s9c  next session's chain (~7, ~7, ~5 min):
-#              s9a: kernel tests (12-row norm-GEMV, PDL chains, qkv-RoPE); 8B decode at batch
-#              1/8/32 beside transformers, then at batch 1 with HOTSPEC_PDL_ALL=1 (also with the
-#              o_proj prefetched during attention: HOTSPEC_PDL_PREFETCH_L2=0.7),
-#              HOTSPEC_ATTN_BLOCK_N=128 and HOTSPEC_QKV_ROPE=1; attn_bench at the 8B heads.
-#              s9b: engine, PDL and qkv-RoPE tests; SmolLM2 decode plain / HOTSPEC_PDL_ALL=1 /
-#              HOTSPEC_NORM_GEMV_ROWS=16 / HOTSPEC_QKV_ROPE=1; host_bench (host time per step),
-#              vanilla and EAGLE-3; phase kernels plain and with ROWS16 + PDL_ALL.
-#              s9c: spec_sweep at batch 1 (tree and chain shapes) plain / rows16 / rows16 +
-#              PDL_ALL, and batch 8.
+#   s10a / s10b  session 9's chain (~3, ~6 min): s10a: kernel tests (PDL, fused, attention,
+#              GEMV), 8B decode at batch 1/8 with the non-GEMV kernels chained by the row rule
+#              (the default), never (HOTSPEC_PDL_ALL=0) and always (=1). s10b: PDL engine tests,
+#              SmolLM2 decode and spec_sweep at batch 1 and 8 with the same three choices, and
+#              batch 1 with HOTSPEC_NORM_GEMV_ROWS=16 on top of the default.
+#   s10c       no carry: batch-1 decode with the row rule and with HOTSPEC_PDL_ALL=0, alternated,
+#              SmolLM2 shape twice each, then the 8B shape (~2.5 min)
 #   s8gemv     optional third call: the 8B GEMV sweep at one row (persistent programs since removed)
 #   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
 #   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
@@ -278,46 +275,41 @@ if [ "$stage" = s8f ]; then  # no carry: kernel tests after removing the fused c
   step ds_split4 40 "${DS[@]}" --out "$OUT/ds_split4.json"
   HOTSPEC_ATTN_SPLIT_BLOCKS=16 step ds_split16 40 "${DS[@]}" --out "$OUT/ds_split16.json"
 fi
-if [ "$stage" = s9a ]; then  # first call of a chain (carries .whl .models/p1)
-  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py \
-    tests/test_graph_runner.py tests/test_pdl.py tests/test_qkv_rope.py -k "not engine"
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32)
-  step decode_8b_hf 240 "${D8[@]}" --batch-sizes 1,8,32 --vs-hf --out "$OUT/decode_8b_hf.json"
-  HOTSPEC_PDL_ALL=1 step decode_8b_pdlall 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_pdlall.json"
-  HOTSPEC_PDL_ALL=1 HOTSPEC_PDL_PREFETCH_L2=0.7 step decode_8b_pdlall_o 60 "${D8[@]}" --batch-sizes 1 \
-    --out "$OUT/decode_8b_pdlall_o.json"
-  HOTSPEC_ATTN_BLOCK_N=128 step decode_8b_n128 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_n128.json"
-  HOTSPEC_QKV_ROPE=1 step decode_8b_qkvrope 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_qkvrope.json"
-  step decode_8b_again 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_again.json"
-  step attn_bench 120 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1 \
-    --variants auto,n32,n128,s1,s8,real-kv --out "$OUT/attn_bench.json"
+if [ "$stage" = s10a ]; then  # first call of a chain (carries .whl .models/p1)
+  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_fused_kernels.py \
+    tests/test_gemv.py tests/test_triton_attention.py -k "not engine"
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1,8)
+  step decode_8b 90 "${D8[@]}" --out "$OUT/decode_8b.json"
+  HOTSPEC_PDL_ALL=0 step decode_8b_chain0 90 "${D8[@]}" --out "$OUT/decode_8b_chain0.json"
+  HOTSPEC_PDL_ALL=1 step decode_8b_chain1 90 "${D8[@]}" --out "$OUT/decode_8b_chain1.json"
 fi
-if [ "$stage" = s9b ]; then  # second call (carries .models/p2 and the prompts): tests, decode, phases
-  step engine_tests 330 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py \
-    tests/test_qkv_rope.py -x
+if [ "$stage" = s10b ]; then  # second call, at once (carries .models/p2 and the prompts)
+  step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_pdl.py -k engine -x
   DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
     --tokens 64 --batch-sizes 1,8)
   step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
-  HOTSPEC_PDL_ALL=1 step decode_smol_pdlall 45 "${DS[@]}" --out "$OUT/decode_smol_pdlall.json"
-  HOTSPEC_NORM_GEMV_ROWS=16 step decode_smol_rows16 45 "${DS[@]}" --out "$OUT/decode_smol_rows16.json"
-  HOTSPEC_QKV_ROPE=1 step decode_smol_qkvrope 45 "${DS[@]}" --out "$OUT/decode_smol_qkvrope.json"
-  step host_vanilla 60 python3 benchmarks/host_bench.py --batch-sizes 1,8 --out "$OUT/host_vanilla.json"
-  step host_eagle3 60 python3 benchmarks/host_bench.py --speculative-algorithm EAGLE3 --batch-sizes 1,8 \
-    --out "$OUT/host_eagle3.json"
-  PK=(python3 benchmarks/spec_phase_bench.py --target default --draft default --batch-sizes 1 --shapes 4,8,12
-    --hot full --modes graphed --iters 30 --kernels)
-  step phase_kernels 90 "${PK[@]}" --out "$OUT/phase_kernels.json"
-  HOTSPEC_NORM_GEMV_ROWS=16 HOTSPEC_PDL_ALL=1 step phase_kernels_rows16_all 90 "${PK[@]}" \
-    --out "$OUT/phase_kernels_rows16_all.json"
+  HOTSPEC_PDL_ALL=0 step decode_smol_chain0 45 "${DS[@]}" --out "$OUT/decode_smol_chain0.json"
+  HOTSPEC_PDL_ALL=1 step decode_smol_chain1 45 "${DS[@]}" --out "$OUT/decode_smol_chain1.json"
+  B1=(--batch-size 1 --num-prompts 26 --variants 4/8/12 3/1/4)
+  step sweep_b1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1.json"
+  HOTSPEC_PDL_ALL=0 step sweep_b1_chain0 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_chain0.json"
+  HOTSPEC_NORM_GEMV_ROWS=16 step sweep_b1_rows16 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_rows16.json"
+  B8=(--batch-size 8 --num-prompts 104 --variants 4/8/12)
+  step sweep_b8 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8.json"
+  HOTSPEC_PDL_ALL=0 step sweep_b8_chain0 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8_chain0.json"
 fi
-if [ "$stage" = s9c ]; then  # third call, at once (the machine keeps .models/p1 and p2; carry the prompts)
-  step sweep_b1 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" \
-    --variants 4/8/12 3/1/4 2/1/3
-  HOTSPEC_NORM_GEMV_ROWS=16 step sweep_b1_rows16 80 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 \
-    --out "$OUT/sweep_b1_rows16.json" --variants 4/8/12 3/1/4
-  HOTSPEC_NORM_GEMV_ROWS=16 HOTSPEC_PDL_ALL=1 step sweep_b1_rows16_all 80 "${SWEEP[@]}" --batch-size 1 \
-    --num-prompts 26 --out "$OUT/sweep_b1_rows16_all.json" --variants 4/8/12 3/1/4
-  step sweep_b8 100 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants 4/8/12
+if [ "$stage" = s10c ]; then  # no carry: does the row rule change the batch-1 step? (it should not)
+  DS=(python3 benchmarks/decode_bench.py --model smollm2-shape --mode graphed --dtype bfloat16 --context 512
+    --tokens 64 --batch-sizes 1)
+  for i in 1 2; do
+    step "smol_rule_$i" 40 "${DS[@]}" --out "$OUT/smol_rule_$i.json"
+    HOTSPEC_PDL_ALL=0 step "smol_chain0_$i" 40 "${DS[@]}" --out "$OUT/smol_chain0_$i.json"
+  done
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1)
+  step decode_8b_rule 50 "${D8[@]}" --out "$OUT/decode_8b_rule.json"
+  HOTSPEC_PDL_ALL=0 step decode_8b_chain0 50 "${D8[@]}" --out "$OUT/decode_8b_chain0.json"
 fi
 if [ "$stage" = s8gemv ]; then  # optional third call: the 8B GEMVs at one row, persistent programs too
   step gemv_8b 500 python3 benchmarks/gemv_bench.py --shapes 8b --m 1 --out "$OUT/gemv_8b.json"

@@ -173,13 +173,12 @@ def _norm_reference(x, r, g, eps):
     return _round(g.float() * _round(s * inv)), s
 
 
-@pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("res", [True, False], ids=["add+norm", "norm"])
-def test_norm_gemv_matches_norm_then_linear(res, m):
-    """norm_gemv: the residual add and RMSNorm done inside the GEMV that reads them, for one row
-    (the decode kernel) or a few (the tl.dot kernel, HOTSPEC_NORM_GEMV_ROWS), K not a multiple of
-    the tile: the new residual bit for bit, the output as the norm followed by the GEMV computes
-    it (rounded at the same places)."""
+def test_norm_gemv_matches_norm_then_linear(res):
+    """norm_gemv: the residual add and RMSNorm done inside the GEMV that reads them, for one
+    decode row, K not a multiple of the tile: the new residual bit for bit, the output as the
+    norm followed by the GEMV computes it (rounded at the same places)."""
+    m = 1
     x, w = _inputs(m, N, K, False, seed=40 + m)
     g = torch.Generator(device=DEV).manual_seed(41)
     r = (torch.randn(m, K, generator=g, device=DEV) * 2).to(BF16) if res else None
@@ -193,12 +192,10 @@ def test_norm_gemv_matches_norm_then_linear(res, m):
 
 
 def test_norm_gemv_rejects_what_it_does_not_handle():
-    x, w = _inputs(17, N, K, False, seed=42)
+    x, w = _inputs(2, N, K, False, seed=42)
     nw = torch.ones(K, dtype=BF16, device=DEV)
-    with pytest.raises(ValueError, match="M <= 16"):
+    with pytest.raises(ValueError, match=r"x \[1, K\]"):
         ng.norm_gemv(x, None, nw, 1e-5, w, SMALL)
-    with pytest.raises(ValueError, match="BLOCK_N >= 16"):
-        ng.norm_gemv(x[:2], None, nw, 1e-5, w, gk.GemvConfig(8, 32, 1, 4, 2))
     with pytest.raises(ValueError, match="split-K"):
         ng.norm_gemv(x[:1], None, nw, 1e-5, w, gk.GemvConfig(16, 32, 2, 4, 2))
     with pytest.raises(ValueError, match="dtype"):
@@ -206,21 +203,18 @@ def test_norm_gemv_rejects_what_it_does_not_handle():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,shape", [(1, (6144, 4096)), (1, (28672, 4096)), (1, (960, 576)),
-                                     (1, (3072, 576)), (12, (6144, 4096)), (12, (960, 576)),
-                                     (12, (3072, 576))],
-                         ids=["8b-qkv", "8b-gate_up", "smol-qkv", "smol-gate_up", "8b-qkv-12rows",
-                              "smol-qkv-12rows", "smol-gate_up-12rows"])
-def test_norm_gemv_real_shapes_match_the_two_kernels(m, shape):
-    """At the shapes the engine fuses (one decode row; 12 rows of a verify tree with
-    HOTSPEC_NORM_GEMV_ROWS): equal to fused_kernels.rms_norm then gemv, within an ulp."""
+@pytest.mark.parametrize("shape", [(6144, 4096), (28672, 4096), (960, 576), (3072, 576)],
+                         ids=["8b-qkv", "8b-gate_up", "smol-qkv", "smol-gate_up"])
+def test_norm_gemv_real_shapes_match_the_two_kernels(shape):
+    """At the shapes the engine fuses (one decode row): equal to fused_kernels.rms_norm then
+    gemv, within an ulp."""
     from hotspec.layers.fused_kernels import rms_norm
 
-    n, k = shape
+    m, (n, k) = 1, shape
     x, w = _inputs(m, n, k, False, seed=43)
     r = (torch.randn(m, k, device=DEV) * 2).to(BF16)
     nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF16)
-    cfg = gk.choose(m, n, k) or gk.NORM_TIES.get((gk.bucket(m), n, k))  # 8B gate_up: a tie
+    cfg = gk.choose(m, n, k) or gk.NORM_TIES.get((n, k))  # 8B gate_up: a tie
     assert cfg is not None and cfg.SPLIT_K == 1
     y, s = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
     h, s2 = rms_norm(x, nw, 1e-5, r)

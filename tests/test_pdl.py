@@ -15,12 +15,33 @@ from hotspec.layers import pdl
 
 def test_never_on_without_a_hopper_gpu(monkeypatch):
     monkeypatch.setattr(pdl, "_switch", lambda: True)
-    monkeypatch.setattr(pdl, "_all_switch", lambda: True)
+    monkeypatch.setattr(pdl, "_all_switch", lambda: "1")
     assert not pdl.enabled(torch.device("cpu"))
-    assert not pdl.chained(torch.device("cpu")) and pdl.launch_kwargs(torch.device("cpu")) == {}
+    assert not pdl.chained(torch.device("cpu"), 8) and pdl.launch_kwargs(torch.device("cpu"), 8) == {}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not pdl.enabled(torch.device("cuda", 0))
-    assert not pdl.chained(torch.device("cuda", 0))
+    assert not pdl.chained(torch.device("cuda", 0), 8)
+
+
+def test_other_kernels_are_chained_only_in_steps_of_several_rows(monkeypatch):
+    """The measured rule (RESULTS "Session 9"): chaining the norms, RoPE and attention pays at
+    8-12 rows and costs at one row; HOTSPEC_PDL_ALL=1 / 0 override it; any other value is an
+    error that names the choices."""
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(pdl, "enabled", lambda device: True)
+    monkeypatch.setattr(pdl, "_all_switch", lambda: "auto")
+    assert [pdl.chained(dev, rows) for rows in (1, 2, 12)] == [False, True, True]
+    assert pdl.launch_kwargs(dev, 12) == {"launch_pdl": True} and pdl.launch_kwargs(dev, 1) == {}
+    monkeypatch.setattr(pdl, "_all_switch", lambda: "1")
+    assert pdl.chained(dev, 1)
+    monkeypatch.setattr(pdl, "_all_switch", lambda: "0")
+    assert not pdl.chained(dev, 12)
+    monkeypatch.undo()
+    pdl._all_switch.cache_clear()
+    monkeypatch.setenv("HOTSPEC_PDL_ALL", "yes")
+    with pytest.raises(ValueError, match="auto .*1 or 0"):
+        pdl._all_switch()
+    pdl._all_switch.cache_clear()
 
 
 def _chain(x, ws, nw):
@@ -37,7 +58,7 @@ def _chain(x, ws, nw):
 @pytest.mark.gpu
 @pytest.mark.parametrize("chain_all", [False, True], ids=["gemv", "all"])
 def test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph(monkeypatch, chain_all):
-    """`all`: HOTSPEC_PDL_ALL, the norms PDL-launched too (each waits first thing)."""
+    """`all`: the norms PDL-launched too (each waits first thing; `pdl.chained`)."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     ws = [(torch.randn(4096, 4096, generator=g, device=dev) * 0.02).to(torch.bfloat16) for _ in range(6)]
@@ -46,9 +67,9 @@ def test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph(monkeypatch, chain_a
     monkeypatch.setattr(pdl, "_switch", lambda: False)
     ref = _chain(x, ws, nw)
     monkeypatch.setattr(pdl, "_switch", lambda: True)
-    monkeypatch.setattr(pdl, "_all_switch", lambda: chain_all)
+    monkeypatch.setattr(pdl, "_all_switch", lambda: "1" if chain_all else "0")
     assert pdl.enabled(dev), "the H200 is compute capability 9.0"
-    assert pdl.chained(dev) == chain_all
+    assert pdl.chained(dev, 1) == chain_all
     assert torch.equal(_chain(x, ws, nw), ref)
     _chain(x, ws, nw)  # warm-up before capture
     torch.cuda.synchronize()
@@ -64,23 +85,25 @@ def test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph(monkeypatch, chain_a
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", [None, "EAGLE3"], ids=["vanilla", "eagle3"])
 def test_engine_bf16_tokens_equal_with_and_without_pdl(monkeypatch, algo):
-    """PDL off, on (the default), and on for every Triton kernel (HOTSPEC_PDL_ALL): the same bf16
-    greedy tokens, vanilla and with the shipped EAGLE-3 head (draft, verify, draft_extend)."""
+    """PDL off, on for the GEMVs only, on by default (every Triton kernel of a step of several
+    rows: verify, the tree draft) and on for every Triton kernel (HOTSPEC_PDL_ALL=1): the same
+    bf16 greedy tokens, vanilla and with the shipped EAGLE-3 head (draft, verify, draft_extend)."""
     from hotspec import LLM, SamplingParams
 
     prompts = ["The capital of France is", "def quicksort(arr):", "List three colours:"]
     params = SamplingParams(temperature=0, max_tokens=24)
 
-    def run(on: bool, chain_all: bool) -> list[list[int]]:
+    def run(on: bool, chain: str) -> list[list[int]]:
         monkeypatch.setattr(pdl, "_switch", lambda: on)
-        monkeypatch.setattr(pdl, "_all_switch", lambda: chain_all)
-        llm = LLM(dtype="bfloat16", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=1,
-                  cuda_graph_max_bs=1, **({"speculative_algorithm": algo} if algo else {}))
+        monkeypatch.setattr(pdl, "_all_switch", lambda: chain)
+        llm = LLM(dtype="bfloat16", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=3,
+                  cuda_graph_max_bs=4, **({"speculative_algorithm": algo} if algo else {}))
         return [o.token_ids for o in llm.generate(prompts, params)]
 
-    ref = run(False, False)
-    assert run(True, False) == ref
-    assert run(True, True) == ref
+    ref = run(False, "0")
+    assert run(True, "0") == ref
+    assert run(True, "auto") == ref
+    assert run(True, "1") == ref
 
 
 def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):

@@ -79,60 +79,19 @@ def _norm_gemv_allowed() -> bool:
 def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor
                      ) -> GemvConfig | None:
     """The GEMV config to run `norm(x) @ weight.T` in one kernel with (layers/norm_gemv_kernel.py):
-    up to norm_gemv_rows() rows, a GEMV config without split-K (and, above one row, with column
-    blocks of 16 or more), the norm weight in x's dtype; else None."""
-    if x.dim() != 2 or not 1 <= x.shape[0] <= norm_gemv_rows() or norm_weight.dtype != x.dtype:
+    one row, a GEMV config without split-K, the norm weight in x's dtype; else None."""
+    if x.dim() != 2 or x.shape[0] != 1 or norm_weight.dtype != x.dtype:
         return None
     if not _norm_gemv_allowed() or not enabled(x, norm_weight):
         return None
     cfg = gemv_config(x, weight)
     if cfg is None and _gemv_allowed():
-        from hotspec.layers.gemv_kernels import NORM_TIES, bucket
+        from hotspec.layers.gemv_kernels import NORM_TIES
 
-        cfg = NORM_TIES.get((bucket(x.shape[0]), weight.shape[0], weight.shape[1]))
-    if cfg is None or cfg.SPLIT_K != 1 or (x.shape[0] > 1 and cfg.BLOCK_N < 16):
+        cfg = NORM_TIES.get((weight.shape[0], weight.shape[1]))
+    if cfg is None or cfg.SPLIT_K != 1:
         return None
     return cfg
-
-
-@functools.cache
-def norm_gemv_rows() -> int:
-    """Most rows the norm-GEMV takes: 1 (decode at batch 1), or up to 16 with
-    HOTSPEC_NORM_GEMV_ROWS (an A/B switch for the rows of a speculative step, off until the H200
-    measures it)."""
-    return max(1, min(16, int(os.environ.get("HOTSPEC_NORM_GEMV_ROWS", "1"))))
-
-
-def qkv_rope_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
-                    head_dim: int) -> GemvConfig | None:
-    """The norm-GEMV config to run one row's input norm, qkv projection, RoPE and KV store in one
-    kernel with (layers/qkv_rope_kernel.py; HOTSPEC_QKV_ROPE=1), else None: one row, a
-    norm-GEMV config whose BLOCK_N / 2 row pairs (a power of two) divide head_dim / 2."""
-    if not _qkv_rope_allowed() or x.dim() != 2 or x.shape[0] != 1:
-        return None
-    cfg = norm_gemv_config(x, weight, norm_weight)
-    if cfg is None:
-        return None
-    pairs = cfg.BLOCK_N // 2
-    if pairs < 1 or pairs & (pairs - 1) or (head_dim // 2) % pairs:
-        return None
-    return cfg
-
-
-@functools.cache
-def _qkv_rope_allowed() -> bool:
-    # HOTSPEC_QKV_ROPE=1: an A/B switch, off until the H200 measures it
-    return os.environ.get("HOTSPEC_QKV_ROPE", "0") not in ("", "0")
-
-
-def qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-             weight: torch.Tensor, config: GemvConfig, num_heads: int, num_kv_heads: int,
-             positions: torch.Tensor, loc: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    from hotspec.layers.qkv_rope_kernel import qkv_rope as kernel
-
-    return kernel(x, residual, norm_weight, eps, weight, config, num_heads, num_kv_heads, positions,
-                  loc, cos, sin, k_cache, v_cache)
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

@@ -45,7 +45,7 @@ def _rms_norm_kernel(X, R, W, Y, R_OUT, n, eps, stride_x, stride_r, stride_y, st
                      HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
                      PDL_WAIT: tl.constexpr = False):
     pdl.launch_dependents(PDL)  # the GEMV after it may start pulling its weights (layers/pdl.py)
-    pdl.wait(PDL_WAIT)  # PDL-launched itself (HOTSPEC_PDL_ALL): nothing is read before this
+    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -75,8 +75,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         ro = r_out if r_out is not None else y
         _rms_norm_kernel[(t,)](x, r, weight, y, ro, n, eps, x.stride(0), r.stride(0), y.stride(0),
                                ro.stride(0), HAS_RES=residual is not None, BLOCK=_pow2(n),
-                               PDL=pdl.enabled(x.device), PDL_WAIT=pdl.chained(x.device),
-                               num_warps=4 if n <= 4096 else 8, **pdl.launch_kwargs(x.device))
+                               PDL=pdl.enabled(x.device), PDL_WAIT=pdl.chained(x.device, t),
+                               num_warps=4 if n <= 4096 else 8, **pdl.launch_kwargs(x.device, t))
     return y, r_out
 
 
@@ -111,7 +111,7 @@ def _rope_store_kernel(Q, K, V, Q_OUT, K_CACHE, V_CACHE, POS, LOC, COS, SIN,
                        PDL_WAIT: tl.constexpr = False):
     """Program (t, h): h < HQ rotates query head h; h >= HQ rotates kv head h - HQ and stores it
     and the matching V row in the token's cache slot."""
-    pdl.launch_dependents(PDL_WAIT)  # HOTSPEC_PDL_ALL (layers/pdl.py): attention may launch now,
+    pdl.launch_dependents(PDL_WAIT)  # chained (layers/pdl.py): attention may launch now,
     pdl.wait(PDL_WAIT)  # and this kernel reads nothing before the kernel before has finished
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -157,8 +157,8 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: tor
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), cos.stride(0),
-            HQ=hq, HALF=half, BLOCK=_pow2(half), PDL_WAIT=pdl.chained(q.device), num_warps=1,
-            **pdl.launch_kwargs(q.device))
+            HQ=hq, HALF=half, BLOCK=_pow2(half), PDL_WAIT=pdl.chained(q.device, t), num_warps=1,
+            **pdl.launch_kwargs(q.device, t))
     return q_out
 
 

@@ -76,13 +76,10 @@ CONFIGS: dict[tuple[int, int, int, bool], GemvConfig] = {
     (16, 576, 576, False): GemvConfig(16, 256, 1, 4, 4),     # o       3.43 us vs 3.66
 }
 # Where the GEMV alone only ties cuBLAS but, with the add + RMSNorm before it folded in
-# (layers/norm_gemv_kernel.py), saves that norm's kernel: (M bucket, N, K) -> config.
-NORM_TIES: dict[tuple[int, int, int], GemvConfig] = {
+# (layers/norm_gemv_kernel.py, one row), saves that norm's kernel: (N, K) -> config.
+NORM_TIES: dict[tuple[int, int], GemvConfig] = {
     # 8B gate_up 57.8 us vs 57.7; with the norm, decode 4.44 -> 4.33 ms (RESULTS "Session 8")
-    (1, 28672, 4096): GemvConfig(16, 256, 1, 4, 4),
-    # SmolLM2 gate_up at 9-16 rows (HOTSPEC_NORM_GEMV_ROWS, off): bucket 8's best config
-    # (3.87 us vs cuBLAS 4.09 at 8 rows), not measured at 16 rows yet
-    (16, 3072, 576): GemvConfig(32, 128, 1, 4, 4),
+    (28672, 4096): GemvConfig(16, 256, 1, 4, 4),
 }
 _SMS = 132  # H200; only the fallback heuristic uses it
 # Unmeasured shapes at M == 1 up to this many weights take the heuristic config (every measured

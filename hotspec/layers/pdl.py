@@ -15,10 +15,13 @@ ramp up. On by default on Hopper (HOTSPEC_PDL=0 turns it off; RESULTS "Session 8
   kernel before still reads) comes after.
 Kernels launched without the attribute (cuBLAS, torch ops) keep the stream's plain ordering.
 
-HOTSPEC_PDL_ALL=1 (an A/B switch, off until the H200 measures it) launches the step's other
-Triton kernels (RMSNorm, RoPE/KV store, attention, its split combine) with the attribute too:
-each waits for the kernel before at its very start (`wait`, before any load or store), so only
-its launch and the residency of its programs overlap the kernel before.
+The step's other Triton kernels (RMSNorm, RoPE/KV store, attention, its split combine) are
+PDL-launched too when the step has more than one row (`chained`): each waits for the kernel before
+at its very start (`wait`, before any load or store), so only its launch and the residency of its
+programs overlap the kernel before. Measured on the H200 (RESULTS "Session 9"): SmolLM2 decode at
+batch 8 0.98 -> 0.87 ms and the speculative step at batch 1 (12-row verify, 8-row draft) faster,
+but SmolLM2 decode at batch 1 0.60 -> 0.66 ms slower (the 8B shape at batch 1: 4.24 either way),
+hence the row rule. HOTSPEC_PDL_ALL=1 chains every step, =0 none (A/B runs).
 """
 
 from __future__ import annotations
@@ -43,9 +46,8 @@ def prefetch_cols(w: torch.Tensor) -> int:
     weights, 34-235 MB against the H200's 50 MB L2, made decode 5.17 ms whole-panel and 4.69 ms
     at 512 columns, against 4.24 ms without; SmolLM2's, at most 3.5 MB, gain 0.66 -> 0.60 ms).
     HOTSPEC_PDL_PREFETCH=<columns> overrides it (-1 all, 0 none) for A/B runs, and
-    HOTSPEC_PDL_PREFETCH_L2=<fraction> moves the bound (0.7 takes in the 8B o_proj, 33.5 MB,
-    whose prefetch can overlap the attention before it once that is PDL-launched too:
-    HOTSPEC_PDL_ALL)."""
+    HOTSPEC_PDL_PREFETCH_L2=<fraction> moves the bound (A/B: 0.7, which takes in the 8B o_proj,
+    33.5 MB, to overlap the attention before it, made the 8B step 4.27 ms instead of 4.24)."""
     forced = _prefetch_override()
     if forced is not None:
         return forced
@@ -81,20 +83,27 @@ def enabled(device: torch.device) -> bool:
     return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
-def chained(device: torch.device) -> bool:
-    """Whether the non-GEMV Triton kernels on `device` are PDL-launched (HOTSPEC_PDL_ALL=1 on top
-    of `enabled`): they then call `wait` first thing."""
-    return enabled(device) and _all_switch()
+def chained(device: torch.device, rows: int) -> bool:
+    """Whether a non-GEMV Triton kernel over `rows` token rows on `device` is PDL-launched (it then
+    calls `wait` first thing): with `enabled`, when rows > 1 (HOTSPEC_PDL_ALL=1: always; =0: never).
+    Inside a CUDA graph the row count is the captured batch's, so the choice is fixed per graph."""
+    if not enabled(device):
+        return False
+    mode = _all_switch()
+    return rows > 1 if mode == "auto" else mode == "1"
 
 
-def launch_kwargs(device: torch.device) -> dict[str, bool]:
+def launch_kwargs(device: torch.device, rows: int) -> dict[str, bool]:
     """Launch options of a kernel that waits first thing when `chained` (the PDL attribute)."""
-    return {"launch_pdl": True} if chained(device) else {}
+    return {"launch_pdl": True} if chained(device, rows) else {}
 
 
 @functools.cache
-def _all_switch() -> bool:
-    return os.environ.get("HOTSPEC_PDL_ALL", "0") not in ("", "0")
+def _all_switch() -> str:
+    v = os.environ.get("HOTSPEC_PDL_ALL", "auto")
+    if v not in ("auto", "0", "1"):
+        raise ValueError(f"HOTSPEC_PDL_ALL={v!r}: use auto (the default), 1 or 0")
+    return v
 
 
 @functools.cache

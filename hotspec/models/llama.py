@@ -74,6 +74,7 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch,
                rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend) -> torch.Tensor:
         """Everything after the projection: q/k norms, RoPE, the KV store, attention, o_proj."""
+        t = q.shape[0]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
@@ -84,32 +85,8 @@ class Attention(nn.Module):
         else:
             q, k = rope(fb.positions, q, k)
             store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
-        return self.attend_rotated(q, fb, kv, backend)
-
-    def attend_rotated(self, q: torch.Tensor, fb: ForwardBatch, kv: KVPool,
-                       backend: AttentionBackend) -> torch.Tensor:
-        """Attention of rotated q over the cache (this step's k and v stored), then o_proj."""
-        o = backend.forward(fb, q, kv.k[self.layer_id], kv.v[self.layer_id], self.scale)
-        return linear(self.o_proj, o.reshape(q.shape[0], -1))
-
-    def project_rotated(self, norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None,
-                        fb: ForwardBatch, rope: RotaryEmbedding, kv: KVPool
-                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(rotated q, the stream h + residual) with k and v in the cache, all in one kernel where
-        that applies (layers/qkv_rope_kernel.py: one row, no q/k norm or bias, the KV pool in the
-        model's dtype, HOTSPEC_QKV_ROPE=1); else None and nothing done."""
-        lin = self.qkv_proj
-        if lin is None or lin.bias is not None or hasattr(self, "q_norm"):
-            return None
-        k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
-        if k_cache.dtype != h.dtype:
-            return None
-        cfg = fused.qkv_rope_config(h, lin.weight, norm.weight, self.head_dim)
-        if cfg is None:
-            return None
-        return fused.qkv_rope(h, residual, norm.weight, norm.eps, lin.weight, cfg, self.num_heads,
-                              self.num_kv_heads, fb.positions, fb.out_cache_loc, rope.cos, rope.sin,
-                              k_cache, v_cache)
+        o = backend.forward(fb, q, k_cache, v_cache, self.scale)
+        return linear(self.o_proj, o.reshape(t, -1))
 
 
 class MLP(nn.Module):
@@ -149,14 +126,8 @@ class DecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         if attn.qkv_proj is not None and mlp.gate_up_proj is not None:  # fused projections (engine)
             # each norm and the projection after it: one kernel where layers/linear allows it
-            # (the first one also with RoPE and the KV store where Attention.project_rotated can)
-            rotated = attn.project_rotated(self.input_layernorm, h, residual, fb, rope, kv)
-            if rotated is not None:
-                q, residual = rotated
-                x = attn.attend_rotated(q, fb, kv, backend)
-            else:
-                qkv, residual = norm_linear(self.input_layernorm, attn.qkv_proj, h, residual)
-                x = attn.attend(*attn.split_qkv(qkv), fb, rope, kv, backend)
+            qkv, residual = norm_linear(self.input_layernorm, attn.qkv_proj, h, residual)
+            x = attn.attend(*attn.split_qkv(qkv), fb, rope, kv, backend)
             gate_up, residual = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, x, residual)
             return silu_mul_linear(mlp.down_proj, gate_up), residual
         if residual is None:

@@ -207,7 +207,8 @@ class TritonBackend(AttentionBackend):
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
-        use_pdl, pdl_wait, launch = pdl.enabled(q.device), pdl.chained(q.device), pdl.launch_kwargs(q.device)
+        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
+        launch = pdl.launch_kwargs(q.device, t)
         grid = (q_blocks * splits, b, hkv)
         paged_attn_fwd[grid](
             q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,

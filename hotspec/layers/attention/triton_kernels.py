@@ -141,7 +141,7 @@ def paged_attn_fwd(
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
-    pdl.wait(PDL_WAIT)  # PDL-launched itself (HOTSPEC_PDL_ALL): nothing is read before this
+    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this
     pid0 = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -247,7 +247,7 @@ def combine_splits(
 ):
     """Merge the per-split partial outputs of one (token, q head): weights 2^(lse_s - max)."""
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
-    pdl.wait(PDL_WAIT)  # PDL-launched itself (HOTSPEC_PDL_ALL): nothing is read before this
+    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this
     t = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
