@@ -2,64 +2,27 @@
 # The whole GPU job (tests + benchmarks) for the device tool, by stage, printing a short table last.
 #   bash scripts/gpu_job.sh STAGE
 # Stages without the model file:
-#   kernels    Triton tests and Llama-3.1-8B-shaped benchmarks (decode, phases, FR-Spec draft)
-#   perf8b     fused-kernel tests, 8B decode at batch 1/8 with the kernel table, fused-off A/B
+#   kernels    Triton tests and Llama-3.1-8B-shaped benchmarks (decode beside transformers,
+#              phases graphed vs eager, FR-Spec draft)
 #   decode8b   8B decode at batch 1/8/32/64 beside transformers' static-cache generate
-#   stash8b    first call of a chain: train-draft step at batch 16/32, 8B decode at batch 8/32/64
-#   kernels5   first call of a chain: GEMV/fused/frontier/attention kernel tests, 8B decode at
-#              batch 1/8 with the GEMV and without (HOTSPEC_GEMV=0), and with 1-block splits
-#   spec5      second call: engine tests, SmolLM2 decode A/Bs (GEMV, splits), spec_sweep at
-#              batch 1 and 8, the draft/verify/draft_extend kernel tables (~8 min)
-#   kernels6   first call of a chain: every GPU kernel test, 8B decode at batch 1 (~3 min)
-#   spec6      second call: engine tests, phase kernel table, then `train` of session 6's head
-#              (two sampled responses per prompt, 16k draft vocabulary, 4 epochs; TRAIN_S seconds)
-#   train6     next calls: continue that training; once done, prune to 8k, send the head back and
-#              sweep it beside the shipped head at batch 1 and 8
-#   overlap8b  first call of a chain: 8B decode at batch 1/8, plain and --overlap-schedule, and
-#              overlapped with 16-block attention splits; benchmarks/attn_bench.py (~6.5 min)
-#   overlapsmol  second call: engine GPU tests, SmolLM2 decode at 1/8/32 plain and overlapped, then
-#              spec_sweep at batch 1 plain and with --overlap-schedule (~7 min)
-#   trainwide  a head with a wider MLP (INTER, default 3072) on the shipped head's greedy data,
-#              continued like train6; once done, pruned, sent back and swept beside the shipped head
-#   overlap7a  session 7, first call: graph-runner GPU tests (asynchronous launch and read-back),
-#              8B decode at batch 1/8 plain and overlapped (~3 min)
-#   overlap7b  second call: engine GPU tests, SmolLM2 decode and spec_sweep at batch 1, plain and
-#              overlapped (~6 min)
-#   s8a        session 8, first call: kernel tests (graph runner, GEMV, fused), 8B decode at
-#              batch 1 plain, overlapped, with HOTSPEC_NORM_GEMV=1, with HOTSPEC_PDL=1 and both
-#              (written when both were off); attn_bench (~6 min)
-#   s8b        second call: engine and PDL tests, SmolLM2 decode with and without HOTSPEC_NORM_GEMV,
-#              and HOTSPEC_PDL,
-#              spec_sweep at batch 1 plain and overlapped, batch 8 overlapped and plain (~8 min)
-#   s8c        no carry: 8B and SmolLM2-shape decode with HOTSPEC_NORM_GEMV(_TIES), HOTSPEC_PDL and
-#              HOTSPEC_PDL_PREFETCH (0, 512, whole panel) in combinations (~7 min)
-#   s8d / s8e  a chain: the session-8 defaults (norm-GEMV, PDL) against session 7's on the 8B shape
-#              (kernel tests first), then engine tests, SmolLM2 decode and spec_sweep at batch 1
-#   s8f        no carry: GEMV/attention kernel tests, 8B and SmolLM2-shape decode with attention
-#              kv splits of 4 (default), 16 and 2 blocks (~4 min)
-#   s10a / s10b  session 9's chain (~3, ~6 min): s10a: kernel tests (PDL, fused, attention,
-#              GEMV), 8B decode at batch 1/8 with the non-GEMV kernels chained by the row rule
-#              (the default), never (HOTSPEC_PDL_ALL=0) and always (=1). s10b: PDL engine tests,
-#              SmolLM2 decode and spec_sweep at batch 1 and 8 with the same three choices, and
-#              batch 1 with HOTSPEC_NORM_GEMV_ROWS=16 on top of the default.
-#   s10c       no carry: batch-1 decode with the row rule and with HOTSPEC_PDL_ALL=0, alternated,
-#              SmolLM2 shape twice each, then the 8B shape (~2.5 min)
-#   s8gemv     optional third call: the 8B GEMV sweep at one row (persistent programs since removed)
-#   attn       phase times with 64- and 16-row attention tiles in one process (~2 min)
-#   hf8b       first call of a chain: 8B decode at batch 1 beside transformers
-#   final5     second call: spec_sweep at batch 1 with 16-row attention tiles and without
-#              (HOTSPEC_ATTN_BLOCK_M), batch 32, hotspec bench beside transformers (~7 min)
-#   gemv       first call of a chain: GEMV/fused-kernel tests, benchmarks/gemv_bench.py (Triton
-#              GEMV configs vs cuBLAS), 8B decode at batch 1 with its kernel table
-#              beside transformers (~8 min)
 #   trainstep / stash   the train-draft step cost (train_step_bench.py; stash = the first call of
 #              a chain, carrying .models/p1, so it does this useful work while stashing)
+#   frspec8b+hf  the FR-Spec draft phase at the 8B shape, then 8B decode at batch 1 beside
+#              transformers
+#   s10a       session 9's first call of a chain (carries .whl .models/p1): kernel tests (PDL,
+#              fused, GEMV, attention), 8B decode at batch 1/8 with the PDL row rule (the
+#              default), never (HOTSPEC_PDL_ALL=0) and always (=1) (~3 min)
+#   s10c       no carry: batch-1 decode with the row rule and with HOTSPEC_PDL_ALL=0, alternated,
+#              SmolLM2 shape twice each, then the 8B shape (~2.5 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
+#   s10b       session 9's second call: PDL engine tests, SmolLM2 decode (row rule / never /
+#              always) and spec_sweep at batch 1 and 8 (row rule / never) (~5 min)
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
-#              TRAIN_S; TRAIN_EXTRA adds options, e.g. "--synth-prompts 8000"), continuing the
-#              run there if an earlier call started it; once finished, prune it to the 8k map,
-#              send it back as head.tar.part-*, then the server sweep (issue 7).
+#              DRAFT_VOCAB, TOKEN_MAPS, KV_GB, TRAIN_S; TRAIN_EXTRA adds options, e.g.
+#              "--responses-per-prompt 2 --temperature 0.7" or "--intermediate-size 3072"),
+#              continuing the run there if an earlier call started it; once finished, prune it to
+#              the 8k map, send it back as head.tar.part-*, then the server sweep (issue 7).
 #              13k prompts: ~6 min of data, ~0.2 s per step of batch 32 (before the host fix).
 #   retrain    train + prune + a short bench of the new head
 #   spec       engine GPU tests, hotspec bench at batch 1 (4/8/12 tree, per category, phase times,
@@ -70,9 +33,12 @@
 #   servesweep the serve sweep (issue 7 b): vanilla against the shipped head (~3 min)
 #   spec2      the next call: chain, batch 8 and 32, FR-Spec full/16k (a warm `train` head only),
 #              SmolLM2 decode beside transformers
-# A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. stash8b) carrying
-# .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying .models/p2
-# .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
+# The one-off A/B stages of sessions 5-8 (kernels5, overlap8b, s8a ... s8f, ...) were removed in
+# session 9; RESULTS.md names the stage and commit of each figure, and `git show
+# 1ed57ce:scripts/gpu_job.sh` has them all.
+# A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. s10a or stash)
+# carrying .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying
+# .models/p2 .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
 # Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
 # .models/p1, .models/p2 (the default GGUF split 60 MB + 38 MB: the first call stashes p1 in
 # /root/models, the next one appends p2; a machine goes back 30 s after a call, so issue the next
@@ -132,13 +98,6 @@ if [ "$stage" = all ] || [ "$stage" = smollm2 ] || [ "$stage" = smollm2+phases ]
     --iters 30 --out "$OUT/draft_frspec_smol.json"
 fi
 
-if [ "$stage" = perf8b ]; then  # issue 5: fused kernels, 8B-shape decode vs transformers
-  step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_fused_kernels.py tests/test_triton_attention.py -x
-  step decode_8b_graphed 330 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
-    --batch-sizes 1,8,32,64 --context 512 --tokens 64 --kernels --vs-hf --out "$OUT/decode_8b_graphed.json"
-  HOTSPEC_FUSED_KERNELS=0 step decode_8b_unfused 90 python3 benchmarks/decode_bench.py --model llama8b-shape \
-    --mode graphed --batch-sizes 1 --context 512 --tokens 32 --out "$OUT/decode_8b_unfused.json"
-fi
 if [ "$stage" = trainstep ] || [ "$stage" = stash ]; then  # train-draft step cost, no model file
   TS=(--batch-size 16 --draft-vocab 49152 --ttt 7 --steps 10)
   step trainstep 120 python3 benchmarks/train_step_bench.py "${TS[@]}" --kernels
@@ -147,134 +106,8 @@ if [ "$stage" = trainstep ] || [ "$stage" = stash ]; then  # train-draft step co
   step trainstep_b32 60 python3 benchmarks/train_step_bench.py "${TS[@]/16/32}"
   step trainstep_16k 60 python3 benchmarks/train_step_bench.py "${TS[@]/49152/16384}"
 fi
-if [ "$stage" = stash8b ]; then  # first call of a chain (carries .models/p1): train step, 8B vs HF
-  step trainstep 90 python3 benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 49152 --ttt 7 --steps 10
-  step trainstep_b32 90 python3 benchmarks/train_step_bench.py --batch-size 32 --draft-vocab 49152 --ttt 7 --steps 10
-  step decode_8b_hf 360 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
-    --batch-sizes 8,32,64 --context 512 --tokens 32 --vs-hf --out "$OUT/decode_8b_hf.json"
-fi
-if [ "$stage" = gemv ]; then  # issue 5: the decode GEMV (first call of a chain: carries .models/p1)
-  step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py -x
-  step gemv_bench 300 python3 benchmarks/gemv_bench.py --shapes 8b,smol --m 1,8,16 --out "$OUT/gemv.json"
-  step decode_8b_b1 90 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
-    --batch-sizes 1 --context 512 --tokens 64 --kernels --out "$OUT/decode_8b_b1.json"
-fi
 SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl
   --max-tokens 256)
-if [ "$stage" = kernels6 ]; then  # first call of a chain: every GPU kernel test, 8B decode at batch 1
-  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py tests/test_graph_runner.py \
-    tests/test_frontier.py tests/test_triton_attention.py -x
-  step decode_8b_b1 90 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
-    --batch-sizes 1 --context 512 --tokens 64 --kernels --out "$OUT/decode_8b_b1.json"
-fi
-if [ "$stage" = overlap8b ]; then  # first call of a chain: 8B decode, plain vs overlap schedule
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
-  step decode_8b_plain 120 "${D8[@]}" --batch-sizes 1,8 --out "$OUT/decode_8b_plain.json"
-  step decode_8b_overlap 120 "${D8[@]}" --batch-sizes 1,8 --overlap-schedule --out "$OUT/decode_8b_overlap.json"
-  # fewer attention kv splits (the count follows the static 8k bound; at context 512 most are empty)
-  HOTSPEC_ATTN_SPLIT_BLOCKS=16 step decode_8b_overlap_split16 100 "${D8[@]}" --batch-sizes 1 --overlap-schedule \
-    --out "$OUT/decode_8b_overlap_split16.json"
-  # the attention kernel alone per phase shape: tiles, splits, custom mask vs causal
-  step attn_bench 150 python3 benchmarks/attn_bench.py --model default --batch-sizes 1,8 --out "$OUT/attn_bench.json"
-fi
-if [ "$stage" = overlapsmol ]; then  # second call: engine tests (overlap too), SmolLM2 plain vs overlap
-  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
-  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512 --tokens 64)
-  step decode_smol_plain 45 "${DS[@]}" --batch-sizes 1,8,32 --out "$OUT/decode_smol_plain.json"
-  step decode_smol_overlap 45 "${DS[@]}" --batch-sizes 1,8,32 --overlap-schedule --out "$OUT/decode_smol_overlap.json"
-  # speculative vs vanilla, both plain, then both overlapped (one machine, two runs)
-  step sweep_b1_plain 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1_plain.json" \
-    --variants 4/8/12
-  HOTSPEC_ATTN_MASK_BITS=0 step sweep_b1_bytemask 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 \
-    --out "$OUT/sweep_b1_bytemask.json" --variants 4/8/12
-  step sweep_b1_overlap 120 "${SWEEP[@]}" --overlap-schedule --batch-size 1 --num-prompts 26 \
-    --out "$OUT/sweep_b1_overlap.json" --variants 4/8/12 4/8/12:plain
-fi
-# session 7: the overlap schedule with its read-back fixed (HostCopy, pinned inputs); A/B in one run
-if [ "$stage" = overlap7a ]; then  # first call of a chain (carries .whl .models/p1)
-  step graph_tests 60 python3 -m pytest -q -m gpu tests/test_graph_runner.py -x
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
-  step decode_8b_plain 120 "${D8[@]}" --batch-sizes ${B8:-1,8} --no-overlap-schedule --out "$OUT/decode_8b_plain.json"
-  step decode_8b_overlap 120 "${D8[@]}" --batch-sizes ${B8:-1,8} --overlap-schedule --out "$OUT/decode_8b_overlap.json"
-fi
-if [ "$stage" = overlap7b ]; then  # second call (carries .models/p2 and the prompts)
-  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x ${ENGINE_K:+-k "$ENGINE_K"}
-  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512 --tokens 64)
-  step decode_smol_plain 45 "${DS[@]}" --batch-sizes 1,8 --no-overlap-schedule --out "$OUT/decode_smol_plain.json"
-  step decode_smol_overlap 45 "${DS[@]}" --batch-sizes 1,8 --overlap-schedule --out "$OUT/decode_smol_overlap.json"
-  step sweep_b1_plain 100 "${SWEEP[@]}" --no-overlap-schedule --batch-size 1 --num-prompts 26 \
-    --out "$OUT/sweep_b1_plain.json" --variants 4/8/12
-  step sweep_b1_overlap 120 "${SWEEP[@]}" --overlap-schedule --batch-size 1 --num-prompts 26 \
-    --out "$OUT/sweep_b1_overlap.json" --variants 4/8/12 4/8/12:plain
-fi
-# session 8 (planned): the overlap schedule end to end (the bench driver no longer syncs every
-# step), and the RMSNorm fused into the GEMV after it (HOTSPEC_NORM_GEMV=1) as an A/B
-if [ "$stage" = s8a ]; then  # first call of a chain (carries .whl .models/p1)
-  step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_graph_runner.py tests/test_gemv.py \
-    tests/test_fused_kernels.py tests/test_triton_attention.py \
-    tests/test_pdl.py::test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph -x
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64
-    --batch-sizes 1)
-  step decode_8b_plain 90 "${D8[@]}" --no-overlap-schedule --out "$OUT/decode_8b_plain.json"
-  step decode_8b_overlap 90 "${D8[@]}" --out "$OUT/decode_8b_overlap.json"
-  HOTSPEC_NORM_GEMV=1 step decode_8b_normgemv 90 "${D8[@]}" --kernels --out "$OUT/decode_8b_normgemv.json"
-  HOTSPEC_PDL=1 step decode_8b_pdl 90 "${D8[@]}" --kernels --out "$OUT/decode_8b_pdl.json"
-  HOTSPEC_PDL=1 HOTSPEC_NORM_GEMV=1 step decode_8b_all 90 "${D8[@]}" \
-    --out "$OUT/decode_8b_all.json"
-  step attn_bench 150 python3 benchmarks/attn_bench.py --model default --batch-sizes 1,8 \
-    --variants auto,bytes,s8,s16 --out "$OUT/attn_bench.json"
-fi
-if [ "$stage" = s8c ]; then  # no carry: PDL prefetch depth, norm-GEMV gate_up ties, 8B and SmolLM2 shapes
-  step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_gemv.py -k norm_gemv \
-    tests/test_pdl.py::test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64
-    --batch-sizes 1)
-  step d8_base 70 "${D8[@]}" --out "$OUT/d8_base.json"
-  HOTSPEC_NORM_GEMV=1 step d8_ng 70 "${D8[@]}" --out "$OUT/d8_ng.json"
-  HOTSPEC_NORM_GEMV=1 HOTSPEC_NORM_GEMV_TIES=1 step d8_ngt 70 "${D8[@]}" --kernels --out "$OUT/d8_ngt.json"
-  HOTSPEC_NORM_GEMV=1 HOTSPEC_NORM_GEMV_TIES=1 HOTSPEC_PDL=1 step d8_ngt_pdl 70 "${D8[@]}" --out "$OUT/d8_ngt_pdl.json"
-  HOTSPEC_NORM_GEMV=1 HOTSPEC_NORM_GEMV_TIES=1 HOTSPEC_PDL=1 HOTSPEC_PDL_PREFETCH=0 step d8_ngt_pdl0 70 \
-    "${D8[@]}" --kernels --out "$OUT/d8_ngt_pdl0.json"
-  HOTSPEC_NORM_GEMV=1 HOTSPEC_NORM_GEMV_TIES=1 HOTSPEC_PDL=1 HOTSPEC_PDL_PREFETCH=512 step d8_ngt_pdl512 70 \
-    "${D8[@]}" --out "$OUT/d8_ngt_pdl512.json"
-  HOTSPEC_PDL=1 HOTSPEC_PDL_PREFETCH=0 step d8_pdl0 70 "${D8[@]}" --out "$OUT/d8_pdl0.json"
-  DS=(python3 benchmarks/decode_bench.py --model smollm2-shape --mode graphed --context 512 --tokens 64
-    --batch-sizes 1,8)
-  step ds_base 45 "${DS[@]}" --out "$OUT/ds_base.json"
-  HOTSPEC_NORM_GEMV=1 step ds_ng 45 "${DS[@]}" --out "$OUT/ds_ng.json"
-  HOTSPEC_PDL=1 step ds_pdl 45 "${DS[@]}" --out "$OUT/ds_pdl.json"
-  HOTSPEC_NORM_GEMV=1 HOTSPEC_PDL=1 step ds_ng_pdl 45 "${DS[@]}" --out "$OUT/ds_ng_pdl.json"
-  HOTSPEC_NORM_GEMV=1 HOTSPEC_PDL=1 HOTSPEC_PDL_PREFETCH=0 step ds_ng_pdl0 45 "${DS[@]}" --out "$OUT/ds_ng_pdl0.json"
-fi
-if [ "$stage" = s8d ]; then  # first call of a chain (carries .whl .models/p1): the new defaults
-  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_graph_runner.py tests/test_gemv.py \
-    tests/test_fused_kernels.py tests/test_pdl.py::test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
-  step decode_8b_defaults 80 "${D8[@]}" --batch-sizes 1,8 --kernels --out "$OUT/decode_8b_defaults.json"
-  HOTSPEC_PDL=0 HOTSPEC_NORM_GEMV=0 step decode_8b_session7 80 "${D8[@]}" --batch-sizes 1,8 \
-    --out "$OUT/decode_8b_session7.json"
-fi
-if [ "$stage" = s8e ]; then  # second call (carries .models/p2 and the prompts): engine tests, SmolLM2
-  step engine_tests 240 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -x
-  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
-    --tokens 64 --batch-sizes 1,8)
-  step decode_smol_defaults 45 "${DS[@]}" --out "$OUT/decode_smol_defaults.json"
-  HOTSPEC_PDL=0 HOTSPEC_NORM_GEMV=0 step decode_smol_session7 45 "${DS[@]}" --out "$OUT/decode_smol_session7.json"
-  step sweep_b1 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants 4/8/12
-fi
-if [ "$stage" = s8f ]; then  # no carry: kernel tests after removing the fused combine and PERSIST;
-  # attention kv splits at context 512 (HOTSPEC_ATTN_SPLIT_BLOCKS: 16 -> one split, no combine)
-  step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_triton_attention.py -x
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
-    --batch-sizes 1)
-  step d8_split4 60 "${D8[@]}" --out "$OUT/d8_split4.json"
-  HOTSPEC_ATTN_SPLIT_BLOCKS=16 step d8_split16 60 "${D8[@]}" --out "$OUT/d8_split16.json"
-  HOTSPEC_ATTN_SPLIT_BLOCKS=2 step d8_split2 60 "${D8[@]}" --out "$OUT/d8_split2.json"
-  DS=(python3 benchmarks/decode_bench.py --model smollm2-shape --mode graphed --context 512 --tokens 64
-    --batch-sizes 1,8)
-  step ds_split4 40 "${DS[@]}" --out "$OUT/ds_split4.json"
-  HOTSPEC_ATTN_SPLIT_BLOCKS=16 step ds_split16 40 "${DS[@]}" --out "$OUT/ds_split16.json"
-fi
 if [ "$stage" = s10a ]; then  # first call of a chain (carries .whl .models/p1)
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_fused_kernels.py \
     tests/test_gemv.py tests/test_triton_attention.py -k "not engine"
@@ -294,7 +127,6 @@ if [ "$stage" = s10b ]; then  # second call, at once (carries .models/p2 and the
   B1=(--batch-size 1 --num-prompts 26 --variants 4/8/12 3/1/4)
   step sweep_b1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1.json"
   HOTSPEC_PDL_ALL=0 step sweep_b1_chain0 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_chain0.json"
-  HOTSPEC_NORM_GEMV_ROWS=16 step sweep_b1_rows16 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_rows16.json"
   B8=(--batch-size 8 --num-prompts 104 --variants 4/8/12)
   step sweep_b8 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8.json"
   HOTSPEC_PDL_ALL=0 step sweep_b8_chain0 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8_chain0.json"
@@ -310,64 +142,6 @@ if [ "$stage" = s10c ]; then  # no carry: does the row rule change the batch-1 s
     --batch-sizes 1)
   step decode_8b_rule 50 "${D8[@]}" --out "$OUT/decode_8b_rule.json"
   HOTSPEC_PDL_ALL=0 step decode_8b_chain0 50 "${D8[@]}" --out "$OUT/decode_8b_chain0.json"
-fi
-if [ "$stage" = s8gemv ]; then  # optional third call: the 8B GEMVs at one row, persistent programs too
-  step gemv_8b 500 python3 benchmarks/gemv_bench.py --shapes 8b --m 1 --out "$OUT/gemv_8b.json"
-fi
-if [ "$stage" = s8b ]; then  # second call (carries .models/p2 and the prompts)
-  step engine_tests 240 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -x
-  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
-    --tokens 64 --batch-sizes 1,8)
-  step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
-  HOTSPEC_NORM_GEMV=1 step decode_smol_normgemv 45 "${DS[@]}" --out "$OUT/decode_smol_normgemv.json"
-  HOTSPEC_PDL=1 step decode_smol_pdl 45 "${DS[@]}" --out "$OUT/decode_smol_pdl.json"
-  step sweep_b1_plain 100 "${SWEEP[@]}" --no-overlap-schedule --batch-size 1 --num-prompts 26 \
-    --out "$OUT/sweep_b1_plain.json" --variants 4/8/12
-  step sweep_b1 100 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" \
-    --variants 4/8/12 6/10/32
-  step sweep_b8 100 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" \
-    --variants 4/8/12 4/8/12:plain
-fi
-if [ "$stage" = kernels5 ]; then  # first call of a chain: kernel tests, 8B decode A/Bs (GEMV, splits)
-  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_gemv.py tests/test_fused_kernels.py tests/test_graph_runner.py \
-    tests/test_frontier.py tests/test_triton_attention.py -x
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 64)
-  step decode_8b_gemv 120 "${D8[@]}" --batch-sizes 1,8 --kernels --out "$OUT/decode_8b_gemv.json"
-  HOTSPEC_GEMV=0 step decode_8b_cublas 90 "${D8[@]}" --batch-sizes 1,8 --out "$OUT/decode_8b_cublas.json"
-  HOTSPEC_ATTN_SPLIT_BLOCKS=1 step decode_8b_split1 60 "${D8[@]}" --batch-sizes 1 --out "$OUT/decode_8b_split1.json"
-fi
-if [ "$stage" = spec5 ]; then  # second call: engine tests, SmolLM2 decode A/Bs, speculative sweep
-  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
-  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512 --tokens 64)
-  step decode_smol_gemv 45 "${DS[@]}" --batch-sizes 1,8 --kernels --out "$OUT/decode_smol_gemv.json"
-  HOTSPEC_GEMV=0 step decode_smol_cublas 40 "${DS[@]}" --batch-sizes 1,8 --out "$OUT/decode_smol_cublas.json"
-  HOTSPEC_ATTN_SPLIT_BLOCKS=1 step decode_smol_split1 40 "${DS[@]}" --batch-sizes 1,8 --out "$OUT/decode_smol_split1.json"
-  step sweep_b1 150 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
-    4/8/12:profile 6/10/32 3/1/4
-  step sweep_b8 70 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants 4/8/12
-  step phase_kernels 60 python3 benchmarks/spec_phase_bench.py --target default --draft default \
-    --batch-sizes 1 --shapes 4,8,12 --hot full --modes graphed --iters 30 --kernels \
-    --out "$OUT/phase_kernels.json"
-fi
-if [ "$stage" = attn ]; then  # attention tile rows A/B, one process
-  step attn_tiles 150 python3 benchmarks/spec_phase_bench.py --target default --draft default \
-    --batch-sizes 1,8 --shapes 4,8,12 6,10,32 --hot full --modes graphed,graphed-m16,graphed-m32 --iters 50 \
-    --out "$OUT/attn_tiles.json"
-fi
-if [ "$stage" = hf8b ]; then  # first call of a chain: 8B decode at batch 1 beside transformers
-  step decode_8b_hf1 200 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
-    --batch-sizes 1 --context 512 --tokens 32 --vs-hf --out "$OUT/decode_8b_hf1.json"
-fi
-if [ "$stage" = final5 ]; then  # second call: attention tile A/B, batch 32, transformers beside
-  step sweep_b1 110 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
-    4/8/12:profile 6/10/32
-  HOTSPEC_ATTN_BLOCK_M=16 step sweep_b1_m16 110 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 \
-    --out "$OUT/sweep_b1_m16.json" --variants 4/8/12:profile 6/10/32
-  step sweep_b32 90 "${SWEEP[@]}" --batch-size 32 --num-prompts 128 --out "$OUT/sweep_b32.json" \
-    --variants 4/8/12 4/1/5
-  step bench_hf 120 python3 -m hotspec bench --speculative-algorithm EAGLE3 --speculative-num-steps 4 \
-    --speculative-eagle-topk 8 --speculative-num-draft-tokens 12 --prompts .data/spec_bench_dev.jsonl \
-    --max-tokens 256 --batch-size 1 --num-prompts 26 --vs-hf --no-profile-pass --out "$OUT/bench_hf"
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
@@ -398,18 +172,6 @@ fi
 # issue 6: the default head. Full-vocabulary EAGLE-3 head trained in /root/heads/full (kept on the
 # machine for the next stage while it stays warm), pruned to the 8,192 most frequent tokens, and
 # sent back as head.tar split in 15 MB parts (cat head.tar.part-* > head.tar).
-# Session 6's head: twice the data (two sampled responses per ShareGPT prompt), trained on a
-# 16,384-token draft vocabulary (the LM head is most of a step) and pruned to the shipped 8,192.
-if [ "$stage" = spec6 ] || [ "$stage" = train6 ]; then
-  export NUM_PROMPTS=13154 EPOCHS=${EPOCHS:-4} BATCH=32 SEQS=256 KV_GB=16 DRAFT_VOCAB=16384 TOKEN_MAPS=8192
-  export TRAIN_EXTRA="--responses-per-prompt 2 --temperature 0.7"
-fi
-# Next: a wider head (session 6 found more data alone does not help): the shipped head's greedy
-# data, an MLP of INTER (default 3072, twice the target's 1536; ~25 MB once pruned to 8k).
-if [ "$stage" = trainwide ]; then
-  export NUM_PROMPTS=13154 EPOCHS=${EPOCHS:-6} BATCH=32 SEQS=256 KV_GB=16 DRAFT_VOCAB=16384 TOKEN_MAPS=8192
-  export TRAIN_EXTRA="--intermediate-size ${INTER:-3072}"
-fi
 HEADS=/root/heads
 # FRESH=1 drops an earlier run on this warm machine (a head of other settings).
 [ "${FRESH:-0}" = 1 ] && rm -rf $HEADS/full $HEADS/shipped
@@ -417,14 +179,7 @@ TRAIN_ARGS=(--out $HEADS/full --arch eagle3 --draft-vocab ${DRAFT_VOCAB:-49152} 
   --prompts .data/sharegpt_prompts.jsonl --num-prompts ${NUM_PROMPTS:-4000} --eval-prompts 16
   --max-new-tokens 256 --epochs ${EPOCHS:-3} --batch-size ${BATCH:-16} --lr ${LR:-3e-4} --device cuda
   --max-num-seqs ${SEQS:-128} --kv-cache-memory-gb ${KV_GB:-8} --save-every 100 --no-progress ${TRAIN_EXTRA:-})
-if [ "$stage" = spec6 ]; then  # second call of a chain: engine tests, phase kernels, then training
-  step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
-  step phase_kernels 60 python3 benchmarks/spec_phase_bench.py --target default --draft default \
-    --batch-sizes 1 --shapes 4,8,12 --hot full --modes graphed --iters 30 --kernels \
-    --out "$OUT/phase_kernels.json"
-fi
-if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec6 ] || [ "$stage" = train6 ] ||
-   [ "$stage" = trainwide ]; then
+if [ "$stage" = train ] || [ "$stage" = retrain ]; then
   mkdir -p $HEADS
   # A run already under $HEADS/full (an earlier call of this warm machine) is continued: the data
   # shards and the checkpoint are resumable, so repeat the stage until the head is written.
@@ -432,8 +187,7 @@ if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec6 ] || [ "
   [ -f $HEADS/full/model.safetensors ] || step train ${TRAIN_S:-540} python3 -m hotspec train-draft \
     "${TRAIN_ARGS[@]}" "${RESUME[@]}"
 fi
-if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec ] || [ "$stage" = train6 ] ||
-   [ "$stage" = trainwide ]; then
+if [ "$stage" = train ] || [ "$stage" = retrain ] || [ "$stage" = spec ]; then
   if [ -f $HEADS/full/model.safetensors ] && [ ! -f $HEADS/shipped/model.safetensors ]; then
     python3 -m hotspec prune-draft $HEADS/full --token-map $HEADS/full/freq_8192.pt --out $HEADS/shipped
     (cd $HEADS && cp full/train_report.json full/loss.png full/freq_*.pt shipped/ 2>/dev/null;
@@ -445,13 +199,6 @@ if [ "$stage" = train ] && [ -f $HEADS/shipped/model.safetensors ]; then  # issu
   OUT="$OUT" SPEC_ARGS="--speculative-algorithm EAGLE3 --speculative-draft-model-path $HEADS/shipped \
 --speculative-num-steps 6 --speculative-eagle-topk 8 --speculative-num-draft-tokens 16" \
     step serve_sweep 170 bash scripts/serve_sweep.sh
-fi
-if { [ "$stage" = train6 ] || [ "$stage" = trainwide ]; } && [ -f $HEADS/shipped/model.safetensors ]; then
-  # the new head beside the shipped one
-  step sweep_b1 170 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
-    4/8/12:profile 4/8/12:draft=$HEADS/shipped 6/10/32 6/10/32:draft=$HEADS/shipped
-  step sweep_b8 80 "${SWEEP[@]}" --batch-size 8 --num-prompts 104 --out "$OUT/sweep_b8.json" --variants \
-    4/8/12 4/8/12:draft=$HEADS/shipped
 fi
 if [ "$stage" = retrain ]; then  # quick end-to-end figures with the new head
   SPEC=(--speculative-algorithm EAGLE3 --speculative-draft-model-path $HEADS/shipped
@@ -513,7 +260,7 @@ fi
 
 echo; echo "================ summary ================"
 cat "$OUT/status.txt"
-for f in "$OUT"/decode_*.log "$OUT"/d8_*.log "$OUT"/ds_*.log; do
+for f in "$OUT"/decode_*.log "$OUT"/smol_*.log; do
   [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs transformers|kernels per (step|replay)" "$f" |
     sed "s|^|$(basename "$f" .log): |"
 done

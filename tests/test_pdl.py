@@ -126,3 +126,26 @@ def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
     assert pdl.prefetch_cols(weight(6144, 4096)) == 0  # 8B qkv, 50.3 MB
     monkeypatch.setattr(pdl, "_prefetch_override", lambda: 512)
     assert pdl.prefetch_cols(weight(4096, 4096)) == 512
+
+
+def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
+    """fused.describe, logged at start-up beside the CUDA-graph table: an A/B switch left set, or
+    no PDL on an older GPU, shows there rather than only as a slower step."""
+    from hotspec.layers import fused
+
+    assert fused.describe(torch.device("cpu")) == "torch layer code (not CUDA)"
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(fused, "_available", lambda: True)
+    monkeypatch.setattr(pdl, "enabled", lambda device: True)
+    monkeypatch.setattr(pdl, "_all_switch", lambda: "auto")
+    line = fused.describe(dev)
+    assert "Triton GEMV" in line and "norm folded into the GEMV" in line
+    assert "in steps of more than one row" in line
+    monkeypatch.setattr(fused, "_norm_gemv_allowed", lambda: False)
+    monkeypatch.setattr(pdl, "_all_switch", lambda: "0")
+    line = fused.describe(dev)
+    assert "HOTSPEC_NORM_GEMV=0" in line and "HOTSPEC_PDL_ALL=0" in line
+    monkeypatch.setattr(pdl, "enabled", lambda device: False)
+    assert "no PDL" in fused.describe(dev)
+    monkeypatch.setattr(fused, "_available", lambda: False)
+    assert fused.describe(dev).startswith("torch layer code")

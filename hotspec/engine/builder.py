@@ -14,6 +14,7 @@ from hotspec.config import ConfigError, EngineConfig
 from hotspec.engine.block_allocator import BlockAllocator
 from hotspec.engine.kv_pool import KVPool
 from hotspec.engine.request import Request
+from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.attention.torch_ref import TorchRefBackend
 from hotspec.models.draft_head import DraftHead
@@ -154,6 +155,7 @@ class EngineBuilder:
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
             log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())
+            log.info("layer kernels: %s", fused.describe(self.device))
         if self._overlap():
             log.info("overlap schedule: step N+1 is launched before step N is read%s",
                      "" if self.cfg.overlap_schedule else " (the default with CUDA graphs; "

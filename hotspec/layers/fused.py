@@ -43,6 +43,24 @@ def enabled(x: torch.Tensor, *params: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params)))
 
 
+def describe(device: torch.device) -> str:
+    """One line for the start-up log: which layer-kernel paths run on `device` and the switch that
+    turns each off, so an A/B run or a missing Triton shows at start-up, not only in a profile."""
+    if device.type != "cuda":
+        return "torch layer code (not CUDA)"
+    if not _available():
+        return "torch layer code (fused Triton kernels unavailable or HOTSPEC_FUSED_KERNELS=0)"
+    from hotspec.layers import pdl
+
+    return "; ".join([
+        "fused Triton norms and RoPE",
+        "Triton GEMV where faster than cuBLAS" if _gemv_allowed() else "cuBLAS only (HOTSPEC_GEMV=0)",
+        "norm folded into the GEMV at one row" if _norm_gemv_allowed()
+        else "no norm-GEMV (HOTSPEC_NORM_GEMV=0)",
+        pdl.describe(device),
+    ])
+
+
 def _on_device(x: torch.Tensor) -> bool:
     return x.is_cuda
 

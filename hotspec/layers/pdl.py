@@ -98,6 +98,15 @@ def launch_kwargs(device: torch.device, rows: int) -> dict[str, bool]:
     return {"launch_pdl": True} if chained(device, rows) else {}
 
 
+def describe(device: torch.device) -> str:
+    """Which kernels on `device` are PDL-launched, for the start-up log."""
+    if not enabled(device):
+        return "no PDL (Hopper or later only; HOTSPEC_PDL=0 turns it off)"
+    return "PDL for the GEMVs " + {"auto": "and, in steps of more than one row, the other kernels",
+                                   "1": "and every other kernel (HOTSPEC_PDL_ALL=1)",
+                                   "0": "only (HOTSPEC_PDL_ALL=0)"}[_all_switch()]
+
+
 @functools.cache
 def _all_switch() -> str:
     v = os.environ.get("HOTSPEC_PDL_ALL", "auto")
