@@ -12,12 +12,18 @@
 #   s10a       session 9's first call of a chain (carries .whl .models/p1): kernel tests (PDL,
 #              fused, GEMV, attention), 8B decode at batch 1/8 with the PDL row rule (the
 #              default), never (HOTSPEC_PDL_ALL=0) and always (=1) (~3 min)
+#   s11a       next session's first call of a chain (carries .whl .models/p1): kernel tests (L2
+#              prefetch, PDL, GEMV), 8B decode at batch 1/8 without and with the o_proj L2
+#              prefetch (HOTSPEC_L2_PREFETCH=1; also at half of o_proj and at 0.9 of L2),
+#              alternated (~4 min)
 #   s10c       no carry: batch-1 decode with the row rule and with HOTSPEC_PDL_ALL=0, alternated,
 #              SmolLM2 shape twice each, then the 8B shape (~2.5 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   s10b       session 9's second call: PDL engine tests, SmolLM2 decode (row rule / never /
 #              always) and spec_sweep at batch 1 and 8 (row rule / never) (~5 min)
+#   s11b       the second call: L2-prefetch and PDL engine tests, SmolLM2 decode and spec_sweep
+#              at batch 1 and 8 without and with HOTSPEC_L2_PREFETCH=1 (~5 min)
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
 #              DRAFT_VOCAB, TOKEN_MAPS, KV_GB, TRAIN_S; TRAIN_EXTRA adds options, e.g.
 #              "--responses-per-prompt 2 --temperature 0.7" or "--intermediate-size 3072"),
@@ -108,6 +114,33 @@ if [ "$stage" = trainstep ] || [ "$stage" = stash ]; then  # train-draft step co
 fi
 SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl
   --max-tokens 256)
+if [ "$stage" = s11a ]; then  # first call of a chain (carries .whl .models/p1)
+  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_l2_prefetch.py tests/test_pdl.py \
+    tests/test_gemv.py -k "not engine"
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1,8)
+  for i in 1 2; do
+    step "decode_8b_off_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_off_$i.json"
+    HOTSPEC_L2_PREFETCH=1 step "decode_8b_l2_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_l2_$i.json"
+  done
+  HOTSPEC_L2_PREFETCH=1 HOTSPEC_L2_PREFETCH_FRACTION=0.33 step decode_8b_l2_half 60 "${D8[@]}" \
+    --out "$OUT/decode_8b_l2_half.json"
+  HOTSPEC_L2_PREFETCH=1 HOTSPEC_L2_PREFETCH_FRACTION=0.9 step decode_8b_l2_09 60 "${D8[@]}" \
+    --out "$OUT/decode_8b_l2_09.json"
+fi
+if [ "$stage" = s11b ]; then  # second call, at once (carries .models/p2 and the prompts)
+  step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_l2_prefetch.py tests/test_pdl.py -k engine -x
+  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
+    --tokens 64 --batch-sizes 1,8)
+  step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
+  HOTSPEC_L2_PREFETCH=1 step decode_smol_l2 45 "${DS[@]}" --out "$OUT/decode_smol_l2.json"
+  B1=(--batch-size 1 --num-prompts 26 --variants 4/8/12 3/1/4)
+  step sweep_b1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1.json"
+  HOTSPEC_L2_PREFETCH=1 step sweep_b1_l2 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_l2.json"
+  B8=(--batch-size 8 --num-prompts 104 --variants 4/8/12)
+  step sweep_b8 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8.json"
+  HOTSPEC_L2_PREFETCH=1 step sweep_b8_l2 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8_l2.json"
+fi
 if [ "$stage" = s10a ]; then  # first call of a chain (carries .whl .models/p1)
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_fused_kernels.py \
     tests/test_gemv.py tests/test_triton_attention.py -k "not engine"

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hotspec.engine.kv_pool import KVPool
-from hotspec.layers import fused
+from hotspec.layers import fused, l2_prefetch
 from hotspec.layers.attention.base import AttentionBackend, store_kv
 from hotspec.layers.linear import linear, merge_linears, norm_linear, silu_mul_linear
 from hotspec.layers.norm import RMSNorm
@@ -75,6 +75,8 @@ class Attention(nn.Module):
                rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend) -> torch.Tensor:
         """Everything after the projection: q/k norms, RoPE, the KV store, attention, o_proj."""
         t = q.shape[0]
+        # o_proj's weight streams into L2 while the latency-bound kernels below run (off by default)
+        prefetch = l2_prefetch.fork(self.o_proj.weight, t)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
@@ -86,6 +88,7 @@ class Attention(nn.Module):
             q, k = rope(fb.positions, q, k)
             store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
         o = backend.forward(fb, q, k_cache, v_cache, self.scale)
+        l2_prefetch.join(prefetch)
         return linear(self.o_proj, o.reshape(t, -1))
 
 
