@@ -71,7 +71,7 @@ def fork(w: torch.Tensor, rows: int) -> Branch | None:
 def join(branch: Branch | None) -> None:
     """Order what the current stream queues next after the forked prefetch (a no-op for None)."""
     if branch is not None:
-        torch.cuda.current_stream().wait_stream(branch.stream)
+        torch.cuda.current_stream(branch.stream.device).wait_stream(branch.stream)
 
 
 def prefetch(w: torch.Tensor) -> None:
