@@ -14,8 +14,8 @@
 #              default), never (HOTSPEC_PDL_ALL=0) and always (=1) (~3 min)
 #   s11a       next session's first call of a chain (carries .whl .models/p1): kernel tests (L2
 #              prefetch, PDL, GEMV), 8B decode at batch 1/8 without and with the o_proj L2
-#              prefetch (HOTSPEC_L2_PREFETCH=1; also at half of o_proj and at 0.9 of L2),
-#              alternated (~4 min)
+#              prefetch (HOTSPEC_L2_PREFETCH=1, alternated; then with the budget at 0.33 of L2, half
+#              of o_proj, and at 0.9, o_proj and 11.5 MB of gate_up) (~4 min)
 #   s10c       no carry: batch-1 decode with the row rule and with HOTSPEC_PDL_ALL=0, alternated,
 #              SmolLM2 shape twice each, then the 8B shape (~2.5 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):

@@ -32,13 +32,28 @@ def test_applies_to_contiguous_2_byte_cuda_weights_of_few_row_steps(monkeypatch)
     monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setattr(l2_prefetch, "switched_on", lambda: False)
     assert not l2_prefetch.enabled(_weight(), 1), "off by default"
-    assert l2_prefetch.fork(torch.zeros(4, 4, dtype=torch.bfloat16), 1) is None
+    assert l2_prefetch.fork([torch.zeros(4, 4, dtype=torch.bfloat16)], 1) is None
     l2_prefetch.join(None)
 
 
+def test_plan_fills_the_budget_in_order():
+    """o_proj whole, then the start of gate_up up to the budget (8B shapes, 0.7 of a 50 MB L2),
+    and nothing past the first weight that does not fit."""
+    o = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+    gate_up = torch.empty(28672, 4096, dtype=torch.bfloat16, device="meta")
+    down = torch.empty(4096, 14336, dtype=torch.bfloat16, device="meta")
+    budget = int(0.7 * (50 << 20))
+    todo = l2_prefetch.plan([o, gate_up, down], budget)
+    assert [w for w, _ in todo] == [o, gate_up]
+    assert todo[0][1] * 128 == 4096 * 4096 * 2, "o_proj whole"
+    assert todo[1][1] == (budget - 4096 * 4096 * 2) // 128, "gate_up up to the budget"
+    assert l2_prefetch.plan([o], 100) == [], "less than a line: nothing"
+
+
 def test_attention_forks_the_o_proj_prefetch_before_rope_and_joins_before_o_proj(monkeypatch):
-    """The order that makes it pay: the fork comes before RoPE/KV store and attention (the
-    latency-bound window), the join right before the o_proj projection reads the weight."""
+    """The order that makes it pay: the fork (o_proj's weight, then the MLP's) comes before
+    RoPE/KV store and attention (the latency-bound window), the join right before the o_proj
+    projection reads the weight."""
     from hotspec.models import llama
     from hotspec.models.config import ModelConfig
 
@@ -47,7 +62,7 @@ def test_attention_forks_the_o_proj_prefetch_before_rope_and_joins_before_o_proj
     attn = llama.Attention(cfg, 0)
     events: list[tuple] = []
     token = object()
-    monkeypatch.setattr(l2_prefetch, "fork", lambda w, rows: events.append(("fork", w, rows)) or token)
+    monkeypatch.setattr(l2_prefetch, "fork", lambda ws, rows: events.append(("fork", ws, rows)) or token)
     monkeypatch.setattr(l2_prefetch, "join", lambda b: events.append(("join", b)))
     real_linear = llama.linear
     monkeypatch.setattr(llama, "linear", lambda lin, x: events.append(("linear", lin)) or real_linear(lin, x))
@@ -66,11 +81,13 @@ def test_attention_forks_the_o_proj_prefetch_before_rope_and_joins_before_o_proj
     q, k, v = torch.randn(t, 4, 8), torch.randn(t, 2, 8), torch.randn(t, 2, 8)
     kv = SimpleNamespace(k=[torch.zeros(16, 2, 8)], v=[torch.zeros(16, 2, 8)])
     fb = SimpleNamespace(positions=torch.arange(t), out_cache_loc=torch.arange(t))
-    out = attn.attend(q, k, v, fb, Rope(), kv, Backend())
+    gate_up = torch.zeros(128, 32)
+    out = attn.attend(q, k, v, fb, Rope(), kv, Backend(), then=(gate_up,))
     assert out.shape == (t, 32)
     names = [e[0] for e in events]
     assert names == ["fork", "rope", "attention", "join", "linear"]
-    assert events[0][1] is attn.o_proj.weight and events[0][2] == t
+    weights = events[0][1]
+    assert weights[0] is attn.o_proj.weight and weights[1] is gate_up and events[0][2] == t
     assert events[3][1] is token and events[4][1] is attn.o_proj
 
 
@@ -87,7 +104,7 @@ def test_gemv_after_a_forked_prefetch_equals_plain_eagerly_and_in_a_cuda_graph(m
     ref = gemv(x, w, config=choose(1, 4096, 4096))
 
     def step():
-        branch = l2_prefetch.fork(w, 1)
+        branch = l2_prefetch.fork([w], 1)
         assert branch is not None
         h = x * 1  # work on the main stream meanwhile
         l2_prefetch.join(branch)
@@ -122,3 +139,26 @@ def test_engine_bf16_tokens_equal_with_the_prefetch(monkeypatch, algo):
         return [o.token_ids for o in llm.generate(prompts, params)]
 
     assert run(True) == run(False)
+
+
+def test_engine_layers_prefetch_o_proj_then_gate_up(tmp_path, monkeypatch):
+    """Through the engine (fused projections), every layer's fork names its o_proj weight, then
+    its MLP's gate_up weight, with the step's row count; the tokens do not change."""
+    from engine_utils import save_tiny_llama
+
+    from hotspec import LLM, SamplingParams
+
+    path = save_tiny_llama(tmp_path / "tiny", vocab=96, hidden=64, layers=2, std=0.2)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    kw = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, max_num_seqs=2)
+    ref = [o.token_ids for o in LLM(str(path), **kw).generate(prompt_token_ids=[[1, 5, 9], [4, 2]],
+                                                               sampling_params=params)]
+    calls: list[tuple] = []
+    monkeypatch.setattr(l2_prefetch, "fork", lambda ws, rows: calls.append((ws, rows)))
+    llm = LLM(str(path), **kw)
+    out = [o.token_ids for o in llm.generate(prompt_token_ids=[[1, 5, 9], [4, 2]], sampling_params=params)]
+    assert out == ref
+    layers = llm.engine.target.model.layers
+    pairs = {(id(layer.self_attn.o_proj.weight), id(layer.mlp.gate_up_proj.weight)) for layer in layers}
+    assert {(id(ws[0]), id(ws[1])) for ws, _ in calls} == pairs
+    assert {rows for _, rows in calls} == {5, 2}, "the prefill's 3 + 2 rows, then decode steps of 2"

@@ -1,12 +1,14 @@
-"""Pull a weight into L2 on a side stream while latency-bound kernels run (HOTSPEC_L2_PREFETCH=1;
-an A/B switch, off until the H200 measures it).
+"""Pull the next weights into L2 on a side stream while latency-bound kernels run
+(HOTSPEC_L2_PREFETCH=1; an A/B switch, off until the H200 measures it).
 
 At batch-1 decode of the 8B shape, RoPE/KV store, attention and its split combine take about
-10 us per layer and read about 2 MB (RESULTS "Session 9"): HBM idles while they run. The o_proj
-weight read right after them (33.5 MB) fits in the H200's 50 MB L2. So `Attention.attend` forks a
-prefetch of its o_proj weight onto a side stream before RoPE (`fork`) and joins it before the
-o_proj GEMV (`join`), which then reads from L2. In a CUDA graph the fork and join are captured as a
-parallel branch of the step.
+10 us per layer and read about 2 MB (RESULTS "Session 9"): HBM idles while they run, long enough
+to stream ~40 MB. The o_proj weight read right after them (33.5 MB) fits in the H200's 50 MB L2.
+So `Attention.attend` forks a prefetch of its o_proj weight, then of the start of the MLP's
+gate_up weight while the budget lasts (HOTSPEC_L2_PREFETCH_FRACTION of L2, default 0.7: o_proj
+alone on the H200), onto a side stream before RoPE (`fork`), and joins it before the o_proj GEMV
+(`join`), which then reads from L2; so do the gate_up programs whose rows were prefetched. In a
+CUDA graph the fork and join are captured as a parallel branch of the step.
 
 Session 9's PDL attempt at the same window (`HOTSPEC_PDL_PREFETCH_L2=0.7`: the o_proj GEMV
 prefetching its own weight) gained nothing, because a PDL-launched GEMV only starts once the
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,15 +59,20 @@ def enabled(w: torch.Tensor, rows: int) -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
-def fork(w: torch.Tensor, rows: int) -> Branch | None:
-    """Start pulling (the first L2 fraction of) `w` into L2 on a side stream, after what the
-    current stream has queued so far; None (nothing done) where `enabled` says no."""
-    if not enabled(w, rows):
+def fork(weights: Sequence[torch.Tensor], rows: int) -> Branch | None:
+    """Start pulling `weights` into L2, in order, until the L2 fraction is used up, on a side
+    stream after what the current stream has queued so far; None (nothing done) where `enabled`
+    says no for the first weight (the others are skipped where it says no for them)."""
+    if not weights or not enabled(weights[0], rows):
         return None
-    side = _side_stream(w.device)
-    side.wait_stream(torch.cuda.current_stream(w.device))
+    device = weights[0].device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    todo = plan([w for w in weights if enabled(w, rows)], int(_l2_fraction() * _l2_bytes(index)))
+    side = _side_stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
-        prefetch(w)
+        for w, lines in todo:
+            prefetch(w, lines)
     return Branch(side)
 
 
@@ -74,16 +82,24 @@ def join(branch: Branch | None) -> None:
         torch.cuda.current_stream(branch.stream.device).wait_stream(branch.stream)
 
 
-def prefetch(w: torch.Tensor) -> None:
-    """Issue an L2 prefetch (evict-last) for every 128-byte line of contiguous `w`, up to the
-    L2 fraction, on the current stream; reads nothing back, writes nothing."""
+def plan(weights: Sequence[torch.Tensor], budget: int) -> list[tuple[torch.Tensor, int]]:
+    """(weight, 128-byte lines from its start) to prefetch: the weights in order, whole while the
+    `budget` bytes last, the first one that does not fit in part, none after it."""
+    todo = []
+    for w in weights:
+        lines = min(w.numel() * w.element_size(), budget) // _LINE
+        if lines <= 0:
+            break
+        todo.append((w, lines))
+        budget -= lines * _LINE
+    return todo
+
+
+def prefetch(w: torch.Tensor, lines: int) -> None:
+    """Issue an L2 prefetch (evict-last) for the first `lines` 128-byte lines of contiguous `w`,
+    on the current stream; reads nothing back, writes nothing."""
     if not w.is_contiguous():
         raise ValueError("l2_prefetch: contiguous weights only")
-    index = w.device.index if w.device.index is not None else torch.cuda.current_device()
-    budget = int(_l2_fraction() * _l2_bytes(index))
-    lines = min(w.numel() * w.element_size(), budget) // _LINE
-    if lines <= 0:
-        return
     grid = (min(_MAX_PROGRAMS, triton.cdiv(lines, _LINES)),)
     _prefetch_kernel[grid](w, lines, STRIDE=_LINE // w.element_size(), LINES=_LINES, num_warps=4)
 
