@@ -13,7 +13,8 @@
 #              fused, GEMV, attention), 8B decode at batch 1/8 with the PDL row rule (the
 #              default), never (HOTSPEC_PDL_ALL=0) and always (=1) (~3 min)
 #   s11a       next session's first call of a chain (carries .whl .models/p1): kernel tests (L2
-#              prefetch, PDL, GEMV), 8B decode at batch 1/8 without and with the o_proj L2
+#              prefetch, PDL, GEMV), benchmarks/l2_prefetch_bench.py (does a prefetched GEMV read
+#              from L2?), 8B decode at batch 1/8 without and with the o_proj L2
 #              prefetch (HOTSPEC_L2_PREFETCH=1, alternated; then with the budget at 0.33 of L2, half
 #              of o_proj, and at 0.9, o_proj and 11.5 MB of gate_up) (~4 min)
 #   s10c       no carry: batch-1 decode with the row rule and with HOTSPEC_PDL_ALL=0, alternated,
@@ -117,6 +118,7 @@ SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts
 if [ "$stage" = s11a ]; then  # first call of a chain (carries .whl .models/p1)
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_l2_prefetch.py tests/test_pdl.py \
     tests/test_gemv.py -k "not engine"
+  step l2_bench 120 python3 benchmarks/l2_prefetch_bench.py --out "$OUT/l2_bench.json"
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
     --batch-sizes 1,8)
   for i in 1 2; do
@@ -301,7 +303,7 @@ for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep 
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log
 [ -f "$OUT/attn_bench.log" ] && tail -n 14 "$OUT/attn_bench.log"
-for f in "$OUT"/host_*.log "$OUT"/phase_kernels*.log "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
+for f in "$OUT"/l2_bench.log "$OUT"/host_*.log "$OUT"/phase_kernels*.log "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f")"; tail -n 14 "$f"; }
 done
 # The device tool returns at most 8 files: everything but the head parts goes into one archive.

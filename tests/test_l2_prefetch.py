@@ -162,3 +162,18 @@ def test_engine_layers_prefetch_o_proj_then_gate_up(tmp_path, monkeypatch):
     pairs = {(id(layer.self_attn.o_proj.weight), id(layer.mlp.gate_up_proj.weight)) for layer in layers}
     assert {(id(ws[0]), id(ws[1])) for ws, _ in calls} == pairs
     assert {rows for _, rows in calls} == {5, 2}, "the prefill's 3 + 2 rows, then decode steps of 2"
+
+
+def test_bench_script_says_it_needs_a_gpu():
+    """benchmarks/l2_prefetch_bench.py measures the mechanism on the GPU; on the CPU it stops with
+    a clear message (the prefetch is inline PTX, which the interpreter does not run)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "l2_prefetch_bench.py")],
+                         capture_output=True, text=True, timeout=120, cwd=root,
+                         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr

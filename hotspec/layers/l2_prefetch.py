@@ -44,7 +44,7 @@ def switched_on() -> bool:
 
 
 @functools.cache
-def _l2_fraction() -> float:
+def budget_fraction() -> float:
     # the share of L2 a prefetch may fill (HOTSPEC_L2_PREFETCH_FRACTION; 0.7 holds the 8B o_proj)
     return float(os.environ.get("HOTSPEC_L2_PREFETCH_FRACTION", "0.7"))
 
@@ -67,7 +67,7 @@ def fork(weights: Sequence[torch.Tensor], rows: int) -> Branch | None:
         return None
     device = weights[0].device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    todo = plan([w for w in weights if enabled(w, rows)], int(_l2_fraction() * _l2_bytes(index)))
+    todo = plan([w for w in weights if enabled(w, rows)], int(budget_fraction() * _l2_bytes(index)))
     side = _side_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
