@@ -5,10 +5,11 @@ At batch-1 decode of the 8B shape, RoPE/KV store, attention and its split combin
 10 us per layer and read about 2 MB (RESULTS "Session 9"): HBM idles while they run, long enough
 to stream ~40 MB. The o_proj weight read right after them (33.5 MB) fits in the H200's 50 MB L2.
 So `Attention.attend` forks a prefetch of its o_proj weight, then of the start of the MLP's
-gate_up weight while the budget lasts (HOTSPEC_L2_PREFETCH_FRACTION of L2, default 0.7: o_proj
-alone on the H200), onto a side stream before RoPE (`fork`), and joins it before the o_proj GEMV
-(`join`), which then reads from L2; so do the gate_up programs whose rows were prefetched. In a
-CUDA graph the fork and join are captured as a parallel branch of the step.
+gate_up weight while the budget lasts (HOTSPEC_L2_PREFETCH_FRACTION of L2; the default 0.7 is
+o_proj and 1.5 MB of gate_up on the H200), onto a side stream before RoPE (`fork`), and joins
+it before the o_proj GEMV (`join`), which then reads from L2; so do the gate_up programs whose
+rows were prefetched. In a CUDA graph the fork and join are captured as a parallel branch of the
+step.
 
 Session 9's PDL attempt at the same window (`HOTSPEC_PDL_PREFETCH_L2=0.7`: the o_proj GEMV
 prefetching its own weight) gained nothing, because a PDL-launched GEMV only starts once the
