@@ -36,6 +36,17 @@ def test_applies_to_contiguous_2_byte_cuda_weights_of_few_row_steps(monkeypatch)
     l2_prefetch.join(None)
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "1.5"])
+def test_a_bad_budget_is_an_error_that_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("HOTSPEC_L2_PREFETCH_FRACTION", value)
+    l2_prefetch.budget_fraction.cache_clear()
+    with pytest.raises(ValueError, match=r"HOTSPEC_L2_PREFETCH_FRACTION=.*\(0, 1\]"):
+        l2_prefetch.budget_fraction()
+    monkeypatch.delenv("HOTSPEC_L2_PREFETCH_FRACTION")
+    l2_prefetch.budget_fraction.cache_clear()
+    assert l2_prefetch.budget_fraction() == 0.7
+
+
 def test_plan_fills_the_budget_in_order():
     """o_proj whole, then the start of gate_up up to the budget (8B shapes, 0.7 of a 50 MB L2),
     and nothing past the first weight that does not fit."""

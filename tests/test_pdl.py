@@ -128,6 +128,16 @@ def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
     assert pdl.prefetch_cols(weight(4096, 4096)) == 512
 
 
+def test_a_bad_prefetch_share_is_an_error_that_names_the_variable(monkeypatch):
+    monkeypatch.setenv("HOTSPEC_PDL_PREFETCH_L2", "half")
+    pdl._prefetch_l2_fraction.cache_clear()
+    with pytest.raises(ValueError, match=r"HOTSPEC_PDL_PREFETCH_L2='half'"):
+        pdl._prefetch_l2_fraction()
+    monkeypatch.delenv("HOTSPEC_PDL_PREFETCH_L2")
+    pdl._prefetch_l2_fraction.cache_clear()
+    assert pdl._prefetch_l2_fraction() == 1 / 3
+
+
 def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     """fused.describe, logged at start-up beside the CUDA-graph table: an A/B switch left set, or
     no PDL on an older GPU, shows there rather than only as a slower step."""

@@ -46,8 +46,15 @@ def switched_on() -> bool:
 
 @functools.cache
 def budget_fraction() -> float:
-    # the share of L2 a prefetch may fill (HOTSPEC_L2_PREFETCH_FRACTION; 0.7 holds the 8B o_proj)
-    return float(os.environ.get("HOTSPEC_L2_PREFETCH_FRACTION", "0.7"))
+    """The share of L2 a fork may fill (HOTSPEC_L2_PREFETCH_FRACTION; 0.7 holds the 8B o_proj)."""
+    v = os.environ.get("HOTSPEC_L2_PREFETCH_FRACTION", "0.7")
+    try:
+        f = float(v)
+    except ValueError:
+        f = -1.0
+    if not 0 < f <= 1:
+        raise ValueError(f"HOTSPEC_L2_PREFETCH_FRACTION={v!r}: use a share of L2 in (0, 1]")
+    return f
 
 
 def enabled(w: torch.Tensor, rows: int) -> bool:

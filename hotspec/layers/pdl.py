@@ -59,7 +59,14 @@ def prefetch_cols(w: torch.Tensor) -> int:
 
 @functools.cache
 def _prefetch_l2_fraction() -> float:
-    return float(os.environ.get("HOTSPEC_PDL_PREFETCH_L2", str(1 / 3)))
+    v = os.environ.get("HOTSPEC_PDL_PREFETCH_L2", str(1 / 3))
+    try:
+        f = float(v)
+    except ValueError:
+        f = -1.0
+    if not 0 <= f <= 1:
+        raise ValueError(f"HOTSPEC_PDL_PREFETCH_L2={v!r}: use a share of L2 in [0, 1]")
+    return f
 
 
 @functools.cache
