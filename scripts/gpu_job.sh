@@ -9,20 +9,13 @@
 #              a chain, carrying .models/p1, so it does this useful work while stashing)
 #   frspec8b+hf  the FR-Spec draft phase at the 8B shape, then 8B decode at batch 1 beside
 #              transformers
-#   s10a       session 9's first call of a chain (carries .whl .models/p1): kernel tests (PDL,
-#              fused, GEMV, attention), 8B decode at batch 1/8 with the PDL row rule (the
-#              default), never (HOTSPEC_PDL_ALL=0) and always (=1) (~3 min)
 #   s11a       next session's first call of a chain (carries .whl .models/p1): kernel tests (L2
 #              prefetch, PDL, GEMV), benchmarks/l2_prefetch_bench.py (does a prefetched GEMV read
-#              from L2?), 8B decode at batch 1/8 without and with the o_proj L2
-#              prefetch (HOTSPEC_L2_PREFETCH=1, alternated; then with the budget at 0.33 of L2, half
-#              of o_proj, and at 0.9, o_proj and 11.5 MB of gate_up) (~4 min)
-#   s10c       no carry: batch-1 decode with the row rule and with HOTSPEC_PDL_ALL=0, alternated,
-#              SmolLM2 shape twice each, then the 8B shape (~2.5 min)
+#              from L2?), 8B decode at batch 1/8 without and with the o_proj L2 prefetch
+#              (HOTSPEC_L2_PREFETCH=1, alternated; then with the budget at 0.33 of L2, half of
+#              o_proj, and at 0.9, o_proj and 11.5 MB of gate_up) (~4 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
-#   s10b       session 9's second call: PDL engine tests, SmolLM2 decode (row rule / never /
-#              always) and spec_sweep at batch 1 and 8 (row rule / never) (~5 min)
 #   s11b       the second call: L2-prefetch and PDL engine tests, SmolLM2 decode and spec_sweep
 #              at batch 1 and 8 without and with HOTSPEC_L2_PREFETCH=1 (~5 min)
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
@@ -40,10 +33,10 @@
 #   servesweep the serve sweep (issue 7 b): vanilla against the shipped head (~3 min)
 #   spec2      the next call: chain, batch 8 and 32, FR-Spec full/16k (a warm `train` head only),
 #              SmolLM2 decode beside transformers
-# The one-off A/B stages of sessions 5-8 (kernels5, overlap8b, s8a ... s8f, ...) were removed in
-# session 9; RESULTS.md names the stage and commit of each figure, and `git show
-# 1ed57ce:scripts/gpu_job.sh` has them all.
-# A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. s10a or stash)
+# One-off A/B stages are removed once RESULTS.md has their figures; it names the stage and commit
+# of each figure: `git show 1ed57ce:scripts/gpu_job.sh` has sessions 5-8's (kernels5, overlap8b,
+# s8a ... s8f, ...), `git show bdefcb4:scripts/gpu_job.sh` session 9's (s10a, s10b, s10c).
+# A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. s11a or stash)
 # carrying .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying
 # .models/p2 .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
 # Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
@@ -142,41 +135,6 @@ if [ "$stage" = s11b ]; then  # second call, at once (carries .models/p2 and the
   B8=(--batch-size 8 --num-prompts 104 --variants 4/8/12)
   step sweep_b8 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8.json"
   HOTSPEC_L2_PREFETCH=1 step sweep_b8_l2 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8_l2.json"
-fi
-if [ "$stage" = s10a ]; then  # first call of a chain (carries .whl .models/p1)
-  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_fused_kernels.py \
-    tests/test_gemv.py tests/test_triton_attention.py -k "not engine"
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
-    --batch-sizes 1,8)
-  step decode_8b 90 "${D8[@]}" --out "$OUT/decode_8b.json"
-  HOTSPEC_PDL_ALL=0 step decode_8b_chain0 90 "${D8[@]}" --out "$OUT/decode_8b_chain0.json"
-  HOTSPEC_PDL_ALL=1 step decode_8b_chain1 90 "${D8[@]}" --out "$OUT/decode_8b_chain1.json"
-fi
-if [ "$stage" = s10b ]; then  # second call, at once (carries .models/p2 and the prompts)
-  step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_pdl.py -k engine -x
-  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
-    --tokens 64 --batch-sizes 1,8)
-  step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
-  HOTSPEC_PDL_ALL=0 step decode_smol_chain0 45 "${DS[@]}" --out "$OUT/decode_smol_chain0.json"
-  HOTSPEC_PDL_ALL=1 step decode_smol_chain1 45 "${DS[@]}" --out "$OUT/decode_smol_chain1.json"
-  B1=(--batch-size 1 --num-prompts 26 --variants 4/8/12 3/1/4)
-  step sweep_b1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1.json"
-  HOTSPEC_PDL_ALL=0 step sweep_b1_chain0 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_chain0.json"
-  B8=(--batch-size 8 --num-prompts 104 --variants 4/8/12)
-  step sweep_b8 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8.json"
-  HOTSPEC_PDL_ALL=0 step sweep_b8_chain0 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8_chain0.json"
-fi
-if [ "$stage" = s10c ]; then  # no carry: does the row rule change the batch-1 step? (it should not)
-  DS=(python3 benchmarks/decode_bench.py --model smollm2-shape --mode graphed --dtype bfloat16 --context 512
-    --tokens 64 --batch-sizes 1)
-  for i in 1 2; do
-    step "smol_rule_$i" 40 "${DS[@]}" --out "$OUT/smol_rule_$i.json"
-    HOTSPEC_PDL_ALL=0 step "smol_chain0_$i" 40 "${DS[@]}" --out "$OUT/smol_chain0_$i.json"
-  done
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
-    --batch-sizes 1)
-  step decode_8b_rule 50 "${D8[@]}" --out "$OUT/decode_8b_rule.json"
-  HOTSPEC_PDL_ALL=0 step decode_8b_chain0 50 "${D8[@]}" --out "$OUT/decode_8b_chain0.json"
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
