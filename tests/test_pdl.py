@@ -111,7 +111,7 @@ def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
     (a prefetch that L2 cannot hold is a second read), HOTSPEC_PDL_PREFETCH over both."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(pdl, "_l2_bytes", lambda index: 50 << 20)  # the H200's L2
+    monkeypatch.setattr(pdl, "l2_bytes", lambda index: 50 << 20)  # the H200's L2
     monkeypatch.setattr(pdl, "_prefetch_override", lambda: None)
     monkeypatch.setattr(pdl, "_prefetch_l2_fraction", lambda: 1 / 3)
 
@@ -131,7 +131,7 @@ def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
 def test_a_bad_prefetch_share_is_an_error_that_names_the_variable(monkeypatch):
     monkeypatch.setenv("HOTSPEC_PDL_PREFETCH_L2", "half")
     pdl._prefetch_l2_fraction.cache_clear()
-    with pytest.raises(ValueError, match=r"HOTSPEC_PDL_PREFETCH_L2='half'"):
+    with pytest.raises(ValueError, match=r"HOTSPEC_PDL_PREFETCH_L2='half': use a share of L2 in \[0, 1\]"):
         pdl._prefetch_l2_fraction()
     monkeypatch.delenv("HOTSPEC_PDL_PREFETCH_L2")
     pdl._prefetch_l2_fraction.cache_clear()

@@ -44,17 +44,29 @@ def switched_on() -> bool:
     return os.environ.get("HOTSPEC_L2_PREFETCH", "0") not in ("", "0")
 
 
-@functools.cache
-def budget_fraction() -> float:
-    """The share of L2 a fork may fill (HOTSPEC_L2_PREFETCH_FRACTION; 0.7 holds the 8B o_proj)."""
-    v = os.environ.get("HOTSPEC_L2_PREFETCH_FRACTION", "0.7")
+def l2_share(name: str, default: float) -> float:
+    """A share of the device's L2 from environment variable `name` (unset: `default`): a number in
+    [0, 1], else an error that names the variable."""
+    v = os.environ.get(name, str(default))
     try:
         f = float(v)
     except ValueError:
         f = -1.0
-    if not 0 < f <= 1:
-        raise ValueError(f"HOTSPEC_L2_PREFETCH_FRACTION={v!r}: use a share of L2 in (0, 1]")
+    if not 0 <= f <= 1:
+        raise ValueError(f"{name}={v!r}: use a share of L2 in [0, 1]")
     return f
+
+
+@functools.cache
+def l2_bytes(index: int) -> int:
+    """The L2 size of CUDA device `index`."""
+    return int(torch.cuda.get_device_properties(index).L2_cache_size)
+
+
+@functools.cache
+def budget_fraction() -> float:
+    """The share of L2 a fork may fill (HOTSPEC_L2_PREFETCH_FRACTION; 0.7 holds the 8B o_proj)."""
+    return l2_share("HOTSPEC_L2_PREFETCH_FRACTION", 0.7)
 
 
 def enabled(w: torch.Tensor, rows: int) -> bool:
@@ -75,7 +87,7 @@ def fork(weights: Sequence[torch.Tensor], rows: int) -> Branch | None:
         return None
     device = weights[0].device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    todo = plan([w for w in weights if enabled(w, rows)], int(budget_fraction() * _l2_bytes(index)))
+    todo = plan([w for w in weights if enabled(w, rows)], int(budget_fraction() * l2_bytes(index)))
     side = _side_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -110,11 +122,6 @@ def prefetch(w: torch.Tensor, lines: int) -> None:
         raise ValueError("l2_prefetch: contiguous weights only")
     grid = (min(_MAX_PROGRAMS, triton.cdiv(lines, _LINES)),)
     _prefetch_kernel[grid](w, lines, STRIDE=_LINE // w.element_size(), LINES=_LINES, num_warps=4)
-
-
-@functools.cache
-def _l2_bytes(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).L2_cache_size)
 
 
 @functools.cache

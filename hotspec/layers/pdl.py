@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hotspec.layers.l2_prefetch import l2_bytes, l2_share
+
 
 @functools.cache
 def _switch() -> bool:
@@ -54,24 +56,12 @@ def prefetch_cols(w: torch.Tensor) -> int:
     if w.device.type != "cuda":
         return 0
     index = w.device.index if w.device.index is not None else torch.cuda.current_device()
-    return -1 if w.numel() * w.element_size() <= _prefetch_l2_fraction() * _l2_bytes(index) else 0
+    return -1 if w.numel() * w.element_size() <= _prefetch_l2_fraction() * l2_bytes(index) else 0
 
 
 @functools.cache
 def _prefetch_l2_fraction() -> float:
-    v = os.environ.get("HOTSPEC_PDL_PREFETCH_L2", str(1 / 3))
-    try:
-        f = float(v)
-    except ValueError:
-        f = -1.0
-    if not 0 <= f <= 1:
-        raise ValueError(f"HOTSPEC_PDL_PREFETCH_L2={v!r}: use a share of L2 in [0, 1]")
-    return f
-
-
-@functools.cache
-def _l2_bytes(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).L2_cache_size)
+    return l2_share("HOTSPEC_PDL_PREFETCH_L2", 1 / 3)
 
 
 @functools.cache
