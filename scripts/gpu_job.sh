@@ -9,15 +9,13 @@
 #              a chain, carrying .models/p1, so it does this useful work while stashing)
 #   frspec8b+hf  the FR-Spec draft phase at the 8B shape, then 8B decode at batch 1 beside
 #              transformers
-#   s11a       next session's first call of a chain (carries .whl .models/p1): kernel tests (L2
-#              prefetch, PDL, GEMV), benchmarks/l2_prefetch_bench.py (does a prefetched GEMV read
-#              from L2?), 8B decode at batch 1/8 without and with the o_proj L2 prefetch
-#              (HOTSPEC_L2_PREFETCH=1, alternated; then with the budget at 0.33 of L2, half of
-#              o_proj, and at 0.9, o_proj and 11.5 MB of gate_up) (~4 min)
+#   s12a       next session's first call of a chain (carries .whl .models/p1): PDL and GEMV
+#              kernel tests (the register preload at the 8B shapes), 8B decode at batch 1/8 with
+#              HOTSPEC_PDL_PRELOAD=0/1/2 alternated twice, then PDL_ALL=1 without and with it (~4 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
-#   s11b       the second call: L2-prefetch and PDL engine tests, SmolLM2 decode and spec_sweep
-#              at batch 1 and 8 without and with HOTSPEC_L2_PREFETCH=1 (~5 min)
+#   s12b       the second call: PDL engine tests (preload included), SmolLM2 decode and spec_sweep
+#              at batch 1 without and with HOTSPEC_PDL_PRELOAD=2 (~4 min)
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
 #              DRAFT_VOCAB, TOKEN_MAPS, KV_GB, TRAIN_S; TRAIN_EXTRA adds options, e.g.
 #              "--responses-per-prompt 2 --temperature 0.7" or "--intermediate-size 3072"),
@@ -36,7 +34,7 @@
 # One-off A/B stages are removed once RESULTS.md has their figures; it names the stage and commit
 # of each figure: `git show 1ed57ce:scripts/gpu_job.sh` has sessions 5-8's (kernels5, overlap8b,
 # s8a ... s8f, ...), `git show bdefcb4:scripts/gpu_job.sh` session 9's (s10a, s10b, s10c).
-# A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. s11a or stash)
+# A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. s12a or stash)
 # carrying .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying
 # .models/p2 .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
 # Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
@@ -108,36 +106,45 @@ if [ "$stage" = trainstep ] || [ "$stage" = stash ]; then  # train-draft step co
 fi
 SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl
   --max-tokens 256)
-if [ "$stage" = s11a ]; then  # first call of a chain (carries .whl .models/p1)
-  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_l2_prefetch.py tests/test_pdl.py \
-    tests/test_gemv.py -k "not engine"
-  step l2_bench 120 python3 benchmarks/l2_prefetch_bench.py --out "$OUT/l2_bench.json"
+if [ "$stage" = s12a ]; then  # first call of a chain (carries .whl .models/p1)
+  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_gemv.py -k "not engine"
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
     --batch-sizes 1,8)
   for i in 1 2; do
     step "decode_8b_off_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_off_$i.json"
-    HOTSPEC_L2_PREFETCH=1 step "decode_8b_l2_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_l2_$i.json"
+    HOTSPEC_PDL_PRELOAD=1 step "decode_8b_pre1_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre1_$i.json"
+    HOTSPEC_PDL_PRELOAD=2 step "decode_8b_pre2_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre2_$i.json"
   done
-  HOTSPEC_L2_PREFETCH=1 HOTSPEC_L2_PREFETCH_FRACTION=0.33 step decode_8b_l2_half 60 "${D8[@]}" \
-    --out "$OUT/decode_8b_l2_half.json"
-  HOTSPEC_L2_PREFETCH=1 HOTSPEC_L2_PREFETCH_FRACTION=0.9 step decode_8b_l2_09 60 "${D8[@]}" \
-    --out "$OUT/decode_8b_l2_09.json"
+  HOTSPEC_PDL_ALL=1 step decode_8b_all 60 "${D8[@]}" --out "$OUT/decode_8b_all.json"
+  HOTSPEC_PDL_ALL=1 HOTSPEC_PDL_PRELOAD=2 step decode_8b_all_pre2 60 "${D8[@]}" --out "$OUT/decode_8b_all_pre2.json"
 fi
-if [ "$stage" = s11b ]; then  # second call, at once (carries .models/p2 and the prompts)
-  step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_l2_prefetch.py tests/test_pdl.py -k engine -x
+if [ "$stage" = s12c ]; then  # one call: kernel tests, then 8B decode, preload 0/1/2 alternated
+  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_gemv.py -k "not engine"
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1,8)
+  for i in 1 2; do
+    for t in 0 1 2; do
+      HOTSPEC_PDL_PRELOAD=$t step "decode_8b_pre${t}_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre${t}_$i.json"
+    done
+  done
+fi
+if [ "$stage" = s12b ]; then  # second call, at once (carries .models/p2 and the prompts)
+  step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_pdl.py -k engine -x
   DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
     --tokens 64 --batch-sizes 1,8)
   step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
-  HOTSPEC_L2_PREFETCH=1 step decode_smol_l2 45 "${DS[@]}" --out "$OUT/decode_smol_l2.json"
+  HOTSPEC_PDL_PRELOAD=1 step decode_smol_pre1 45 "${DS[@]}" --out "$OUT/decode_smol_pre1.json"
   B1=(--batch-size 1 --num-prompts 26 --variants 4/8/12 3/1/4)
   step sweep_b1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1.json"
-  HOTSPEC_L2_PREFETCH=1 step sweep_b1_l2 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_l2.json"
-  B8=(--batch-size 8 --num-prompts 104 --variants 4/8/12)
-  step sweep_b8 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8.json"
-  HOTSPEC_L2_PREFETCH=1 step sweep_b8_l2 100 "${SWEEP[@]}" "${B8[@]}" --out "$OUT/sweep_b8_l2.json"
+  HOTSPEC_PDL_PRELOAD=1 step sweep_b1_pre1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_pre1.json"
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
+if [ "$stage" = s12e ]; then  # after decode8b, at once (carries .models/p2): engine tests, SmolLM2
+  step engine_tests 330 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -k engine -x
+  step decode_smol 60 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
+    --batch-sizes 1,8 --context 512 --tokens 64 --out "$OUT/decode_smol.json"
+fi
 if [ "$stage" = sweep ]; then
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
   step sweep_b1 200 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \

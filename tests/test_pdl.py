@@ -104,6 +104,8 @@ def test_engine_bf16_tokens_equal_with_and_without_pdl(monkeypatch, algo):
     assert run(True, "0") == ref
     assert run(True, "auto") == ref
     assert run(True, "1") == ref
+    monkeypatch.setattr(pdl, "_preload_switch", lambda: 0)  # HOTSPEC_PDL_PRELOAD=0 (default 1)
+    assert run(True, "auto") == ref
 
 
 def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
@@ -150,7 +152,7 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     monkeypatch.setattr(pdl, "_all_switch", lambda: "auto")
     line = fused.describe(dev)
     assert "Triton GEMV" in line and "norm folded into the GEMV" in line
-    assert "in steps of more than one row" in line
+    assert "in steps of more than one row" in line and "HOTSPEC_PDL_PRELOAD=0 turns it off" in line
     monkeypatch.setattr(fused, "_norm_gemv_allowed", lambda: False)
     monkeypatch.setattr(pdl, "_all_switch", lambda: "0")
     line = fused.describe(dev)
@@ -159,3 +161,92 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     assert "no PDL" in fused.describe(dev)
     monkeypatch.setattr(fused, "_available", lambda: False)
     assert fused.describe(dev).startswith("torch layer code")
+
+
+def test_preload_rule_and_bad_value(monkeypatch):
+    """HOTSPEC_PDL_PRELOAD: 1 by default (0 off, 2 measured slower); tiles only with PDL, on
+    eligible launches (one row, whole tiles) whose slice holds them; another value is an error
+    naming the variable."""
+    pdl._preload_switch.cache_clear()
+    monkeypatch.delenv("HOTSPEC_PDL_PRELOAD", raising=False)
+    assert pdl.preload_tiles(True, True, 4096, 512) == 1, "one tile by default"
+    monkeypatch.setattr(pdl, "_preload_switch", lambda: 2)
+    assert pdl.preload_tiles(True, True, 4096, 512) == 2
+    assert pdl.preload_tiles(False, True, 4096, 512) == 0, "no PDL: no wait to load before"
+    assert pdl.preload_tiles(True, False, 4096, 512) == 0, "several rows, or a ragged K"
+    assert pdl.preload_tiles(True, True, 512, 512) == 0, "the slice holds one tile"
+    monkeypatch.undo()
+    monkeypatch.setenv("HOTSPEC_PDL_PRELOAD", "4")
+    pdl._preload_switch.cache_clear()
+    with pytest.raises(ValueError, match=r"HOTSPEC_PDL_PRELOAD='4': use 1 \(the default\), 0 or 2"):
+        pdl._preload_switch()
+    monkeypatch.delenv("HOTSPEC_PDL_PRELOAD")
+    pdl._preload_switch.cache_clear()
+
+
+@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("kind", ["plain", "silu", "split2", "norm"])
+def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
+    """A GEMV / norm-GEMV program that loads its first tiles before the PDL wait sums them in the
+    loop's order: the same bits as without (run here without PDL, which the interpreter lacks; the
+    kernel path is the same)."""
+    pytest.importorskip("triton")
+    from hotspec.layers import gemv_kernels as gk
+    from hotspec.layers import norm_gemv_kernel as ng
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator(device=dev).manual_seed(7)
+    n, k = 40, 128 if kind == "split2" else 64  # 2.5 column blocks; whole 32-column tiles
+    w = (torch.randn(n, k, generator=g, device=dev) * 0.05).to(torch.bfloat16)
+    x = (torch.randn(1, 2 * k if kind == "silu" else k, generator=g, device=dev) * 2).to(torch.bfloat16)
+    cfg = gk.GemvConfig(16, 32, 2 if kind == "split2" else 1, 4, 2)
+
+    def run(preload: int) -> torch.Tensor:
+        monkeypatch.setattr(pdl, "preload_tiles",
+                            lambda use_pdl, ok, k_split, bk: preload if ok and k_split >= preload * bk else 0)
+        if kind == "norm":
+            r = torch.randn(1, k, generator=g.manual_seed(8), device=dev).to(x.dtype)
+            return ng.norm_gemv(x, r, torch.ones(k, dtype=x.dtype, device=dev) * 1.1, 1e-5, w, cfg)[0]
+        return gk.gemv(x, w, silu_mul=kind == "silu", config=cfg)
+
+    assert torch.equal(run(tiles), run(0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["qkv", "o", "gate_up", "down"])
+def test_preload_at_the_8b_shapes_gives_the_same_bits(monkeypatch, shape):
+    """On the H200, PDL-launched with the engine's configs (qkv and gate_up as norm-GEMVs, down
+    with silu and split-K): 0, 1 and 2 preloaded tiles give the same bits, eagerly and replayed
+    from a CUDA graph."""
+    from hotspec.layers import gemv_kernels as gk
+    from hotspec.layers import norm_gemv_kernel as ng
+
+    n, k = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}[shape]
+    dev = torch.device("cuda")
+    assert pdl.enabled(dev)
+    g = torch.Generator(device=dev).manual_seed(9)
+    w = (torch.randn(n, k, generator=g, device=dev) * 0.02).to(torch.bfloat16)
+    x = torch.randn(1, 2 * k if shape == "down" else k, generator=g, device=dev).to(torch.bfloat16)
+    r = torch.randn(1, k, generator=g, device=dev).to(torch.bfloat16)
+    nw = torch.ones(k, dtype=torch.bfloat16, device=dev)
+    cfg = gk.choose(1, n, k, shape == "down") or gk.NORM_TIES[(n, k)]
+
+    def run() -> torch.Tensor:
+        if shape in ("qkv", "gate_up"):
+            return ng.norm_gemv(x, r, nw, 1e-5, w, cfg)[0]
+        return gk.gemv(x, w, silu_mul=shape == "down", config=cfg)
+
+    outs = []
+    for tiles in (0, 1, 2):
+        monkeypatch.setattr(pdl, "_preload_switch", lambda t=tiles: t)
+        eager = run()
+        run()  # warm-up before capture (split-K workspace)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = run()
+        for _ in range(5):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, eager)
+        outs.append(eager)
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])

@@ -50,7 +50,7 @@ def describe(device: torch.device) -> str:
         return "torch layer code (not CUDA)"
     if not _available():
         return "torch layer code (fused Triton kernels unavailable or HOTSPEC_FUSED_KERNELS=0)"
-    from hotspec.layers import l2_prefetch, pdl
+    from hotspec.layers import pdl
 
     return "; ".join([
         "fused Triton norms and RoPE",
@@ -58,8 +58,6 @@ def describe(device: torch.device) -> str:
         "norm folded into the GEMV at one row" if _norm_gemv_allowed()
         else "no norm-GEMV (HOTSPEC_NORM_GEMV=0)",
         pdl.describe(device),
-        *(["o_proj weights prefetched into L2 on a side stream (HOTSPEC_L2_PREFETCH=1)"]
-          if l2_prefetch.switched_on() else []),
     ])
 
 

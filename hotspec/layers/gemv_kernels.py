@@ -120,27 +120,46 @@ def default_config(M: int, N: int, K: int) -> GemvConfig:
 def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 F32_DOT: tl.constexpr, PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1):
+                 F32_DOT: tl.constexpr, PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
+                 PRELOAD: tl.constexpr = 0):
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
-    PDL (layers/pdl.py): the program's first weight panel goes to L2 before it waits for the
-    kernel before; nothing else happens before the wait."""
+    PDL (layers/pdl.py): the program's first weight panel goes to L2, and its first PRELOAD
+    weight tiles into registers (one row, EVEN_K only), before it waits for the kernel before;
+    nothing else happens before the wait."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    k_lo = pid_k * K_SPLIT
+    offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:
         pdl.launch_dependents(PDL)
-        first = tl.cast(tl.program_id(0), tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        k_lo = tl.program_id(1) * K_SPLIT
-        pdl.prefetch_rows(W, first, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), K, stride_wn, 32, PF_COLS)
-        pdl.wait(PDL)
-    _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
-               tl.program_id(0), tl.program_id(1), SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
-               EVEN_K, F32_DOT)
+        pdl.prefetch_rows(W, offs_n, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), K, stride_wn, 32, PF_COLS)
+    w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD, 0)
+    w1 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD, 1)
+    pdl.wait(PDL)
+    _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
+               w0, w1, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD)
+
+
+@triton.jit
+def _x_tile(x_ptr, K, mask, SILU: tl.constexpr):
+    """The GEMV's input at x_ptr: x itself, or silu(gate) * up for a [gate | up] row (gate at
+    x_ptr, up K further), rounded as fused_kernels._silu_mul_kernel rounds: silu, then the
+    product."""
+    x = tl.load(x_ptr, mask=mask, other=0.0)
+    if SILU:
+        u = tl.load(x_ptr + K, mask=mask, other=0.0)
+        g = x.to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32)
+        x = (s * u.to(tl.float32)).to(x.dtype)
+    return x
 
 
 @triton.jit
 def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
-               SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               w0, w1, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-               F32_DOT: tl.constexpr):
+               F32_DOT: tl.constexpr, PRELOAD: tl.constexpr):
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -154,23 +173,23 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_lo, k_hi, BLOCK_K):
+    # the first PRELOAD tiles, loaded before the wait (one row, EVEN_K), in the loop's order
+    if PRELOAD > 0:
+        acc2 += w0.to(tl.float32) * _x_tile(x_ptr, K, m_ok[:, None], SILU).to(tl.float32)
+    if PRELOAD > 1:
+        acc2 += w1.to(tl.float32) * _x_tile(x_ptr + BLOCK_K, K, m_ok[:, None], SILU).to(tl.float32)
+    k_start = k_lo + PRELOAD * BLOCK_K
+    w_ptr += PRELOAD * BLOCK_K
+    x_ptr += PRELOAD * BLOCK_K
+    for k in range(k_start, k_hi, BLOCK_K):
         if EVEN_K:
             w = tl.load(w_ptr, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
-            x = tl.load(x_ptr, mask=m_ok[:, None], other=0.0)
-            if SILU:
-                u = tl.load(x_ptr + K, mask=m_ok[:, None], other=0.0)
+            x = _x_tile(x_ptr, K, m_ok[:, None], SILU)
         else:
             k_ok = (k + offs_k) < k_hi
             w = tl.load(w_ptr, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
-            x = tl.load(x_ptr, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            if SILU:
-                u = tl.load(x_ptr + K, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if SILU:  # as fused_kernels._silu_mul_kernel: silu rounded, then the product rounded
-            g = x.to(tl.float32)
-            s = (g / (1.0 + tl.exp(-g))).to(X.dtype.element_ty).to(tl.float32)
-            x = (s * u.to(tl.float32)).to(X.dtype.element_ty)
+            x = _x_tile(x_ptr, K, m_ok[:, None] & k_ok[None, :], SILU)
         if BLOCK_M == 1:
             acc2 += w.to(tl.float32) * x.to(tl.float32)  # x: [1, BLOCK_K] broadcast over rows
         elif F32_DOT:  # the interpreter's bf16 dot multiplies raw bit patterns: go through fp32
@@ -252,11 +271,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         ws, cnt = _WORKSPACES[(x.device, n, cfg.SPLIT_K, cfg.BLOCK_N)]
     grid = (triton.cdiv(n, cfg.BLOCK_N), cfg.SPLIT_K)
     use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
+    even_k = k % cfg.BLOCK_K == 0 and k_split * cfg.SPLIT_K == k
     _gemv_kernel[grid](
         x, w, y, ws, cnt, m, n, k, k_split, x.stride(0), w.stride(0), y.stride(0),
         SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-        SPLIT_K=cfg.SPLIT_K, EVEN_K=k % cfg.BLOCK_K == 0 and k_split * cfg.SPLIT_K == k,
-        F32_DOT=_INTERPRET, PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
+        SPLIT_K=cfg.SPLIT_K, EVEN_K=even_k, F32_DOT=_INTERPRET, PDL=use_pdl,
+        PF_COLS=pdl.prefetch_cols(w),
+        PRELOAD=pdl.preload_tiles(use_pdl, m == 1 and even_k, k_split, cfg.BLOCK_K),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 

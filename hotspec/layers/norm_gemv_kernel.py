@@ -59,20 +59,28 @@ def normed_tile(X, R, G, kk, k_ok, inv, HAS_RES: tl.constexpr):
 @triton.jit
 def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr,
-                      PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1):
+                      PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
+                      PRELOAD: tl.constexpr = 0):
     pid = tl.program_id(0)
-    if PDL:  # weights to L2 before waiting for the kernel before (layers/pdl.py)
+    offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PDL:  # weights to L2 (and PRELOAD tiles to registers) before the wait (layers/pdl.py)
         pdl.launch_dependents(PDL)
-        pdl.prefetch_rows(W, tl.cast(pid, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N), N, 0, K, K,
-                          stride_wn, 32, PF_COLS)
-        pdl.wait(PDL)
+        pdl.prefetch_rows(W, offs_n, N, 0, K, K, stride_wn, 32, PF_COLS)
+    w0 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD, 0)
+    w1 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD, 1)
+    pdl.wait(PDL)
     inv = row_rms(X, R, S, K, eps, pid, HAS_RES, BLOCK_ROW)
     # the GEMV, its input normalised tile by tile
-    offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    # the first PRELOAD tiles, loaded before the wait (K is whole tiles), in the loop's order
+    if PRELOAD > 0:
+        acc += w0.to(tl.float32) * normed_tile(X, R, G, offs_k, offs_k < K, inv, HAS_RES)[None, :]
+    if PRELOAD > 1:
+        kk = BLOCK_K + offs_k
+        acc += w1.to(tl.float32) * normed_tile(X, R, G, kk, kk < K, inv, HAS_RES)[None, :]
+    for k in range(PRELOAD * BLOCK_K, K, BLOCK_K):
         kk = k + offs_k
         k_ok = kk < K
         w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
@@ -102,6 +110,8 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     _norm_gemv_kernel[(triton.cdiv(n, config.BLOCK_N),)](
         x, r, norm_weight, w, y, s, n, k, eps, w.stride(0), HAS_RES=residual is not None,
         BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_ROW=triton.next_power_of_2(k),
-        PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=config.num_warps,
+        PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
+        PRELOAD=pdl.preload_tiles(use_pdl, k % config.BLOCK_K == 0, k, config.BLOCK_K),
+        num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s

@@ -9,7 +9,8 @@ ramp up. On by default on Hopper (HOTSPEC_PDL=0 turns it off; RESULTS "Session 8
   kernel may launch (`launch_dependents`; it orders nothing, so it is always safe);
 - the decode GEMVs (layers/gemv_kernels.py, layers/norm_gemv_kernel.py) are launched with the PDL
   attribute: each pulls its own weight panel into L2, when the weight is small enough for that
-  to pay (`prefetch_cols`), then waits for the kernel before it (`prefetch_rows`, then `wait`).
+  to pay (`prefetch_cols`), loads its first weight tile into registers (`preload`, one row),
+  then waits for the kernel before it (`wait`).
   Weights are read-only, so that is the only work done before the wait: every read of an
   activation and every write (whose memory a CUDA graph's pool may share with a buffer the
   kernel before still reads) comes after.
@@ -33,7 +34,24 @@ import torch
 import triton
 import triton.language as tl
 
-from hotspec.layers.l2_prefetch import l2_bytes, l2_share
+
+@functools.cache
+def l2_bytes(index: int) -> int:
+    """The L2 size of CUDA device `index`."""
+    return int(torch.cuda.get_device_properties(index).L2_cache_size)
+
+
+def l2_share(name: str, default: float) -> float:
+    """A share of the device's L2 from environment variable `name` (unset: `default`): a number in
+    [0, 1], else an error that names the variable."""
+    v = os.environ.get(name, str(default))
+    try:
+        f = float(v)
+    except ValueError:
+        f = -1.0
+    if not 0 <= f <= 1:
+        raise ValueError(f"{name}={v!r}: use a share of L2 in [0, 1]")
+    return f
 
 
 @functools.cache
@@ -70,6 +88,27 @@ def _prefetch_override() -> int | None:
     return int(v) if v else None
 
 
+def preload_tiles(use_pdl: bool, eligible: bool, k_split: int, block_k: int) -> int:
+    """How many weight tiles a one-row GEMV program loads into registers before its PDL wait
+    (HOTSPEC_PDL_PRELOAD: 1 by default; 0 or 2): the panel's start is read from HBM while the
+    kernel before drains, and is used from registers, not read again. Only with PDL, for
+    `eligible` launches (one row, whole tiles) whose slice holds that many tiles; else 0.
+    Measured on the H200 (RESULTS "Session 10"), 8B shape at batch 1, two runs each in one call:
+    4.13 ms without, 4.06-4.07 with one tile, 4.21 with two (the register tiles held across the
+    wait then cost more than they hide); SmolLM2, where only the down projection has whole
+    tiles, unchanged (0.56-0.57 ms)."""
+    tiles = _preload_switch()
+    return tiles if use_pdl and eligible and k_split >= tiles * block_k else 0
+
+
+@functools.cache
+def _preload_switch() -> int:
+    v = os.environ.get("HOTSPEC_PDL_PRELOAD", "1")
+    if v not in ("0", "1", "2"):
+        raise ValueError(f"HOTSPEC_PDL_PRELOAD={v!r}: use 1 (the default), 0 or 2 weight tiles")
+    return int(v)
+
+
 def enabled(device: torch.device) -> bool:
     """Whether kernels on `device` use PDL: the switch, a CUDA device of compute capability 9+,
     and not Triton's interpreter (which has no grid dependency control)."""
@@ -99,7 +138,10 @@ def describe(device: torch.device) -> str:
     """Which kernels on `device` are PDL-launched, for the start-up log."""
     if not enabled(device):
         return "no PDL (Hopper or later only; HOTSPEC_PDL=0 turns it off)"
-    return "PDL for the GEMVs " + {"auto": "and, in steps of more than one row, the other kernels",
+    tiles = _preload_switch()
+    pre = (f", each loading {tiles} weight tile(s) before its wait (HOTSPEC_PDL_PRELOAD=0 turns it "
+           "off)," if tiles else " (no weight tile loaded before the wait: HOTSPEC_PDL_PRELOAD=0)")
+    return f"PDL for the GEMVs{pre} " + {"auto": "and, in steps of more than one row, the other kernels",
                                    "1": "and every other kernel (HOTSPEC_PDL_ALL=1)",
                                    "0": "only (HOTSPEC_PDL_ALL=0)"}[_all_switch()]
 
@@ -146,3 +188,16 @@ def prefetch_rows(W, offs_n, N, k_lo, k_hi, K, stride_wn, CHUNK: tl.constexpr, C
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
                                   [W + rows[:, None] * stride_wn + cols[None, :]],
                                   dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr, P: tl.constexpr, T: tl.constexpr):
+    """Tile T of a program's first P weight tiles: rows `offs_n` of W (past N: 0), columns
+    k_lo + T * BLOCK_K + [0, BLOCK_K); a dummy scalar where T >= P. Weights only: safe before
+    `wait`."""
+    if T < P:
+        cols = k_lo + T * BLOCK_K + tl.arange(0, BLOCK_K)
+        return tl.load(W + offs_n[:, None] * stride_wn + cols[None, :], mask=(offs_n < N)[:, None],
+                       other=0.0, eviction_policy="evict_first")
+    else:
+        return 0.0

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hotspec.engine.kv_pool import KVPool
-from hotspec.layers import fused, l2_prefetch
+from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend, store_kv
 from hotspec.layers.linear import linear, merge_linears, norm_linear, silu_mul_linear
 from hotspec.layers.norm import RMSNorm
@@ -72,14 +72,9 @@ class Attention(nn.Module):
         return self.attend(*self.qkv(x), fb, rope, kv, backend)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch,
-               rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend,
-               then: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-        """Everything after the projection: q/k norms, RoPE, the KV store, attention, o_proj.
-        `then`: the weights read after o_proj (the MLP's), for the L2 prefetch."""
+               rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend) -> torch.Tensor:
+        """Everything after the projection: q/k norms, RoPE, the KV store, attention, o_proj."""
         t = q.shape[0]
-        # o_proj's weight (then `then`'s) streams into L2 while the latency-bound kernels below
-        # run (layers/l2_prefetch.py; off by default)
-        prefetch = l2_prefetch.fork((self.o_proj.weight, *then), t)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
@@ -91,7 +86,6 @@ class Attention(nn.Module):
             q, k = rope(fb.positions, q, k)
             store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
         o = backend.forward(fb, q, k_cache, v_cache, self.scale)
-        l2_prefetch.join(prefetch)
         return linear(self.o_proj, o.reshape(t, -1))
 
 
@@ -133,7 +127,7 @@ class DecoderLayer(nn.Module):
         if attn.qkv_proj is not None and mlp.gate_up_proj is not None:  # fused projections (engine)
             # each norm and the projection after it: one kernel where layers/linear allows it
             qkv, residual = norm_linear(self.input_layernorm, attn.qkv_proj, h, residual)
-            x = attn.attend(*attn.split_qkv(qkv), fb, rope, kv, backend, then=(mlp.gate_up_proj.weight,))
+            x = attn.attend(*attn.split_qkv(qkv), fb, rope, kv, backend)
             gate_up, residual = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, x, residual)
             return silu_mul_linear(mlp.down_proj, gate_up), residual
         if residual is None:
