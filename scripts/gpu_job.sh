@@ -140,6 +140,18 @@ if [ "$stage" = s12b ]; then  # second call, at once (carries .models/p2 and the
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
+if [ "$stage" = s12f ]; then  # the first tiles to L2 (exact columns) against to registers, 8B
+  HOTSPEC_PDL_PREFETCH=512 step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py -k "not engine"
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1,8)
+  for i in 1 2; do
+    step "decode_8b_pre1_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre1_$i.json"
+    HOTSPEC_PDL_PRELOAD=0 HOTSPEC_PDL_PREFETCH=512 step "decode_8b_pf512_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pf512_$i.json"
+    HOTSPEC_PDL_PRELOAD=0 HOTSPEC_PDL_PREFETCH=1024 step "decode_8b_pf1024_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pf1024_$i.json"
+    HOTSPEC_PDL_PREFETCH=1024 step "decode_8b_pre1_pf1024_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre1_pf1024_$i.json"
+  done
+  HOTSPEC_PDL_ALL=1 step decode_8b_all_pre1 60 "${D8[@]}" --out "$OUT/decode_8b_all_pre1.json"
+fi
 if [ "$stage" = s12e ]; then  # after decode8b, at once (carries .models/p2): engine tests, SmolLM2
   step engine_tests 330 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -k engine -x
   step decode_smol 60 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \

@@ -133,7 +133,7 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:
         pdl.launch_dependents(PDL)
-        pdl.prefetch_rows(W, offs_n, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), K, stride_wn, 32, PF_COLS)
+        pdl.prefetch_rows(W, offs_n, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), stride_wn, 32, PF_COLS)
     w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD, 0)
     w1 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD, 1)
     pdl.wait(PDL)

@@ -65,7 +65,7 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
     offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:  # weights to L2 (and PRELOAD tiles to registers) before the wait (layers/pdl.py)
         pdl.launch_dependents(PDL)
-        pdl.prefetch_rows(W, offs_n, N, 0, K, K, stride_wn, 32, PF_COLS)
+        pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
     w0 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD, 0)
     w1 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD, 1)
     pdl.wait(PDL)

@@ -174,17 +174,19 @@ def wait(PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_rows(W, offs_n, N, k_lo, k_hi, K, stride_wn, CHUNK: tl.constexpr, COLS: tl.constexpr):
+def prefetch_rows(W, offs_n, N, k_lo, k_hi, stride_wn, CHUNK: tl.constexpr, COLS: tl.constexpr):
     """Pull rows `offs_n` (clamped to N) of W, columns [k_lo, k_hi) (only the first COLS of them
     when COLS >= 0; prefetch_cols), into L2: one prefetch per 128-byte line (64 two-byte
-    elements). Prefetches read nothing back and write nothing; a line named twice by the
-    clamping costs nothing."""
+    elements), CHUNK lines per row at a time. Prefetches read nothing back and write nothing; a
+    line named twice by the clamping costs nothing. (Until session 10 the clamp was K - 1, so a
+    COLS below 64 * CHUNK = 2048 still pulled whole chunks of 2048 columns: session 8's
+    "512 columns" figure, 4.69 ms at the 8B shape, was in fact about half of every panel.)"""
     rows = tl.minimum(offs_n, N - 1)
     end = k_hi
     if COLS >= 0:
         end = tl.minimum(k_hi, k_lo + COLS)
     for k in range(k_lo, end, 64 * CHUNK):
-        cols = tl.minimum(k + tl.arange(0, CHUNK) * 64, K - 1)
+        cols = tl.minimum(k + tl.arange(0, CHUNK) * 64, end - 1)
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
                                   [W + rows[:, None] * stride_wn + cols[None, :]],
                                   dtype=tl.int32, is_pure=False, pack=1)
