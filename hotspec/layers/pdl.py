@@ -63,8 +63,10 @@ def prefetch_cols(w: torch.Tensor) -> int:
     """Columns of its weight panel a GEMV program over `w` prefetches to L2 before its wait: -1
     (all) when the weight fits in a third of the device's L2, else 0. A prefetch of weights that
     do not fit is evicted before use and read twice (RESULTS "Session 8": the 8B shape's GEMV
-    weights, 34-235 MB against the H200's 50 MB L2, made decode 5.17 ms whole-panel and 4.69 ms
-    at 512 columns, against 4.24 ms without; SmolLM2's, at most 3.5 MB, gain 0.66 -> 0.60 ms).
+    weights, 34-235 MB against the H200's 50 MB L2, made decode 5.17 ms whole-panel against 4.24
+    ms without; SmolLM2's, at most 3.5 MB, gain 0.66 -> 0.60 ms). Only the first 512 columns
+    (no preload): 4.13 ms, 1024: 4.25, against 4.07 with `preload`'s one tile in registers, in
+    one call (session 10).
     HOTSPEC_PDL_PREFETCH=<columns> overrides it (-1 all, 0 none) for A/B runs, and
     HOTSPEC_PDL_PREFETCH_L2=<fraction> moves the bound (A/B: 0.7, which takes in the 8B o_proj,
     33.5 MB, to overlap the attention before it, made the 8B step 4.27 ms instead of 4.24)."""
