@@ -152,6 +152,17 @@ if [ "$stage" = s12f ]; then  # the first tiles to L2 (exact columns) against to
   done
   HOTSPEC_PDL_ALL=1 step decode_8b_all_pre1 60 "${D8[@]}" --out "$OUT/decode_8b_all_pre1.json"
 fi
+if [ "$stage" = s12g ]; then  # SmolLM2's shape (random weights, no model file): ragged-K preload
+  step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_pdl.py -k "not engine"
+  DS=(python3 benchmarks/decode_bench.py --model smollm2-shape --mode graphed --dtype bfloat16 --context 512
+    --tokens 64 --batch-sizes 1,8)
+  for i in 1 2; do
+    step "decode_smol_pre1_$i" 45 "${DS[@]}" --out "$OUT/decode_smol_pre1_$i.json"
+    HOTSPEC_PDL_PRELOAD=0 step "decode_smol_pre0_$i" 45 "${DS[@]}" --out "$OUT/decode_smol_pre0_$i.json"
+  done
+  step decode_8b 60 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 \
+    --tokens 32 --batch-sizes 1 --out "$OUT/decode_8b.json"
+fi
 if [ "$stage" = s12e ]; then  # after decode8b, at once (carries .models/p2): engine tests, SmolLM2
   step engine_tests 330 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -k engine -x
   step decode_smol 60 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \

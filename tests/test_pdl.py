@@ -173,8 +173,11 @@ def test_preload_rule_and_bad_value(monkeypatch):
     monkeypatch.setattr(pdl, "_preload_switch", lambda: 2)
     assert pdl.preload_tiles(True, True, 4096, 512) == 2
     assert pdl.preload_tiles(False, True, 4096, 512) == 0, "no PDL: no wait to load before"
-    assert pdl.preload_tiles(True, False, 4096, 512) == 0, "several rows, or a ragged K"
-    assert pdl.preload_tiles(True, True, 512, 512) == 0, "the slice holds one tile"
+    assert pdl.preload_tiles(True, False, 4096, 512) == 0, "several rows"
+    assert pdl.preload_tiles(True, True, 576, 512) == 0, "SmolLM2's K holds one whole tile, not 2"
+    monkeypatch.setattr(pdl, "_preload_switch", lambda: 1)
+    assert pdl.preload_tiles(True, True, 576, 512) == 1, "a ragged rest is the loop's"
+    assert pdl.preload_tiles(True, True, 511, 512) == 0, "not one whole tile"
     monkeypatch.undo()
     monkeypatch.setenv("HOTSPEC_PDL_PRELOAD", "4")
     pdl._preload_switch.cache_clear()
@@ -185,7 +188,8 @@ def test_preload_rule_and_bad_value(monkeypatch):
 
 
 @pytest.mark.parametrize("tiles", [1, 2])
-@pytest.mark.parametrize("kind", ["plain", "silu", "split2", "norm"])
+@pytest.mark.parametrize("kind", ["plain", "silu", "split2", "norm", "ragged", "ragged-split2",
+                                  "ragged-norm"])
 def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
     """A GEMV / norm-GEMV program that loads its first tiles before the PDL wait sums them in the
     loop's order: the same bits as without (run here without PDL, which the interpreter lacks; the
@@ -196,15 +200,16 @@ def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator(device=dev).manual_seed(7)
-    n, k = 40, 128 if kind == "split2" else 64  # 2.5 column blocks; whole 32-column tiles
+    # 2.5 column blocks; K whole 32-column tiles, or not (the split's last slice: 40 columns)
+    n, k = 40, {"split2": 128, "ragged": 72, "ragged-split2": 136, "ragged-norm": 72}.get(kind, 64)
     w = (torch.randn(n, k, generator=g, device=dev) * 0.05).to(torch.bfloat16)
     x = (torch.randn(1, 2 * k if kind == "silu" else k, generator=g, device=dev) * 2).to(torch.bfloat16)
-    cfg = gk.GemvConfig(16, 32, 2 if kind == "split2" else 1, 4, 2)
+    cfg = gk.GemvConfig(16, 32, 2 if kind.endswith("split2") else 1, 4, 2)
 
     def run(preload: int) -> torch.Tensor:
         monkeypatch.setattr(pdl, "preload_tiles",
-                            lambda use_pdl, ok, k_split, bk: preload if ok and k_split >= preload * bk else 0)
-        if kind == "norm":
+                            lambda use_pdl, ok, slice_k, bk: preload if ok and slice_k >= preload * bk else 0)
+        if kind.endswith("norm"):
             r = torch.randn(1, k, generator=g.manual_seed(8), device=dev).to(x.dtype)
             return ng.norm_gemv(x, r, torch.ones(k, dtype=x.dtype, device=dev) * 1.1, 1e-5, w, cfg)[0]
         return gk.gemv(x, w, silu_mul=kind == "silu", config=cfg)
@@ -213,28 +218,32 @@ def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", ["qkv", "o", "gate_up", "down"])
-def test_preload_at_the_8b_shapes_gives_the_same_bits(monkeypatch, shape):
+@pytest.mark.parametrize("shape", ["qkv", "o", "gate_up", "down", "smol-qkv", "smol-o", "smol-gate_up",
+                                   "smol-down"])
+def test_preload_at_the_engine_shapes_gives_the_same_bits(monkeypatch, shape):
     """On the H200, PDL-launched with the engine's configs (qkv and gate_up as norm-GEMVs, down
-    with silu and split-K): 0, 1 and 2 preloaded tiles give the same bits, eagerly and replayed
-    from a CUDA graph."""
+    with silu, split-K at the 8B shape; SmolLM2's K = 576 is one whole tile and a ragged rest):
+    0, 1 and 2 preloaded tiles give the same bits, eagerly and replayed from a CUDA graph."""
     from hotspec.layers import gemv_kernels as gk
     from hotspec.layers import norm_gemv_kernel as ng
 
-    n, k = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}[shape]
+    n, k = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+            "smol-qkv": (960, 576), "smol-o": (576, 576), "smol-gate_up": (3072, 576),
+            "smol-down": (576, 1536)}[shape]
+    kind = shape.removeprefix("smol-")
     dev = torch.device("cuda")
     assert pdl.enabled(dev)
     g = torch.Generator(device=dev).manual_seed(9)
     w = (torch.randn(n, k, generator=g, device=dev) * 0.02).to(torch.bfloat16)
-    x = torch.randn(1, 2 * k if shape == "down" else k, generator=g, device=dev).to(torch.bfloat16)
+    x = torch.randn(1, 2 * k if kind == "down" else k, generator=g, device=dev).to(torch.bfloat16)
     r = torch.randn(1, k, generator=g, device=dev).to(torch.bfloat16)
     nw = torch.ones(k, dtype=torch.bfloat16, device=dev)
-    cfg = gk.choose(1, n, k, shape == "down") or gk.NORM_TIES[(n, k)]
+    cfg = gk.choose(1, n, k, kind == "down") or gk.NORM_TIES[(n, k)]
 
     def run() -> torch.Tensor:
-        if shape in ("qkv", "gate_up"):
+        if kind in ("qkv", "gate_up"):
             return ng.norm_gemv(x, r, nw, 1e-5, w, cfg)[0]
-        return gk.gemv(x, w, silu_mul=shape == "down", config=cfg)
+        return gk.gemv(x, w, silu_mul=kind == "down", config=cfg)
 
     outs = []
     for tiles in (0, 1, 2):

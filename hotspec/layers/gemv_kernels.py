@@ -125,7 +125,7 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
     PDL (layers/pdl.py): the program's first weight panel goes to L2, and its first PRELOAD
-    weight tiles into registers (one row, EVEN_K only), before it waits for the kernel before;
+    weight tiles (whole, one row) into registers, before it waits for the kernel before;
     nothing else happens before the wait."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -173,7 +173,7 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # the first PRELOAD tiles, loaded before the wait (one row, EVEN_K), in the loop's order
+    # the first PRELOAD tiles, loaded before the wait (one row, whole tiles), in the loop's order
     if PRELOAD > 0:
         acc2 += w0.to(tl.float32) * _x_tile(x_ptr, K, m_ok[:, None], SILU).to(tl.float32)
     if PRELOAD > 1:
@@ -277,7 +277,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=cfg.SPLIT_K, EVEN_K=even_k, F32_DOT=_INTERPRET, PDL=use_pdl,
         PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preload_tiles(use_pdl, m == 1 and even_k, k_split, cfg.BLOCK_K),
+        PRELOAD=pdl.preload_tiles(use_pdl, m == 1, k - (cfg.SPLIT_K - 1) * k_split, cfg.BLOCK_K),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 

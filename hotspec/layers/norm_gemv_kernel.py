@@ -74,7 +74,7 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    # the first PRELOAD tiles, loaded before the wait (K is whole tiles), in the loop's order
+    # the first PRELOAD tiles (whole), loaded before the wait, in the loop's order
     if PRELOAD > 0:
         acc += w0.to(tl.float32) * normed_tile(X, R, G, offs_k, offs_k < K, inv, HAS_RES)[None, :]
     if PRELOAD > 1:
@@ -111,7 +111,7 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         x, r, norm_weight, w, y, s, n, k, eps, w.stride(0), HAS_RES=residual is not None,
         BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_ROW=triton.next_power_of_2(k),
         PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preload_tiles(use_pdl, k % config.BLOCK_K == 0, k, config.BLOCK_K),
+        PRELOAD=pdl.preload_tiles(use_pdl, True, k, config.BLOCK_K),
         num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s

@@ -90,17 +90,18 @@ def _prefetch_override() -> int | None:
     return int(v) if v else None
 
 
-def preload_tiles(use_pdl: bool, eligible: bool, k_split: int, block_k: int) -> int:
+def preload_tiles(use_pdl: bool, eligible: bool, slice_k: int, block_k: int) -> int:
     """How many weight tiles a one-row GEMV program loads into registers before its PDL wait
     (HOTSPEC_PDL_PRELOAD: 1 by default; 0 or 2): the panel's start is read from HBM while the
     kernel before drains, and is used from registers, not read again. Only with PDL, for
-    `eligible` launches (one row, whole tiles) whose slice holds that many tiles; else 0.
+    `eligible` launches (one row) where the shortest K slice a program owns, `slice_k`, holds
+    that many whole tiles (a ragged rest is left to the masked loop); else 0.
     Measured on the H200 (RESULTS "Session 10"), 8B shape at batch 1, two runs each in one call:
     4.13 ms without, 4.06-4.07 with one tile, 4.21 with two (the register tiles held across the
     wait then cost more than they hide); SmolLM2, where only the down projection has whole
     tiles, unchanged (0.56-0.57 ms)."""
     tiles = _preload_switch()
-    return tiles if use_pdl and eligible and k_split >= tiles * block_k else 0
+    return tiles if use_pdl and eligible and slice_k >= tiles * block_k else 0
 
 
 @functools.cache
