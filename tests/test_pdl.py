@@ -220,7 +220,7 @@ def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["qkv", "o", "gate_up", "down", "smol-qkv", "smol-o", "smol-gate_up",
                                    "smol-down"])
-def test_preload_at_the_engine_shapes_gives_the_same_bits(monkeypatch, shape):
+def test_preload_at_real_shapes_gives_the_same_bits(monkeypatch, shape):
     """On the H200, PDL-launched with the engine's configs (qkv and gate_up as norm-GEMVs, down
     with silu, split-K at the 8B shape; SmolLM2's K = 576 is one whole tile and a ragged rest):
     0, 1 and 2 preloaded tiles give the same bits, eagerly and replayed from a CUDA graph."""
