@@ -9,13 +9,12 @@
 #              a chain, carrying .models/p1, so it does this useful work while stashing)
 #   frspec8b+hf  the FR-Spec draft phase at the 8B shape, then 8B decode at batch 1 beside
 #              transformers
-#   s12a       next session's first call of a chain (carries .whl .models/p1): PDL and GEMV
-#              kernel tests (the register preload at the 8B shapes), 8B decode at batch 1/8 with
-#              HOTSPEC_PDL_PRELOAD=0/1/2 alternated twice, then PDL_ALL=1 without and with it (~4 min)
+#   ab         a generic A/B of kernel switches: AB_ENV="VAR=VAL ..." against the defaults, the
+#              decode step of AB_MODEL (llama8b-shape; smollm2-shape for SmolLM2's, also without a
+#              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the PDL and GEMV
+#              kernel tests (~2 min for the 8B). Each extra "AB_ENV2=..." adds a third column.
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
-#   s12b       the second call: PDL engine tests (preload included), SmolLM2 decode and spec_sweep
-#              at batch 1 without and with HOTSPEC_PDL_PRELOAD=2 (~4 min)
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
 #              DRAFT_VOCAB, TOKEN_MAPS, KV_GB, TRAIN_S; TRAIN_EXTRA adds options, e.g.
 #              "--responses-per-prompt 2 --temperature 0.7" or "--intermediate-size 3072"),
@@ -33,8 +32,9 @@
 #              SmolLM2 decode beside transformers
 # One-off A/B stages are removed once RESULTS.md has their figures; it names the stage and commit
 # of each figure: `git show 1ed57ce:scripts/gpu_job.sh` has sessions 5-8's (kernels5, overlap8b,
-# s8a ... s8f, ...), `git show bdefcb4:scripts/gpu_job.sh` session 9's (s10a, s10b, s10c).
-# A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. s12a or stash)
+# s8a ... s8f, ...), `git show bdefcb4:scripts/gpu_job.sh` session 9's (s10a, s10b, s10c),
+# `git show 9320627:scripts/gpu_job.sh` session 10's (s11a, s12a ... s12g).
+# A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. stash)
 # carrying .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying
 # .models/p2 .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
 # Carried extras (ignored by git): .whl/ (gguf and server wheels the GPU image lacks),
@@ -106,68 +106,20 @@ if [ "$stage" = trainstep ] || [ "$stage" = stash ]; then  # train-draft step co
 fi
 SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl
   --max-tokens 256)
-if [ "$stage" = s12a ]; then  # first call of a chain (carries .whl .models/p1)
+if [ "$stage" = ab ]; then  # AB_ENV="VAR=VAL ..." [AB_ENV2=...] against the defaults
+  [ -n "${AB_ENV:-}" ] || { echo "ab: set AB_ENV, e.g. AB_ENV=\"HOTSPEC_PDL_PRELOAD=0\"" >&2; exit 2; }
   step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_gemv.py -k "not engine"
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
-    --batch-sizes 1,8)
-  for i in 1 2; do
-    step "decode_8b_off_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_off_$i.json"
-    HOTSPEC_PDL_PRELOAD=1 step "decode_8b_pre1_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre1_$i.json"
-    HOTSPEC_PDL_PRELOAD=2 step "decode_8b_pre2_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre2_$i.json"
+  DA=(python3 benchmarks/decode_bench.py --model "${AB_MODEL:-llama8b-shape}" --mode graphed --dtype bfloat16
+    --context 512 --tokens 32 --batch-sizes 1,8)
+  for i in $(seq "${AB_RUNS:-2}"); do
+    step "ab_default_$i" 90 "${DA[@]}" --out "$OUT/ab_default_$i.json"
+    step "ab_env_$i" 90 env $AB_ENV "${DA[@]}" --out "$OUT/ab_env_$i.json"
+    [ -n "${AB_ENV2:-}" ] && step "ab_env2_$i" 90 env $AB_ENV2 "${DA[@]}" --out "$OUT/ab_env2_$i.json"
   done
-  HOTSPEC_PDL_ALL=1 step decode_8b_all 60 "${D8[@]}" --out "$OUT/decode_8b_all.json"
-  HOTSPEC_PDL_ALL=1 HOTSPEC_PDL_PRELOAD=2 step decode_8b_all_pre2 60 "${D8[@]}" --out "$OUT/decode_8b_all_pre2.json"
-fi
-if [ "$stage" = s12c ]; then  # one call: kernel tests, then 8B decode, preload 0/1/2 alternated
-  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_gemv.py -k "not engine"
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
-    --batch-sizes 1,8)
-  for i in 1 2; do
-    for t in 0 1 2; do
-      HOTSPEC_PDL_PRELOAD=$t step "decode_8b_pre${t}_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre${t}_$i.json"
-    done
-  done
-fi
-if [ "$stage" = s12b ]; then  # second call, at once (carries .models/p2 and the prompts)
-  step engine_tests 200 python3 -m pytest -q -s -m gpu tests/test_pdl.py -k engine -x
-  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
-    --tokens 64 --batch-sizes 1,8)
-  step decode_smol 45 "${DS[@]}" --out "$OUT/decode_smol.json"
-  HOTSPEC_PDL_PRELOAD=1 step decode_smol_pre1 45 "${DS[@]}" --out "$OUT/decode_smol_pre1.json"
-  B1=(--batch-size 1 --num-prompts 26 --variants 4/8/12 3/1/4)
-  step sweep_b1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1.json"
-  HOTSPEC_PDL_PRELOAD=1 step sweep_b1_pre1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_pre1.json"
+  echo "ab: AB_ENV=$AB_ENV${AB_ENV2:+, AB_ENV2=$AB_ENV2}, model ${AB_MODEL:-llama8b-shape}" | tee -a "$OUT/status.txt"
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
-if [ "$stage" = s12f ]; then  # the first tiles to L2 (exact columns) against to registers, 8B
-  HOTSPEC_PDL_PREFETCH=512 step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py -k "not engine"
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
-    --batch-sizes 1,8)
-  for i in 1 2; do
-    step "decode_8b_pre1_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre1_$i.json"
-    HOTSPEC_PDL_PRELOAD=0 HOTSPEC_PDL_PREFETCH=512 step "decode_8b_pf512_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pf512_$i.json"
-    HOTSPEC_PDL_PRELOAD=0 HOTSPEC_PDL_PREFETCH=1024 step "decode_8b_pf1024_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pf1024_$i.json"
-    HOTSPEC_PDL_PREFETCH=1024 step "decode_8b_pre1_pf1024_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_pre1_pf1024_$i.json"
-  done
-  HOTSPEC_PDL_ALL=1 step decode_8b_all_pre1 60 "${D8[@]}" --out "$OUT/decode_8b_all_pre1.json"
-fi
-if [ "$stage" = s12g ]; then  # SmolLM2's shape (random weights, no model file): ragged-K preload
-  step kernel_tests 120 python3 -m pytest -q -m gpu tests/test_pdl.py -k "not engine"
-  DS=(python3 benchmarks/decode_bench.py --model smollm2-shape --mode graphed --dtype bfloat16 --context 512
-    --tokens 64 --batch-sizes 1,8)
-  for i in 1 2; do
-    step "decode_smol_pre1_$i" 45 "${DS[@]}" --out "$OUT/decode_smol_pre1_$i.json"
-    HOTSPEC_PDL_PRELOAD=0 step "decode_smol_pre0_$i" 45 "${DS[@]}" --out "$OUT/decode_smol_pre0_$i.json"
-  done
-  step decode_8b 60 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 \
-    --tokens 32 --batch-sizes 1 --out "$OUT/decode_8b.json"
-fi
-if [ "$stage" = s12e ]; then  # after decode8b, at once (carries .models/p2): engine tests, SmolLM2
-  step engine_tests 330 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py tests/test_pdl.py -k engine -x
-  step decode_smol 60 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
-    --batch-sizes 1,8 --context 512 --tokens 64 --out "$OUT/decode_smol.json"
-fi
 if [ "$stage" = sweep ]; then
   step engine_tests 150 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
   step sweep_b1 200 "${SWEEP[@]}" --batch-size 1 --num-prompts 26 --out "$OUT/sweep_b1.json" --variants \
@@ -283,7 +235,7 @@ fi
 
 echo; echo "================ summary ================"
 cat "$OUT/status.txt"
-for f in "$OUT"/decode_*.log "$OUT"/smol_*.log; do
+for f in "$OUT"/decode_*.log "$OUT"/smol_*.log "$OUT"/ab_*.log; do
   [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs transformers|kernels per (step|replay)" "$f" |
     sed "s|^|$(basename "$f" .log): |"
 done
@@ -291,7 +243,7 @@ for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep 
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log
 [ -f "$OUT/attn_bench.log" ] && tail -n 14 "$OUT/attn_bench.log"
-for f in "$OUT"/l2_bench.log "$OUT"/host_*.log "$OUT"/phase_kernels*.log "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
+for f in "$OUT"/host_*.log "$OUT"/phase_kernels*.log "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f")"; tail -n 14 "$f"; }
 done
 # The device tool returns at most 8 files: everything but the head parts goes into one archive.
