@@ -11,8 +11,10 @@
 #              transformers
 #   ab         a generic A/B of kernel switches: AB_ENV="VAR=VAL ..." against the defaults, the
 #              decode step of AB_MODEL (llama8b-shape; smollm2-shape for SmolLM2's, also without a
-#              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the PDL and GEMV
-#              kernel tests (~2 min for the 8B). Each extra "AB_ENV2=..." adds a third column.
+#              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
+#              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
+#              8B). "AB_ENV2=..." adds a third column. Next: AB_ENV="HOTSPEC_ATTN_LAST_MERGE=1"
+#              AB_TESTS="tests/test_triton_attention.py -k last_split".
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
@@ -108,7 +110,7 @@ SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts
   --max-tokens 256)
 if [ "$stage" = ab ]; then  # AB_ENV="VAR=VAL ..." [AB_ENV2=...] against the defaults
   [ -n "${AB_ENV:-}" ] || { echo "ab: set AB_ENV, e.g. AB_ENV=\"HOTSPEC_PDL_PRELOAD=0\"" >&2; exit 2; }
-  step kernel_tests 150 python3 -m pytest -q -m gpu tests/test_pdl.py tests/test_gemv.py -k "not engine"
+  step kernel_tests 150 python3 -m pytest -q -m gpu ${AB_TESTS:-tests/test_pdl.py tests/test_gemv.py -k "not engine"}
   DA=(python3 benchmarks/decode_bench.py --model "${AB_MODEL:-llama8b-shape}" --mode graphed --dtype bfloat16
     --context 512 --tokens 32 --batch-sizes 1,8)
   for i in $(seq "${AB_RUNS:-2}"); do

@@ -276,6 +276,36 @@ def test_split_kv_verify_and_padding() -> None:
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=4, block_n=16))
 
 
+@pytest.mark.parametrize("case", ["decode-g4-bf16", "decode-g3-f32", "verify-g2-bf16"])
+@pytest.mark.parametrize("splits", [2, 5])
+def test_last_split_merge_equals_the_combine_kernel(case: str, splits: int) -> None:
+    """HOTSPEC_ATTN_LAST_MERGE: the split finishing a tile last merges it (no combine kernel).
+    The same bits as the combine kernel, launch after launch (the tile counters re-arm to 0),
+    including splits with no kv, dead GROUP_PAD rows and a tree-masked verify tile."""
+    kind, g, dt = case.split("-")
+    group, dtype = int(g[1:]), {"bf16": BF16, "f32": F32}[dt]
+    if kind == "decode":
+        fb, q, kc, vc = make_case(q_lens=[1, 1, 1], kv_lens=[1, 40, 170], width=1, hq=group * HKV,
+                                  hkv=HKV, d=64, dtype=dtype, seed=31)
+    else:
+        n = 4
+        fb, q, kc, vc = make_case(q_lens=[n, 3], kv_lens=[n, 90 + n], width=n, hq=group * HKV, hkv=HKV,
+                                  d=64, dtype=dtype, seed=32, masks=[tree_mask(n), tree_mask(n)])
+    scale = q.shape[-1] ** -0.5
+
+    def run(backend: TritonBackend) -> torch.Tensor:
+        backend.plan(fb)
+        return backend.forward(fb, q, kc, vc, scale)
+
+    want = run(TritonBackend(PAGE, num_splits=splits, block_n=16, last_merge=False))
+    merged = TritonBackend(PAGE, num_splits=splits, block_n=16, last_merge=True)
+    for _ in range(2):
+        assert torch.equal(run(merged), want)
+        (cnt,) = merged._counters[q.device]
+        assert int(cnt.count_nonzero()) == 0, "every tile counter re-armed to 0"
+    check(fb, q, kc, vc, backend=merged)
+
+
 def test_store_kv_triton_matches_index_copy() -> None:
     torch.manual_seed(11)
     slots, hkv, d, t = 64, 3, 64, 10
@@ -341,6 +371,35 @@ def test_gpu_decode(shape, batch, splits) -> None:
     fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, dtype=BF16, seed=101,
                               **shape)
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_last_split_merge(shape, batch) -> None:
+    """HOTSPEC_ATTN_LAST_MERGE at the real heads: the combine kernel's bits, eagerly and over
+    graph replays (the tile counters re-arm), and the reference's values."""
+    kv = [512] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
+    fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, dtype=BF16, seed=102, **shape)
+    fb.max_kv = 8192  # the engine's static bound: many splits
+    scale = shape["d"] ** -0.5
+    base, merged = TritonBackend(PAGE), TritonBackend(PAGE, last_merge=True)
+    base.plan(fb)
+    want = base.forward(fb, q, kc, vc, scale)
+    merged.plan(fb)
+    out = torch.empty_like(q)
+    merged.forward(fb, q, kc, vc, scale, out=out)
+    assert torch.equal(out, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        merged.forward(fb, q, kc, vc, scale, out=out)
+    for _ in range(5):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+    assert int(merged._counters[q.device][-1].count_nonzero()) == 0
+    check(fb, q, kc, vc, backend=merged)
 
 
 @pytest.mark.gpu

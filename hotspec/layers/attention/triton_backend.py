@@ -15,7 +15,8 @@ Design
     padding rows (i >= q_len) see kv index 0 only.
   * split-KV (flash-decoding) for uniform phases that launch too few programs to fill the GPU
     (e.g. decode / verify at small batch): each split covers 1/num_splits of the tile's kv range
-    (chunk computed on the device) and `combine_splits` merges partial outputs by log-sum-exp.
+    (chunk computed on the device) and `combine_splits` merges partial outputs by log-sum-exp
+    (with HOTSPEC_ATTN_LAST_MERGE=1, in tiles of <= 16 rows, the split that finishes last does).
   * fp32 / fp16 / bf16; fp32 accumulation; output in q's dtype. fp32 dots use
     input_precision="ieee" (no tf32), so fp32 results match the reference closely.
 
@@ -66,6 +67,14 @@ _SPLIT_BLOCKS = int(os.environ.get("HOTSPEC_ATTN_SPLIT_BLOCKS", "4"))
 # the byte mask (an A/B switch; wider masks always use it).
 _MASK_BITS = os.environ.get("HOTSPEC_ATTN_MASK_BITS", "1") not in ("", "0")
 MASK_BITS_MAX = 64  # tree slots one word holds
+# HOTSPEC_ATTN_LAST_MERGE=1: in split tiles of at most LAST_MERGE_ROWS rows (decode), the split
+# that finishes a tile last merges the partials, instead of the combine kernel (an A/B switch, off
+# until the H200 measures it). Session 8's version merged with a serial loop over the splits and
+# was 4x slower (RESULTS "Session 8"); this one loads every split of a row at once, as
+# combine_splits does.
+_LAST_MERGE = os.environ.get("HOTSPEC_ATTN_LAST_MERGE", "0") not in ("", "0")
+LAST_MERGE_ROWS = 16
+_MIN_COUNTERS = 1 << 12
 
 
 def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
@@ -85,12 +94,18 @@ def _pow2(x: int) -> int:
 class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
-                 num_stages: int = 2, mask_bits: bool | None = None) -> None:
+                 num_stages: int = 2, mask_bits: bool | None = None,
+                 last_merge: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
-        HOTSPEC_ATTN_MASK_BITS switch, on by default)."""
+        HOTSPEC_ATTN_MASK_BITS switch, on by default); last_merge merges split decode tiles in
+        the attention kernel (None: the HOTSPEC_ATTN_LAST_MERGE switch, off by default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
+        self.last_merge = _LAST_MERGE if last_merge is None else last_merge
+        # per device: zeroed tile counters of the last-split merge (each launch leaves them zero);
+        # every buffer ever handed out stays alive, as captured graphs hold its address
+        self._counters: dict[torch.device, list[torch.Tensor]] = {}
         self.block_size = block_size
         # HOTSPEC_ATTN_BLOCK_N: kv rows per tile (an A/B switch for the benchmarks: 128 halves the
         # serial kv loop of a decode program, 32 doubles it)
@@ -149,6 +164,15 @@ class TritonBackend(AttentionBackend):
         by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
         return max(1, min(want, by_len, 64))
 
+    def _tile_counters(self, dev: torch.device, tiles: int) -> torch.Tensor:
+        held = self._counters.setdefault(dev, [])
+        if not held or held[-1].numel() < tiles:
+            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("attention tile counters are allocated on first use, which must "
+                                   "not be under CUDA-graph capture: run the phase once eagerly")
+            held.append(torch.zeros(max(tiles, _MIN_COUNTERS), dtype=torch.int32, device=dev))
+        return held[-1]
+
     # -- forward ------------------------------------------------------------------------------
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -200,9 +224,13 @@ class TritonBackend(AttentionBackend):
         else:
             cm_strides = tuple(cm.stride()) if custom else (0, 0, 0)
         m_custom = p.m_custom
+        last_merge = splits > 1 and self.last_merge and block_m <= LAST_MERGE_ROWS
+        cnt = out
         if splits > 1:
             opart = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
             lse = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
+            if last_merge:
+                cnt = self._tile_counters(q.device, q_blocks * b * hkv)
         else:
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
@@ -211,7 +239,7 @@ class TritonBackend(AttentionBackend):
         launch = pdl.launch_kwargs(q.device, t)
         grid = (q_blocks * splits, b, hkv)
         paged_attn_fwd[grid](
-            q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,
+            q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse, cnt,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             p.block_tables.stride(0), *cm_strides,
@@ -221,9 +249,11 @@ class TritonBackend(AttentionBackend):
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
+            LAST_MERGE=last_merge, BLOCK_S=_pow2(splits) if last_merge else 1,
+            MERGE_ROWS=min(block_m, rows * gp) if last_merge else 0,
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
-        if splits > 1:
+        if splits > 1 and not last_merge:
             combine_splits[(t, hq)](
                 opart, lse, out,
                 opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),

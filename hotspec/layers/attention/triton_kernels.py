@@ -13,7 +13,9 @@ kv_lens on the device, so the grid never depends on kv lengths (CUDA-graph safe)
 
 With SPLIT, the kv range of a tile is cut into `num_splits` equal chunks (chunk size computed on
 the device from kv_len), each program writes its normalised partial output and log2-sum-exp, and
-`combine_splits` merges them (flash-decoding).
+`combine_splits` merges them (flash-decoding). With LAST_MERGE, the split that finishes its tile
+last merges them instead (`_merge_row` for each of the tile's rows, the code combine_splits runs),
+which saves the combine kernel's launch (HOTSPEC_ATTN_LAST_MERGE; an A/B switch).
 
 F32_DOT: dots in fp32 with input_precision="ieee" (no tf32). Set for fp32 inputs, and for every
 dtype under TRITON_INTERPRET, whose tl.dot multiplies the raw uint16 bit patterns of bf16 tensors;
@@ -130,7 +132,7 @@ def _attn_blocks(
 
 @triton.jit
 def paged_attn_fwd(
-    Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE,
+    Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE, CNT,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_bt, stride_cmb, stride_cmi, stride_cmj,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
@@ -139,6 +141,7 @@ def paged_attn_fwd(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
+    LAST_MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1, MERGE_ROWS: tl.constexpr = 0,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this
@@ -232,6 +235,21 @@ def paged_attn_fwd(
         p_ptrs = OPART + sp * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
         tl.store(p_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE + sp * stride_ls + tok * stride_lt + head, lse, mask=row_ok)
+        if LAST_MERGE:
+            # The split that finishes its tile last merges the tile's rows (no combine kernel),
+            # then re-arms the tile's counter (CNT: one per (q block, request, kv head), zero
+            # between launches), as the split-K GEMV does.
+            tl.debug_barrier()  # this program's partials are written before its tile counts it
+            tile = (b * tl.num_programs(2) + h) * (tl.num_programs(0) // num_splits) + qb
+            if tl.atomic_add(CNT + tile, 1, sem="acq_rel") == num_splits - 1:
+                for r_ in tl.static_range(MERGE_ROWS):  # the tile's first rows: all that exist
+                    if r_ % GROUP_PAD < GROUP:  # not a dead GROUP_PAD row (known at compile time)
+                        qi_r = q_start + r_ // GROUP_PAD
+                        _merge_row(OPART, LSE, OUT, q_base + qi_r, h * GROUP + r_ % GROUP_PAD,
+                                   qi_r < n_rows, stride_ps, stride_pt, stride_ph, stride_ls,
+                                   stride_lt, stride_ot, stride_oh, num_splits, HEAD_DIM, BLOCK_S,
+                                   BLOCK_D, True)
+                tl.atomic_xchg(CNT + tile, 0)
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -248,22 +266,37 @@ def combine_splits(
     """Merge the per-split partial outputs of one (token, q head): weights 2^(lse_s - max)."""
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this
-    t = tl.program_id(0).to(tl.int64)
-    hq = tl.program_id(1)
+    _merge_row(OPART, LSE, OUT, tl.program_id(0).to(tl.int64), tl.program_id(1), True,
+               stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+               num_splits, HEAD_DIM, BLOCK_S, BLOCK_D, False)
+
+
+@triton.jit
+def _merge_row(OPART, LSE, OUT, t, hq, ok, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
+               stride_ot, stride_oh, num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+               BLOCK_D: tl.constexpr, OTHERS: tl.constexpr):
+    """out[t, hq] = the splits' partials weighted by 2^(lse_s - max), over their sum; nothing
+    where not `ok`. OTHERS: partials other programs of this launch wrote (read past L1)."""
     s = tl.arange(0, BLOCK_S)
-    s_ok = s < num_splits
+    s_ok = (s < num_splits) & ok
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    lse = tl.load(LSE + s * stride_ls + t * stride_lt + hq, mask=s_ok, other=float("-inf"))
+    l_ptrs = LSE + s * stride_ls + t * stride_lt + hq
+    o_ptrs = OPART + s[:, None] * stride_ps + t * stride_pt + hq * stride_ph + d[None, :]
+    o_ok = s_ok[:, None] & d_ok[None, :]
+    if OTHERS:
+        lse = tl.load(l_ptrs, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(o_ptrs, mask=o_ok, other=0.0, cache_modifier=".cg")
+    else:
+        lse = tl.load(l_ptrs, mask=s_ok, other=float("-inf"))
+        o = tl.load(o_ptrs, mask=o_ok, other=0.0)
     mx = tl.max(lse, 0)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
     w = tl.exp2(lse - mx)
     w_sum = tl.sum(w, 0)
     w_sum = tl.where(w_sum == 0.0, 1.0, w_sum)
-    o = tl.load(OPART + s[:, None] * stride_ps + t * stride_pt + hq * stride_ph + d[None, :],
-                mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     out = tl.sum(o * w[:, None], 0) / w_sum
-    tl.store(OUT + t * stride_ot + hq * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d_ok)
+    tl.store(OUT + t * stride_ot + hq * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d_ok & ok)
 
 
 @triton.jit
