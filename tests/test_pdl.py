@@ -157,6 +157,13 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     monkeypatch.setattr(pdl, "_all_switch", lambda: "0")
     line = fused.describe(dev)
     assert "HOTSPEC_NORM_GEMV=0" in line and "HOTSPEC_PDL_ALL=0" in line
+    assert "HOTSPEC_ATTN_ROPE" not in line, "A/B switches show only when on"
+    from hotspec.layers.attention import triton_backend
+
+    monkeypatch.setattr(triton_backend, "_FOLD_ROPE", True)
+    monkeypatch.setattr(triton_backend, "_LAST_MERGE", True)
+    line = fused.describe(dev)
+    assert "HOTSPEC_ATTN_ROPE=1" in line and "HOTSPEC_ATTN_LAST_MERGE=1" in line
     monkeypatch.setattr(pdl, "enabled", lambda device: False)
     assert "no PDL" in fused.describe(dev)
     monkeypatch.setattr(fused, "_available", lambda: False)

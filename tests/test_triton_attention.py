@@ -31,6 +31,7 @@ if not torch.cuda.is_available() and not isinstance(
     triton_backend = importlib.reload(triton_backend)
 
 TritonBackend = triton_backend.TritonBackend
+RopeFold = triton_backend.RopeFold  # (defined in attention/base.py)
 store_kv_triton = triton_backend.store_kv_triton
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -306,6 +307,66 @@ def test_last_split_merge_equals_the_combine_kernel(case: str, splits: int) -> N
     check(fb, q, kc, vc, backend=merged)
 
 
+def _rope_case(group: int, dtype: torch.dtype, seed: int, kv_lens: list[int], d: int = 64,
+               device: torch.device = DEV):
+    """A decode batch with the step's raw k, v, the positions and cache slots of its new tokens
+    (kv_len - 1), and float32 cos / sin tables, for the RoPE fold."""
+    fb, q, kc, vc = make_case(q_lens=[1] * len(kv_lens), kv_lens=kv_lens, width=1, hq=group * HKV,
+                              hkv=HKV, d=d, dtype=dtype, seed=seed, device=device)
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(len(kv_lens), HKV, d, generator=g).to(dtype).to(device)
+    v = torch.randn(len(kv_lens), HKV, d, generator=g).to(dtype).to(device)
+    ang = torch.rand(max(kv_lens) + 3, d // 2, generator=g) * 6.3
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    pos = torch.tensor([n - 1 for n in kv_lens], device=device)
+    bt = fb.block_tables.long()
+    loc = bt[torch.arange(len(kv_lens), device=device), pos // PAGE] * PAGE + pos % PAGE
+    fb.positions, fb.out_cache_loc = pos, loc
+    return fb, q, kc, vc, RopeFold(k, v, pos, loc, cos, sin)
+
+
+@pytest.mark.parametrize("case", ["g4-bf16", "g3-f32", "g1-bf16"])
+@pytest.mark.parametrize("splits", [1, 2, 5])
+def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
+    """HOTSPEC_ATTN_ROPE: the attention kernel rotating q and storing the step's K and V itself
+    gives the bits of fused_kernels.rope_store followed by attention: the output, and the caches
+    (the new token's slot included, every other slot untouched)."""
+    from hotspec.layers import fused_kernels as fk
+
+    g, dt = case.split("-")
+    group, dtype = int(g[1:]), {"bf16": BF16, "f32": F32}[dt]
+    fb, q, kc, vc, rope = _rope_case(group, dtype, seed=41, kv_lens=[1, 17, 150])
+    scale = q.shape[-1] ** -0.5
+    kc2, vc2 = kc.clone(), vc.clone()
+    q_rot = fk.rope_store(q, rope.k, rope.v, rope.positions, rope.cos, rope.sin, kc, vc, rope.loc)
+    base = TritonBackend(PAGE, num_splits=splits, block_n=16)
+    base.plan(fb)
+    want = base.forward(fb, q_rot, kc, vc, scale)
+    folded = TritonBackend(PAGE, num_splits=splits, block_n=16, fold_rope=True)
+    assert folded.folds_rope(fb) and not base.folds_rope(fb)
+    folded.plan(fb)
+    got = folded.forward(fb, q, kc2, vc2, scale, rope=rope)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    assert torch.equal(got, want)
+
+
+def test_rope_fold_refuses_what_it_does_not_handle() -> None:
+    """Only decode batches (one row, no custom mask), and only with the switch on."""
+    fb, q, kc, vc, rope = _rope_case(2, BF16, seed=42, kv_lens=[5, 9])
+    off = TritonBackend(PAGE)
+    off.plan(fb)
+    with pytest.raises(ValueError, match="decode batches only"):
+        off.forward(fb, q, kc, vc, 1.0, rope=rope)
+    n = 4
+    fbv, qv, kcv, vcv = make_case(q_lens=[n], kv_lens=[n + 5], width=n, hq=4, hkv=2, d=64,
+                                  dtype=BF16, seed=43, masks=[tree_mask(n)])
+    on = TritonBackend(PAGE, fold_rope=True)
+    assert not on.folds_rope(fbv)
+    on.plan(fbv)
+    with pytest.raises(ValueError, match="decode batches only"):
+        on.forward(fbv, qv, kcv, vcv, 1.0, rope=rope)
+
+
 def test_store_kv_triton_matches_index_copy() -> None:
     torch.manual_seed(11)
     slots, hkv, d, t = 64, 3, 64, 10
@@ -510,3 +571,68 @@ def test_gpu_cuda_graph_replay(kind, splits) -> None:
         assert torch.isfinite(out).all()
         rel = ((out.float() - want).norm() / want.norm()).item()
         assert rel <= 2e-2, f"{kind} replay seed {seed}: rel L2 {rel:.3g}"
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int) -> None:
+    """models/llama.Attention.attend: with a backend that folds RoPE (HOTSPEC_ATTN_ROPE), a decode
+    batch skips fused_kernels.rope_store and gives the layer's output and caches bit for bit.
+    (The fused path runs for CUDA tensors only; here it is forced, in the interpreter.)"""
+    from types import SimpleNamespace
+
+    from hotspec.layers import fused
+    from hotspec.layers.rotary import RotaryEmbedding
+    from hotspec.models.config import ModelConfig
+    from hotspec.models.llama import Attention
+
+    cfg = ModelConfig(architecture="llama", vocab_size=64, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=HKV, head_dim=32,
+                      rope_theta=10000.0, max_position_embeddings=256)
+    torch.manual_seed(44)
+    attn = Attention(cfg, layer_id=0)
+    rope = RotaryEmbedding(32, 256, 10000.0)
+    fb, _, kc, vc, _ = _rope_case(4, F32, seed=45, kv_lens=[3, 40], d=32)
+    x = torch.randn(2, 64)
+    monkeypatch.setattr(fused, "enabled", lambda *a: True)
+    calls = []
+    real_rope_store = fused.rope_store
+    monkeypatch.setattr(fused, "rope_store", lambda *a: calls.append(1) or real_rope_store(*a))
+
+    def run(fold: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kv = SimpleNamespace(k=[kc.clone()], v=[vc.clone()])
+        backend = TritonBackend(PAGE, num_splits=splits, block_n=16, fold_rope=fold)
+        backend.plan(fb)
+        with torch.no_grad():
+            out = attn(x, fb, rope, kv, backend)
+        return out, kv.k[0], kv.v[0]
+
+    want = run(False)
+    assert calls == [1]
+    got = run(True)
+    assert calls == [1], "the fold skips rope_store"
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", [None, "EAGLE3"], ids=["vanilla", "eagle3"])
+def test_gpu_engine_tokens_equal_with_attention_switches(monkeypatch, algo) -> None:
+    """HOTSPEC_ATTN_ROPE and HOTSPEC_ATTN_LAST_MERGE (A/B switches): the engine's bf16 greedy
+    tokens under strict CUDA graphs are those of the default kernels, vanilla and with the
+    shipped EAGLE-3 head (its draft steps of one row take the fold too)."""
+    from hotspec import LLM, SamplingParams
+
+    prompts = ["The capital of France is", "def quicksort(arr):", "List three colours:"]
+    params = SamplingParams(temperature=0, max_tokens=24)
+
+    def run(fold: bool, merge: bool) -> list[list[int]]:
+        monkeypatch.setattr(triton_backend, "_FOLD_ROPE", fold)
+        monkeypatch.setattr(triton_backend, "_LAST_MERGE", merge)
+        llm = LLM(dtype="bfloat16", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=3,
+                  cuda_graph_max_bs=4, **({"speculative_algorithm": algo} if algo else {}))
+        return [o.token_ids for o in llm.generate(prompts, params)]
+
+    ref = run(False, False)
+    assert run(True, False) == ref
+    assert run(False, True) == ref
+    assert run(True, True) == ref

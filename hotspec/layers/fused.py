@@ -58,7 +58,18 @@ def describe(device: torch.device) -> str:
         "norm folded into the GEMV at one row" if _norm_gemv_allowed()
         else "no norm-GEMV (HOTSPEC_NORM_GEMV=0)",
         pdl.describe(device),
+        *_attention_switches(),
     ])
+
+
+def _attention_switches() -> list[str]:
+    """The attention A/B switches that are on (off by default), for `describe`."""
+    from hotspec.layers.attention import triton_backend as tb
+
+    return ([*(["RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=1)"]
+               if tb._FOLD_ROPE else []),
+             *(["split decode attention merged by its last split (HOTSPEC_ATTN_LAST_MERGE=1)"]
+               if tb._LAST_MERGE else [])])
 
 
 def _on_device(x: torch.Tensor) -> bool:

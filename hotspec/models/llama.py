@@ -16,7 +16,7 @@ from torch import nn
 
 from hotspec.engine.kv_pool import KVPool
 from hotspec.layers import fused
-from hotspec.layers.attention.base import AttentionBackend, store_kv
+from hotspec.layers.attention.base import AttentionBackend, RopeFold, store_kv
 from hotspec.layers.linear import linear, merge_linears, norm_linear, silu_mul_linear
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
@@ -80,6 +80,10 @@ class Attention(nn.Module):
         k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
         # (the KV pool is always in the model's dtype; another cache dtype takes the torch path)
         if fused.enabled(q) and k_cache.dtype == q.dtype:
+            if backend.folds_rope(fb):  # attention rotates and stores itself (HOTSPEC_ATTN_ROPE)
+                fold = RopeFold(k, v, fb.positions, fb.out_cache_loc, rope.cos, rope.sin)
+                o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold)
+                return linear(self.o_proj, o.reshape(t, -1))
             q = fused.rope_store(q, k, v, fb.positions, rope.cos, rope.sin, k_cache, v_cache,
                                  fb.out_cache_loc)
         else:

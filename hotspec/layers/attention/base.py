@@ -8,10 +8,24 @@ into static buffers before capture and refresh them before each replay.
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
 import torch
 
 from hotspec.runtime.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class RopeFold:
+    """What fused_kernels.rope_store would take, for a backend that folds RoPE and the KV store
+    into attention (`AttentionBackend.folds_rope`): the step's unrotated k and v [T, Hkv, D],
+    positions and cache slots [T], cos / sin [max_pos, D/2] (float32)."""
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    loc: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 class AttentionBackend(abc.ABC):
@@ -23,8 +37,15 @@ class AttentionBackend(abc.ABC):
 
     @abc.abstractmethod
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, scale: float) -> torch.Tensor:
-        """q: [T, Hq, D]; caches: [num_slots + 1, Hkv, D] (new K/V already stored). -> [T, Hq, D]"""
+                v_cache: torch.Tensor, scale: float, *, rope: RopeFold | None = None) -> torch.Tensor:
+        """q: [T, Hq, D]; caches: [num_slots + 1, Hkv, D] (new K/V already stored). -> [T, Hq, D]
+        With `rope` (only where `folds_rope(fb)`), q is unrotated and the new K/V not yet stored:
+        the backend does both."""
+
+    def folds_rope(self, fb: ForwardBatch) -> bool:
+        """Whether `forward(..., rope=...)` takes RoPE and the KV store for this batch (no, unless
+        a backend says so)."""
+        return False
 
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hotspec.layers.attention.base import AttentionBackend
+from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.runtime.forward_batch import ForwardBatch
 
 
@@ -64,7 +64,9 @@ class TorchRefBackend(AttentionBackend):
         fb.attn_meta = _Plan(slots, mask.unsqueeze(1), q_index, width)
 
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, scale: float, *, rope: RopeFold | None = None) -> torch.Tensor:
+        if rope is not None:
+            raise ValueError("the torch reference backend does not fold RoPE (folds_rope is False)")
         p: _Plan = fb.attn_meta
         b, w = fb.batch_size, p.q_width
         t, hq, d = q.shape

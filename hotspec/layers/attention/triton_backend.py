@@ -34,7 +34,7 @@ import torch
 import triton
 
 from hotspec.layers import pdl
-from hotspec.layers.attention.base import AttentionBackend
+from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.triton_kernels import (
     combine_splits,
     is_interpreted,
@@ -73,6 +73,10 @@ MASK_BITS_MAX = 64  # tree slots one word holds
 # was 4x slower (RESULTS "Session 8"); this one loads every split of a row at once, as
 # combine_splits does.
 _LAST_MERGE = os.environ.get("HOTSPEC_ATTN_LAST_MERGE", "0") not in ("", "0")
+# HOTSPEC_ATTN_ROPE=1: at decode (one row per request, no custom mask) the attention kernel
+# rotates q itself and stores the step's K and V, instead of fused_kernels.rope_store, which
+# saves that kernel (an A/B switch, off until the H200 measures it; `folds_rope`)
+_FOLD_ROPE = os.environ.get("HOTSPEC_ATTN_ROPE", "0") not in ("", "0")
 LAST_MERGE_ROWS = 16
 _MIN_COUNTERS = 1 << 12
 
@@ -95,14 +99,17 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
                  num_stages: int = 2, mask_bits: bool | None = None,
-                 last_merge: bool | None = None) -> None:
+                 last_merge: bool | None = None, fold_rope: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
         HOTSPEC_ATTN_MASK_BITS switch, on by default); last_merge merges split decode tiles in
-        the attention kernel (None: the HOTSPEC_ATTN_LAST_MERGE switch, off by default)."""
+        the attention kernel (None: the HOTSPEC_ATTN_LAST_MERGE switch, off by default);
+        fold_rope lets decode batches pass RoPE and the KV store to the kernel (`folds_rope`;
+        None: the HOTSPEC_ATTN_ROPE switch, off by default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.last_merge = _LAST_MERGE if last_merge is None else last_merge
+        self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
         # per device: zeroed tile counters of the last-split merge (each launch leaves them zero);
         # every buffer ever handed out stays alive, as captured graphs hold its address
         self._counters: dict[torch.device, list[torch.Tensor]] = {}
@@ -173,10 +180,19 @@ class TritonBackend(AttentionBackend):
             held.append(torch.zeros(max(tiles, _MIN_COUNTERS), dtype=torch.int32, device=dev))
         return held[-1]
 
+    def folds_rope(self, fb: ForwardBatch) -> bool:
+        """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: the
+        switch (HOTSPEC_ATTN_ROPE, or the constructor's fold_rope), and a decode-like batch (one
+        row per request, no custom mask)."""
+        return self.fold_rope and fb.width == 1 and fb.custom_mask is None
+
     # -- forward ------------------------------------------------------------------------------
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-        """As AttentionBackend.forward; `out` ([T, Hq, D], q's dtype) is written if given."""
+                v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
+                rope: RopeFold | None = None) -> torch.Tensor:
+        """As AttentionBackend.forward; `out` ([T, Hq, D], q's dtype) is written if given. With
+        `rope` (only where `folds_rope`), q is unrotated: the kernel rotates it, and rotates and
+        stores the step's K and V into their cache slots first, as fused_kernels.rope_store."""
         p: TritonPlan = fb.attn_meta
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
@@ -211,6 +227,9 @@ class TritonBackend(AttentionBackend):
             out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
         elif out.shape != (t, hq, d) or out.dtype != q.dtype or out.stride(2) != 1:
             raise ValueError("out must be [T, Hq, D] in q's dtype, contiguous along head_dim")
+        if rope is not None and not self.folds_rope(fb):
+            raise ValueError("attention with RoPE folded in: decode batches only (width 1, no "
+                             "custom mask), with fold_rope on; check folds_rope first")
         if t == 0 or b == 0:
             return out
         if p.width is not None and t != b * p.width:
@@ -251,6 +270,7 @@ class TritonBackend(AttentionBackend):
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
             LAST_MERGE=last_merge, BLOCK_S=_pow2(splits) if last_merge else 1,
             MERGE_ROWS=min(block_m, rows * gp) if last_merge else 0,
+            **_rope_kwargs(rope, k_cache),
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
         if splits > 1 and not last_merge:
@@ -262,6 +282,20 @@ class TritonBackend(AttentionBackend):
                 num_warps=4, **launch,
             )
         return out
+
+
+def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, object]:
+    if rope is None:
+        return {}
+    k, v = rope.k, rope.v
+    if k.stride(2) != 1 or v.stride(2) != 1 or rope.cos.stride(1) != 1 \
+            or rope.sin.stride() != rope.cos.stride():
+        raise ValueError("RoPE fold: k, v, cos and sin need unit stride along the head dim")
+    if k.dtype != k_cache.dtype or v.dtype != k_cache.dtype:
+        raise ValueError("RoPE fold: k and v in the cache's dtype only")
+    return dict(ROPE=True, KN=k, VN=v, POS=rope.positions.contiguous(), LOC=rope.loc.contiguous(),
+                COS=rope.cos, SIN=rope.sin, stride_knt=k.stride(0), stride_knh=k.stride(1),
+                stride_vnt=v.stride(0), stride_vnh=v.stride(1), stride_cs=rope.cos.stride(0))
 
 
 def store_kv_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,

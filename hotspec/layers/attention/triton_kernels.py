@@ -131,6 +131,21 @@ def _attn_blocks(
 
 
 @triton.jit
+def _rotate(x, base, pos, COS, SIN, stride_cs, d, ok, HEAD_DIM: tl.constexpr):
+    """Rotate-half RoPE of x (elements d of the head at `base`, at position `pos`), computed as
+    fused_kernels._rope_store_kernel computes it and rounded to x's dtype: the first half
+    x1 * cos + (-x2) * sin, the second x2 * cos + x1 * sin (cos, sin: [pos, d mod HEAD_DIM/2])."""
+    half: tl.constexpr = HEAD_DIM // 2
+    low = d < half
+    dh = tl.where(low, d, d - half)
+    partner = tl.load(base + tl.where(low, d + half, d - half), mask=ok, other=0.0).to(tl.float32)
+    cos = tl.load(COS + pos * stride_cs + dh, mask=ok, other=0.0)
+    sin = tl.load(SIN + pos * stride_cs + dh, mask=ok, other=0.0)
+    rot = tl.where(low, -partner, partner)
+    return (x.to(tl.float32) * cos + rot * sin).to(x.dtype)
+
+
+@triton.jit
 def paged_attn_fwd(
     Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE, CNT,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
@@ -142,6 +157,8 @@ def paged_attn_fwd(
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
     LAST_MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1, MERGE_ROWS: tl.constexpr = 0,
+    ROPE: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None, COS=None, SIN=None,
+    stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this
@@ -177,6 +194,10 @@ def paged_attn_fwd(
     tok = q_base + qi
     q_ptrs = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if ROPE:  # q arrives unrotated (HOTSPEC_ATTN_ROPE): rotate it as fused_kernels.rope_store does
+        pos = tl.load(POS + tok, mask=row_ok, other=0).to(tl.int64)
+        q = _rotate(q, Q + tok[:, None] * stride_qt + head[:, None] * stride_qh, pos[:, None],
+                    COS, SIN, stride_cs, d[None, :], row_ok[:, None] & d_ok[None, :], HEAD_DIM)
     if F32_DOT:
         q = q.to(tl.float32)
 
@@ -201,6 +222,20 @@ def paged_attn_fwd(
     else:
         lo = 0
         hi = end
+
+    if ROPE:  # decode: the program whose kv range holds the new token stores its K and V first
+        new = kv_len - 1
+        if (lo <= new) & (new < hi):
+            t_new = q_base  # width 1: the request's one row
+            slot = tl.load(LOC + t_new).to(tl.int64)
+            pos_new = tl.load(POS + t_new).to(tl.int64)
+            k_src = KN + t_new * stride_knt + h * stride_knh
+            kr = _rotate(tl.load(k_src + d, mask=d_ok, other=0.0), k_src, pos_new, COS, SIN,
+                         stride_cs, d, d_ok, HEAD_DIM)
+            tl.store(K + slot * stride_kt + h * stride_kh + d, kr.to(K.dtype.element_ty), mask=d_ok)
+            vr = tl.load(VN + t_new * stride_vnt + h * stride_vnh + d, mask=d_ok, other=0.0)
+            tl.store(V + slot * stride_vt + h * stride_vh + d, vr.to(V.dtype.element_ty), mask=d_ok)
+        tl.debug_barrier()  # the stores above are seen by this program's own loads below
 
     # kv blocks every real row of the tile sees whole ([0, full)) need no mask at all
     if CUSTOM:
