@@ -13,8 +13,12 @@
 #              decode step of AB_MODEL (llama8b-shape; smollm2-shape for SmolLM2's, also without a
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
-#              8B). "AB_ENV2=..." adds a third column. Next: AB_ENV="HOTSPEC_ATTN_LAST_MERGE=1"
-#              AB_TESTS="tests/test_triton_attention.py -k last_split".
+#              8B). "AB_ENV2=..." adds a third column. Next session's first call (RESULTS
+#              "Session 10", the last section; carries .whl .models/p1 after `device_carry.sh hide`):
+#              AB_ENV="HOTSPEC_ATTN_ROPE=1" AB_ENV2="HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1"
+#              AB_TESTS="tests/test_triton_attention.py::test_gpu_rope_fold
+#              tests/test_triton_attention.py::test_gpu_last_split_merge" (~4 min); then, carrying
+#              .models/p2, test_gpu_engine_tokens_equal_with_attention_switches (the default GGUF).
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
@@ -110,7 +114,7 @@ SWEEP=(python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 --prompts
   --max-tokens 256)
 if [ "$stage" = ab ]; then  # AB_ENV="VAR=VAL ..." [AB_ENV2=...] against the defaults
   [ -n "${AB_ENV:-}" ] || { echo "ab: set AB_ENV, e.g. AB_ENV=\"HOTSPEC_PDL_PRELOAD=0\"" >&2; exit 2; }
-  step kernel_tests 150 python3 -m pytest -q -m gpu ${AB_TESTS:-tests/test_pdl.py tests/test_gemv.py -k "not engine"}
+  step kernel_tests 300 python3 -m pytest -q -m gpu ${AB_TESTS:-tests/test_pdl.py tests/test_gemv.py -k "not engine"}
   DA=(python3 benchmarks/decode_bench.py --model "${AB_MODEL:-llama8b-shape}" --mode graphed --dtype bfloat16
     --context 512 --tokens 32 --batch-sizes 1,8)
   for i in $(seq "${AB_RUNS:-2}"); do

@@ -615,6 +615,40 @@ def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_rope_fold(shape, batch) -> None:
+    """HOTSPEC_ATTN_ROPE at the real heads, automatic splits over the engine's static bound, with
+    and without the last-split merge: rope_store + attention's output and caches, bit for bit."""
+    from hotspec.layers import fused_kernels as fk
+
+    kv = [512] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
+    hq, hkv, d = shape["hq"], shape["hkv"], shape["d"]
+    fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, hq=hq, hkv=hkv, d=d,
+                              dtype=BF16, seed=103)
+    fb.max_kv = 8192
+    k = torch.randn(batch, hkv, d, device=DEV).to(BF16)
+    v = torch.randn(batch, hkv, d, device=DEV).to(BF16)
+    ang = torch.rand(4096, d // 2, device=DEV) * 6.3
+    cos, sin = ang.cos(), ang.sin()
+    pos = torch.tensor([n - 1 for n in kv], device=DEV)
+    loc = fb.block_tables.long()[torch.arange(batch, device=DEV), pos // PAGE] * PAGE + pos % PAGE
+    fb.positions, fb.out_cache_loc = pos, loc
+    scale = d ** -0.5
+    kc2, vc2 = kc.clone(), vc.clone()
+    base = TritonBackend(PAGE)
+    base.plan(fb)
+    want = base.forward(fb, fk.rope_store(q, k, v, pos, cos, sin, kc, vc, loc), kc, vc, scale)
+    for merge in (False, True):
+        kc3, vc3 = kc2.clone(), vc2.clone()
+        folded = TritonBackend(PAGE, fold_rope=True, last_merge=merge)
+        folded.plan(fb)
+        got = folded.forward(fb, q, kc3, vc3, scale, rope=RopeFold(k, v, pos, loc, cos, sin))
+        assert torch.equal(kc3, kc) and torch.equal(vc3, vc)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("algo", [None, "EAGLE3"], ids=["vanilla", "eagle3"])
 def test_gpu_engine_tokens_equal_with_attention_switches(monkeypatch, algo) -> None:
     """HOTSPEC_ATTN_ROPE and HOTSPEC_ATTN_LAST_MERGE (A/B switches): the engine's bf16 greedy
