@@ -192,15 +192,24 @@ def test_preload_rule_and_bad_value(monkeypatch):
         pdl._preload_switch()
     monkeypatch.delenv("HOTSPEC_PDL_PRELOAD")
     pdl._preload_switch.cache_clear()
+    pdl.preload_rows.cache_clear()
+    assert pdl.preload_rows() == 1, "one row by default (the measured case)"
+    for bad in ("0", "17", "x"):
+        monkeypatch.setenv("HOTSPEC_PDL_PRELOAD_ROWS", bad)
+        pdl.preload_rows.cache_clear()
+        with pytest.raises(ValueError, match=f"HOTSPEC_PDL_PRELOAD_ROWS='{bad}': use a row count"):
+            pdl.preload_rows()
+    monkeypatch.delenv("HOTSPEC_PDL_PRELOAD_ROWS")
+    pdl.preload_rows.cache_clear()
 
 
 @pytest.mark.parametrize("tiles", [1, 2])
 @pytest.mark.parametrize("kind", ["plain", "silu", "split2", "norm", "ragged", "ragged-split2",
-                                  "ragged-norm"])
+                                  "ragged-norm", "rows5", "rows5-silu-split2"])
 def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
     """A GEMV / norm-GEMV program that loads its first tiles before the PDL wait sums them in the
     loop's order: the same bits as without (run here without PDL, which the interpreter lacks; the
-    kernel path is the same)."""
+    kernel path is the same). `rows5`: five rows, the tl.dot path (HOTSPEC_PDL_PRELOAD_ROWS)."""
     pytest.importorskip("triton")
     from hotspec.layers import gemv_kernels as gk
     from hotspec.layers import norm_gemv_kernel as ng
@@ -208,9 +217,12 @@ def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator(device=dev).manual_seed(7)
     # 2.5 column blocks; K whole 32-column tiles, or not (the split's last slice: 40 columns)
-    n, k = 40, {"split2": 128, "ragged": 72, "ragged-split2": 136, "ragged-norm": 72}.get(kind, 64)
+    n, k = 40, {"split2": 128, "ragged": 72, "ragged-split2": 136, "ragged-norm": 72,
+                "rows5-silu-split2": 128}.get(kind, 64)
+    rows = 5 if kind.startswith("rows5") else 1
     w = (torch.randn(n, k, generator=g, device=dev) * 0.05).to(torch.bfloat16)
-    x = (torch.randn(1, 2 * k if kind == "silu" else k, generator=g, device=dev) * 2).to(torch.bfloat16)
+    x = (torch.randn(rows, 2 * k if "silu" in kind else k, generator=g, device=dev) * 2).to(torch.bfloat16)
+    monkeypatch.setattr(pdl, "preload_rows", lambda: 16)
     cfg = gk.GemvConfig(16, 32, 2 if kind.endswith("split2") else 1, 4, 2)
 
     def run(preload: int) -> torch.Tensor:
@@ -219,7 +231,7 @@ def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
         if kind.endswith("norm"):
             r = torch.randn(1, k, generator=g.manual_seed(8), device=dev).to(x.dtype)
             return ng.norm_gemv(x, r, torch.ones(k, dtype=x.dtype, device=dev) * 1.1, 1e-5, w, cfg)[0]
-        return gk.gemv(x, w, silu_mul=kind == "silu", config=cfg)
+        return gk.gemv(x, w, silu_mul="silu" in kind, config=cfg)
 
     assert torch.equal(run(tiles), run(0))
 
@@ -266,3 +278,37 @@ def test_preload_at_real_shapes_gives_the_same_bits(monkeypatch, shape):
         assert torch.equal(y, eager)
         outs.append(eager)
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [8, 12, 16])
+@pytest.mark.parametrize("nk", [(4096, 4096), (6144, 4096), (960, 576), (576, 576), (3072, 576)],
+                         ids=["8b-o", "8b-qkv", "smol-qkv", "smol-o", "smol-gate_up"])
+def test_preload_at_several_rows_gives_the_same_bits(monkeypatch, rows, nk):
+    """HOTSPEC_PDL_PRELOAD_ROWS=16 (A/B): the tl.dot GEMV of verify / draft / small-batch decode,
+    PDL-launched with its engine config and its first tile preloaded, gives the bits it gives
+    without, eagerly and replayed from a CUDA graph."""
+    from hotspec.layers import gemv_kernels as gk
+
+    n, k = nk
+    cfg = gk.choose(rows, n, k)
+    if cfg is None:
+        pytest.skip(f"cuBLAS runs {rows} x {n} x {k} in the engine")
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(10)
+    w = (torch.randn(n, k, generator=g, device=dev) * 0.02).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=g, device=dev).to(torch.bfloat16)
+    monkeypatch.setattr(pdl, "preload_rows", lambda: 16)
+    outs = []
+    for tiles in (0, 1):
+        monkeypatch.setattr(pdl, "_preload_switch", lambda t=tiles: t)
+        eager = gk.gemv(x, w, config=cfg)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = gk.gemv(x, w, config=cfg)
+        for _ in range(5):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, eager)
+        outs.append(eager)
+    assert torch.equal(outs[1], outs[0])

@@ -125,8 +125,8 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
     PDL (layers/pdl.py): the program's first weight panel goes to L2, and its first PRELOAD
-    weight tiles (whole, one row) into registers, before it waits for the kernel before;
-    nothing else happens before the wait."""
+    weight tiles (whole) into registers, before it waits for the kernel before; nothing else
+    happens before the wait."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     k_lo = pid_k * K_SPLIT
@@ -156,6 +156,18 @@ def _x_tile(x_ptr, K, mask, SILU: tl.constexpr):
 
 
 @triton.jit
+def _mac(acc, w, x, BLOCK_M: tl.constexpr, F32_DOT: tl.constexpr):
+    """acc plus the tile's products: elementwise into [BLOCK_N, BLOCK_K] for one row (x [1, K]
+    broadcast over w's rows), else x @ w.T through tl.dot into [BLOCK_M, BLOCK_N]."""
+    if BLOCK_M == 1:
+        return acc + w.to(tl.float32) * x.to(tl.float32)
+    elif F32_DOT:  # the interpreter's bf16 dot multiplies raw bit patterns: go through fp32
+        return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    else:
+        return tl.dot(x, tl.trans(w), acc)
+
+
+@triton.jit
 def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
                w0, w1, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
@@ -169,15 +181,15 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     w_ptr = W + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
     x_ptr = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
-    if BLOCK_M == 1:
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if BLOCK_M == 1:  # elementwise products, reduced over K once after the loop
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # the first PRELOAD tiles, loaded before the wait (one row, whole tiles), in the loop's order
+    # the first PRELOAD tiles, loaded before the wait (whole tiles), in the loop's order
     if PRELOAD > 0:
-        acc2 += w0.to(tl.float32) * _x_tile(x_ptr, K, m_ok[:, None], SILU).to(tl.float32)
+        acc = _mac(acc, w0, _x_tile(x_ptr, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)
     if PRELOAD > 1:
-        acc2 += w1.to(tl.float32) * _x_tile(x_ptr + BLOCK_K, K, m_ok[:, None], SILU).to(tl.float32)
+        acc = _mac(acc, w1, _x_tile(x_ptr + BLOCK_K, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)
     k_start = k_lo + PRELOAD * BLOCK_K
     w_ptr += PRELOAD * BLOCK_K
     x_ptr += PRELOAD * BLOCK_K
@@ -190,16 +202,11 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
             w = tl.load(w_ptr, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
             x = _x_tile(x_ptr, K, m_ok[:, None] & k_ok[None, :], SILU)
-        if BLOCK_M == 1:
-            acc2 += w.to(tl.float32) * x.to(tl.float32)  # x: [1, BLOCK_K] broadcast over rows
-        elif F32_DOT:  # the interpreter's bf16 dot multiplies raw bit patterns: go through fp32
-            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
+        acc = _mac(acc, w, x, BLOCK_M, F32_DOT)
         w_ptr += BLOCK_K
         x_ptr += BLOCK_K
     if BLOCK_M == 1:
-        acc = tl.sum(acc2, axis=1)[None, :]
+        acc = tl.sum(acc, axis=1)[None, :]
     out_mask = m_ok[:, None] & n_ok[None, :]
     y_ptr = Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     if SPLIT_K == 1:
@@ -277,7 +284,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=cfg.SPLIT_K, EVEN_K=even_k, F32_DOT=_INTERPRET, PDL=use_pdl,
         PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preload_tiles(use_pdl, m == 1, k - (cfg.SPLIT_K - 1) * k_split, cfg.BLOCK_K),
+        PRELOAD=pdl.preload_tiles(use_pdl, m <= pdl.preload_rows(), k - (cfg.SPLIT_K - 1) * k_split,
+                                  cfg.BLOCK_K),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 

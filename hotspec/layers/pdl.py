@@ -105,6 +105,17 @@ def preload_tiles(use_pdl: bool, eligible: bool, slice_k: int, block_k: int) -> 
 
 
 @functools.cache
+def preload_rows() -> int:
+    """The most rows a GEMV may have for `preload_tiles` to apply (HOTSPEC_PDL_PRELOAD_ROWS: 1 by
+    default, measured at one row only; up to 16, the tl.dot GEMV's rows, for A/B runs of the
+    verify and draft steps and of small-batch decode)."""
+    v = os.environ.get("HOTSPEC_PDL_PRELOAD_ROWS", "1")
+    if not v.isdigit() or not 1 <= int(v) <= 16:
+        raise ValueError(f"HOTSPEC_PDL_PRELOAD_ROWS={v!r}: use a row count from 1 (the default) to 16")
+    return int(v)
+
+
+@functools.cache
 def _preload_switch() -> int:
     v = os.environ.get("HOTSPEC_PDL_PRELOAD", "1")
     if v not in ("0", "1", "2"):
