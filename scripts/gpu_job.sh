@@ -13,14 +13,14 @@
 #              decode step of AB_MODEL (llama8b-shape; smollm2-shape for SmolLM2's, also without a
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
-#              8B). "AB_ENV2=..." adds a third column. Next session's first call (RESULTS
-#              "Session 10", the last section; carries .whl .models/p1 after `device_carry.sh hide`):
-#              AB_ENV="HOTSPEC_ATTN_ROPE=1" AB_ENV2="HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1"
-#              AB_TESTS="tests/test_triton_attention.py::test_gpu_rope_fold
-#              tests/test_triton_attention.py::test_gpu_last_split_merge" (~4 min); then, carrying
-#              .models/p2, test_gpu_engine_tokens_equal_with_attention_switches (the default GGUF).
+#              8B). "AB_ENV2=..." adds a third column.
+#   s13a       next session's first call of a chain (carries .whl .models/p1): the attention
+#              switches' kernel tests, attn_bench auto vs last, 8B decode default / HOTSPEC_ATTN_ROPE /
+#              HOTSPEC_ATTN_LAST_MERGE / both alternated twice, HOTSPEC_PDL_PRELOAD_ROWS=16 (~5 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
+#   s13b       the second call: engine tests of the switches (bf16 tokens), SmolLM2 decode and
+#              spec_sweep at batch 1, default / PRELOAD_ROWS=16 / ROPE + LAST_MERGE (~6 min)
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
 #              DRAFT_VOCAB, TOKEN_MAPS, KV_GB, TRAIN_S; TRAIN_EXTRA adds options, e.g.
 #              "--responses-per-prompt 2 --temperature 0.7" or "--intermediate-size 3072"),
@@ -123,6 +123,36 @@ if [ "$stage" = ab ]; then  # AB_ENV="VAR=VAL ..." [AB_ENV2=...] against the def
     [ -n "${AB_ENV2:-}" ] && step "ab_env2_$i" 90 env $AB_ENV2 "${DA[@]}" --out "$OUT/ab_env2_$i.json"
   done
   echo "ab: AB_ENV=$AB_ENV${AB_ENV2:+, AB_ENV2=$AB_ENV2}, model ${AB_MODEL:-llama8b-shape}" | tee -a "$OUT/status.txt"
+fi
+if [ "$stage" = s13a ]; then  # next session, call 1 (carries .whl .models/p1 after `hide`)
+  step kernel_tests 300 python3 -m pytest -q -m gpu tests/test_triton_attention.py::test_gpu_rope_fold \
+    tests/test_triton_attention.py::test_gpu_last_split_merge tests/test_pdl.py -k "not engine"
+  step attn_bench 120 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1,8 \
+    --phases decode --variants auto,last
+  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1,8)
+  for i in 1 2; do
+    step "decode_8b_default_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_default_$i.json"
+    HOTSPEC_ATTN_ROPE=1 step "decode_8b_rope_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_rope_$i.json"
+    HOTSPEC_ATTN_LAST_MERGE=1 step "decode_8b_merge_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_merge_$i.json"
+    HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 step "decode_8b_both_$i" 60 "${D8[@]}" \
+      --out "$OUT/decode_8b_both_$i.json"
+  done
+  HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_8b_rows16 60 "${D8[@]}" --out "$OUT/decode_8b_rows16.json"
+fi
+if [ "$stage" = s13b ]; then  # next session, call 2 at once (carries .models/p2 and the prompts)
+  step engine_tests 330 python3 -m pytest -q -s -m gpu \
+    tests/test_triton_attention.py::test_gpu_engine_tokens_equal_with_attention_switches tests/test_pdl.py -k engine
+  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
+    --tokens 64 --batch-sizes 1,8)
+  step decode_smol_default 45 "${DS[@]}" --out "$OUT/decode_smol_default.json"
+  HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 step decode_smol_both 45 "${DS[@]}" --out "$OUT/decode_smol_both.json"
+  HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_smol_rows16 45 "${DS[@]}" --out "$OUT/decode_smol_rows16.json"
+  B1=(--batch-size 1 --num-prompts 26 --variants 4/8/12 3/1/4)
+  step sweep_b1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1.json"
+  HOTSPEC_PDL_PRELOAD_ROWS=16 step sweep_b1_rows16 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_rows16.json"
+  HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 step sweep_b1_both 80 "${SWEEP[@]}" "${B1[@]}" \
+    --out "$OUT/sweep_b1_both.json"
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
