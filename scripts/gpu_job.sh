@@ -14,8 +14,8 @@
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
 #              8B). "AB_ENV2=..." adds a third column.
-#   s13a       next session's first call of a chain (carries .whl .models/p1): the attention
-#              switches' kernel tests, attn_bench auto vs last, 8B decode default / HOTSPEC_ATTN_ROPE /
+#   s13a       next session's first call of a chain (carries .whl .models/p1): the attention, PDL
+#              and GEMV kernel tests (session 10 changed all three after its last GPU run), attn_bench auto vs last, 8B decode default / HOTSPEC_ATTN_ROPE /
 #              HOTSPEC_ATTN_LAST_MERGE / both alternated twice, HOTSPEC_PDL_PRELOAD_ROWS=16 (~5 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
@@ -125,8 +125,8 @@ if [ "$stage" = ab ]; then  # AB_ENV="VAR=VAL ..." [AB_ENV2=...] against the def
   echo "ab: AB_ENV=$AB_ENV${AB_ENV2:+, AB_ENV2=$AB_ENV2}, model ${AB_MODEL:-llama8b-shape}" | tee -a "$OUT/status.txt"
 fi
 if [ "$stage" = s13a ]; then  # next session, call 1 (carries .whl .models/p1 after `hide`)
-  step kernel_tests 300 python3 -m pytest -q -m gpu tests/test_triton_attention.py::test_gpu_rope_fold \
-    tests/test_triton_attention.py::test_gpu_last_split_merge tests/test_pdl.py -k "not engine"
+  step kernel_tests 420 python3 -m pytest -q -m gpu tests/test_triton_attention.py tests/test_pdl.py \
+    tests/test_gemv.py -k "not engine"
   step attn_bench 120 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1,8 \
     --phases decode --variants auto,last
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
