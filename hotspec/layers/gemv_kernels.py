@@ -33,10 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotspec.layers import pdl
-
-# Importing the attention kernels applies their TRITON_INTERPRET numpy fix for these kernels too.
-from hotspec.layers.attention import triton_kernels  # noqa: F401
+from hotspec.layers import pdl, triton_interpret  # noqa: F401  (triton_interpret: the interpreter fix)
 
 MAX_M = 16
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotspec.layers.attention import triton_kernels  # noqa: F401  (interpreter fix)
+from hotspec.layers import triton_interpret  # noqa: F401  (the interpreter fix)
 from hotspec.spec.frontier import Frontier
 
 

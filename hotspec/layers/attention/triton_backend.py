@@ -35,12 +35,8 @@ import triton
 
 from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
-from hotspec.layers.attention.triton_kernels import (
-    combine_splits,
-    is_interpreted,
-    paged_attn_fwd,
-    store_kv_kernel,
-)
+from hotspec.layers.attention.merge_kernels import combine_splits
+from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd, store_kv_kernel
 from hotspec.runtime.forward_batch import ForwardBatch
 
 _LOG2E = 1.4426950408889634
