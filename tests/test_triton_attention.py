@@ -19,7 +19,6 @@ import pytest  # noqa: E402
 triton = pytest.importorskip("triton")
 
 from hotspec.layers.attention import triton_backend, triton_kernels  # noqa: E402
-from hotspec.layers.attention.base import store_kv  # noqa: E402
 from hotspec.layers.attention.torch_ref import TorchRefBackend  # noqa: E402
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 
@@ -32,7 +31,6 @@ if not torch.cuda.is_available() and not isinstance(
 
 TritonBackend = triton_backend.TritonBackend
 RopeFold = triton_backend.RopeFold  # (defined in attention/base.py)
-store_kv_triton = triton_backend.store_kv_triton
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PAGE = 16
@@ -365,29 +363,6 @@ def test_rope_fold_refuses_what_it_does_not_handle() -> None:
     on.plan(fbv)
     with pytest.raises(ValueError, match="decode batches only"):
         on.forward(fbv, qv, kcv, vcv, 1.0, rope=rope)
-
-
-def test_store_kv_triton_matches_index_copy() -> None:
-    torch.manual_seed(11)
-    slots, hkv, d, t = 64, 3, 64, 10
-    loc = torch.randperm(slots)[:t]
-    loc[-2:] = slots  # padding rows -> trash slot
-    k, v = torch.randn(t, hkv, d), torch.randn(t, hkv, d)
-    k_ref = torch.randn(slots + 1, hkv, d).to(BF16)
-    v_ref = torch.randn(slots + 1, hkv, d).to(BF16)
-    k_got, v_got = k_ref.to(DEV), v_ref.to(DEV)  # copies on CUDA, clones below on CPU
-    if DEV.type == "cpu":
-        k_got, v_got = k_got.clone(), v_got.clone()
-    store_kv(k_ref, v_ref, loc, k, v)
-    store_kv_triton(k_got, v_got, loc.to(DEV), k.to(DEV), v.to(DEV))
-    k_got, v_got = k_got.cpu(), v_got.cpu()
-    real = torch.arange(slots + 1) != slots  # the trash slot's final content is unspecified
-    for got, want in ((k_got, k_ref), (v_got, v_ref)):
-        if DEV.type == "cuda":
-            assert torch.equal(got[real], want[real])
-        else:  # the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest: 1 ulp
-            g, w = got[real].float(), want[real].float()
-            assert ((g - w).abs() <= w.abs() * 2.0 ** -7).all()
 
 
 def test_plan_keeps_device_tensors_and_rejects_ragged_custom() -> None:

@@ -20,9 +20,9 @@ Design
   * fp32 / fp16 / bf16; fp32 accumulation; output in q's dtype. fp32 dots use
     input_precision="ieee" (no tf32), so fp32 results match the reference closely.
 
-KV store: the backend keeps `store_kv`'s two `index_copy_` calls (graph-safe, padding rows already
-point at the trash slot). `store_kv_triton` below fuses K and V into one launch for callers who
-want to save a kernel per layer; it has the same semantics.
+KV store: not the backend's. On CUDA the model's fused_kernels.rope_store rotates and stores the
+step's K/V (padding rows point at the trash slot), or, at decode with HOTSPEC_ATTN_ROPE=1, the
+attention kernel does (`folds_rope`); elsewhere base.store_kv's `index_copy_` calls do.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import triton
 from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.merge_kernels import combine_splits
-from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd, store_kv_kernel
+from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
 from hotspec.runtime.forward_batch import ForwardBatch
 
 _LOG2E = 1.4426950408889634
@@ -292,25 +292,3 @@ def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, obje
     return dict(ROPE=True, KN=k, VN=v, POS=rope.positions.contiguous(), LOC=rope.loc.contiguous(),
                 COS=rope.cos, SIN=rope.sin, stride_knt=k.stride(0), stride_knh=k.stride(1),
                 stride_vnt=v.stride(0), stride_vnh=v.stride(1), stride_cs=rope.cos.stride(0))
-
-
-def store_kv_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,
-                    k: torch.Tensor, v: torch.Tensor) -> None:
-    """Same as base.store_kv (k, v: [T, Hkv, D] -> cache rows `loc`), K and V in one launch.
-
-    Duplicate slots (several padding rows all on the trash slot) are written in an unspecified
-    order, which only matters for the trash slot."""
-    t, hkv, d = k.shape
-    if t == 0:
-        return
-    if k.stride(2) != 1:
-        k = k.contiguous()
-    if v.stride(2) != 1:
-        v = v.contiguous()
-    loc = loc.contiguous()  # read with unit stride
-    store_kv_kernel[(t,)](
-        k, v, k_cache, v_cache, loc,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        HKV=hkv, HEAD_DIM=d, BLOCK_H=_pow2(hkv), BLOCK_D=_pow2(d), num_warps=1 if hkv * d <= 512 else 4,
-    )

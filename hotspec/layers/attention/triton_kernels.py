@@ -264,26 +264,6 @@ def paged_attn_fwd(
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
-def store_kv_kernel(
-    K_SRC, V_SRC, K_CACHE, V_CACHE, LOC,
-    stride_ks, stride_kh, stride_vs, stride_vh, stride_kc, stride_khc, stride_vc, stride_vhc,
-    HKV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """One token's K and V (all kv heads) to its slot, cast to the cache dtype, in one launch."""
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(LOC + t).to(tl.int64)
-    hh = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    mask = (hh < HKV)[:, None] & (d < HEAD_DIM)[None, :]
-    k = tl.load(K_SRC + t * stride_ks + hh[:, None] * stride_kh + d[None, :], mask=mask)
-    v = tl.load(V_SRC + t * stride_vs + hh[:, None] * stride_vh + d[None, :], mask=mask)
-    tl.store(K_CACHE + slot * stride_kc + hh[:, None] * stride_khc + d[None, :],
-             k.to(K_CACHE.dtype.element_ty), mask=mask)
-    tl.store(V_CACHE + slot * stride_vc + hh[:, None] * stride_vhc + d[None, :],
-             v.to(V_CACHE.dtype.element_ty), mask=mask)
-
-
 def is_interpreted() -> bool:
     """True when these kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""
     from triton.runtime.interpreter import InterpretedFunction
