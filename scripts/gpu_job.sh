@@ -16,7 +16,8 @@
 #              8B). "AB_ENV2=..." adds a third column.
 #   s13a       next session's first call of a chain (carries .whl .models/p1): the attention, PDL
 #              and GEMV kernel tests (session 10 changed all three after its last GPU run), attn_bench auto vs last, 8B decode default / HOTSPEC_ATTN_ROPE /
-#              HOTSPEC_ATTN_LAST_MERGE / both alternated twice, HOTSPEC_PDL_PRELOAD_ROWS=16 (~5 min)
+#              HOTSPEC_ATTN_LAST_MERGE / both / both + HOTSPEC_ATTN_EARLY alternated twice,
+#              HOTSPEC_PDL_PRELOAD_ROWS=16 (~6 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   s13b       the second call: engine tests of the switches (bf16 tokens), SmolLM2 decode and
@@ -137,6 +138,8 @@ if [ "$stage" = s13a ]; then  # next session, call 1 (carries .whl .models/p1 af
     HOTSPEC_ATTN_LAST_MERGE=1 step "decode_8b_merge_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_merge_$i.json"
     HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 step "decode_8b_both_$i" 60 "${D8[@]}" \
       --out "$OUT/decode_8b_both_$i.json"
+    HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 HOTSPEC_ATTN_EARLY=1 step "decode_8b_early_$i" 60 \
+      "${D8[@]}" --out "$OUT/decode_8b_early_$i.json"
   done
   HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_8b_rows16 60 "${D8[@]}" --out "$OUT/decode_8b_rows16.json"
 fi

@@ -162,8 +162,9 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
 
     monkeypatch.setattr(triton_backend, "_FOLD_ROPE", True)
     monkeypatch.setattr(triton_backend, "_LAST_MERGE", True)
+    monkeypatch.setattr(triton_backend, "_EARLY", True)
     line = fused.describe(dev)
-    assert "HOTSPEC_ATTN_ROPE=1" in line and "HOTSPEC_ATTN_LAST_MERGE=1" in line
+    assert all(f"HOTSPEC_ATTN_{v}=1" in line for v in ("ROPE", "LAST_MERGE", "EARLY"))
     monkeypatch.setattr(pdl, "enabled", lambda device: False)
     assert "no PDL" in fused.describe(dev)
     monkeypatch.setattr(fused, "_available", lambda: False)

@@ -594,7 +594,8 @@ def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int)
 @pytest.mark.parametrize("batch", [1, 8])
 def test_gpu_rope_fold(shape, batch) -> None:
     """HOTSPEC_ATTN_ROPE at the real heads, automatic splits over the engine's static bound, with
-    and without the last-split merge: rope_store + attention's output and caches, bit for bit."""
+    and without the last-split merge and the early (PDL, K/V prefetch) launch: rope_store +
+    attention's output and caches, bit for bit."""
     from hotspec.layers import fused_kernels as fk
 
     kv = [512] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
@@ -614,9 +615,9 @@ def test_gpu_rope_fold(shape, batch) -> None:
     base = TritonBackend(PAGE)
     base.plan(fb)
     want = base.forward(fb, fk.rope_store(q, k, v, pos, cos, sin, kc, vc, loc), kc, vc, scale)
-    for merge in (False, True):
+    for merge, early in ((False, False), (True, False), (False, True), (True, True)):
         kc3, vc3 = kc2.clone(), vc2.clone()
-        folded = TritonBackend(PAGE, fold_rope=True, last_merge=merge)
+        folded = TritonBackend(PAGE, fold_rope=True, last_merge=merge, early=early)
         folded.plan(fb)
         got = folded.forward(fb, q, kc3, vc3, scale, rope=RopeFold(k, v, pos, loc, cos, sin))
         assert torch.equal(kc3, kc) and torch.equal(vc3, vc)
@@ -626,7 +627,7 @@ def test_gpu_rope_fold(shape, batch) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", [None, "EAGLE3"], ids=["vanilla", "eagle3"])
 def test_gpu_engine_tokens_equal_with_attention_switches(monkeypatch, algo) -> None:
-    """HOTSPEC_ATTN_ROPE and HOTSPEC_ATTN_LAST_MERGE (A/B switches): the engine's bf16 greedy
+    """HOTSPEC_ATTN_ROPE, HOTSPEC_ATTN_LAST_MERGE and HOTSPEC_ATTN_EARLY (A/B): the engine's bf16 greedy
     tokens under strict CUDA graphs are those of the default kernels, vanilla and with the
     shipped EAGLE-3 head (its draft steps of one row take the fold too)."""
     from hotspec import LLM, SamplingParams
@@ -634,9 +635,10 @@ def test_gpu_engine_tokens_equal_with_attention_switches(monkeypatch, algo) -> N
     prompts = ["The capital of France is", "def quicksort(arr):", "List three colours:"]
     params = SamplingParams(temperature=0, max_tokens=24)
 
-    def run(fold: bool, merge: bool) -> list[list[int]]:
+    def run(fold: bool, merge: bool, early: bool = False) -> list[list[int]]:
         monkeypatch.setattr(triton_backend, "_FOLD_ROPE", fold)
         monkeypatch.setattr(triton_backend, "_LAST_MERGE", merge)
+        monkeypatch.setattr(triton_backend, "_EARLY", early)
         llm = LLM(dtype="bfloat16", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=3,
                   cuda_graph_max_bs=4, **({"speculative_algorithm": algo} if algo else {}))
         return [o.token_ids for o in llm.generate(prompts, params)]
@@ -645,3 +647,4 @@ def test_gpu_engine_tokens_equal_with_attention_switches(monkeypatch, algo) -> N
     assert run(True, False) == ref
     assert run(False, True) == ref
     assert run(True, True) == ref
+    assert run(True, True, early=True) == ref

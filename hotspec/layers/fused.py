@@ -69,7 +69,9 @@ def _attention_switches() -> list[str]:
     return ([*(["RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=1)"]
                if tb._FOLD_ROPE else []),
              *(["split decode attention merged by its last split (HOTSPEC_ATTN_LAST_MERGE=1)"]
-               if tb._LAST_MERGE else [])])
+               if tb._LAST_MERGE else []),
+             *(["folded decode attention PDL-launched, prefetching its K/V (HOTSPEC_ATTN_EARLY=1)"]
+               if tb._EARLY else [])])
 
 
 def _on_device(x: torch.Tensor) -> bool:

@@ -73,6 +73,10 @@ _LAST_MERGE = os.environ.get("HOTSPEC_ATTN_LAST_MERGE", "0") not in ("", "0")
 # rotates q itself and stores the step's K and V, instead of fused_kernels.rope_store, which
 # saves that kernel (an A/B switch, off until the H200 measures it; `folds_rope`)
 _FOLD_ROPE = os.environ.get("HOTSPEC_ATTN_ROPE", "0") not in ("", "0")
+# HOTSPEC_ATTN_EARLY=1 (with the fold, on Hopper): that decode attention is PDL-launched even at
+# one row, and each program prefetches its cached K/V rows into L2 before its wait, while the qkv
+# GEMV before it finishes (an A/B switch, off until the H200 measures it)
+_EARLY = os.environ.get("HOTSPEC_ATTN_EARLY", "0") not in ("", "0")
 LAST_MERGE_ROWS = 16
 _MIN_COUNTERS = 1 << 12
 
@@ -95,17 +99,20 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
                  num_stages: int = 2, mask_bits: bool | None = None,
-                 last_merge: bool | None = None, fold_rope: bool | None = None) -> None:
+                 last_merge: bool | None = None, fold_rope: bool | None = None,
+                 early: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
         HOTSPEC_ATTN_MASK_BITS switch, on by default); last_merge merges split decode tiles in
         the attention kernel (None: the HOTSPEC_ATTN_LAST_MERGE switch, off by default);
         fold_rope lets decode batches pass RoPE and the KV store to the kernel (`folds_rope`;
-        None: the HOTSPEC_ATTN_ROPE switch, off by default)."""
+        None: the HOTSPEC_ATTN_ROPE switch, off by default); early PDL-launches such folded
+        calls and prefetches their K/V rows before the wait (None: HOTSPEC_ATTN_EARLY, off)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.last_merge = _LAST_MERGE if last_merge is None else last_merge
         self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
+        self.early = _EARLY if early is None else early
         # per device: zeroed tile counters of the last-split merge (each launch leaves them zero);
         # every buffer ever handed out stays alive, as captured graphs hold its address
         self._counters: dict[torch.device, list[torch.Tensor]] = {}
@@ -252,6 +259,11 @@ class TritonBackend(AttentionBackend):
         num_warps = self.num_warps or 4
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
         launch = pdl.launch_kwargs(q.device, t)
+        # HOTSPEC_ATTN_EARLY: the folded decode attention chained at any row count, prefetching
+        # its K/V rows before the wait (hints only; d >= 64 for whole 128-byte lines)
+        early = self.early and rope is not None and use_pdl and d >= 64 and q.element_size() == 2
+        if early:
+            pdl_wait, launch = True, {"launch_pdl": True}
         grid = (q_blocks * splits, b, hkv)
         paged_attn_fwd[grid](
             q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse, cnt,
@@ -266,7 +278,7 @@ class TritonBackend(AttentionBackend):
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
             LAST_MERGE=last_merge, BLOCK_S=_pow2(splits) if last_merge else 1,
             MERGE_ROWS=min(block_m, rows * gp) if last_merge else 0,
-            **_rope_kwargs(rope, k_cache),
+            EARLY=early, **_rope_kwargs(rope, k_cache),
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
         if splits > 1 and not last_merge:

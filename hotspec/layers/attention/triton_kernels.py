@@ -120,6 +120,33 @@ def _rotate(x, base, pos, COS, SIN, stride_cs, d, ok, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_kv(K, V, BT, KVL, b, h, sp, num_splits, stride_bt, stride_kt, stride_kh, stride_vt,
+                 stride_vh, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr):
+    """L2 prefetches of the K and V rows a one-row decode program will read (kv head h, split sp
+    of num_splits), issued before its PDL wait (HOTSPEC_ATTN_EARLY). Hints only: the lengths and
+    block table it reads may still be being written by an earlier kernel of the chain, and a
+    prefetch of the wrong line, or of the new token's slot this kernel is about to store, changes
+    no value (L2 is where stores land)."""
+    kv_len = tl.load(KVL + b).to(tl.int32)
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    lines: tl.constexpr = HEAD_DIM * 2 // 128  # 128-byte lines per 16-bit row (D >= 64)
+    n = tl.arange(0, BLOCK_N)
+    c = tl.arange(0, lines) * 64
+    for start in range(lo, hi, BLOCK_N):
+        offs = tl.minimum(start + n, hi - 1)
+        blk = tl.load(BT + b.to(tl.int64) * stride_bt + offs // PAGE).to(tl.int64)
+        slot = blk * PAGE + offs % PAGE
+        kp = K + slot[:, None] * stride_kt + h * stride_kh + c[None, :]
+        vp = V + slot[:, None] * stride_vt + h * stride_vh + c[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [kp], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [vp], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def paged_attn_fwd(
     Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE, CNT,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
@@ -131,11 +158,11 @@ def paged_attn_fwd(
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
     LAST_MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1, MERGE_ROWS: tl.constexpr = 0,
-    ROPE: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None, COS=None, SIN=None,
+    ROPE: tl.constexpr = False, EARLY: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
+    COS=None, SIN=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
-    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this
     pid0 = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -145,6 +172,10 @@ def paged_attn_fwd(
     else:
         qb = pid0
         sp = 0
+    if EARLY:  # decode, PDL-launched: pull this program's cached K/V rows into L2 first (hints)
+        _prefetch_kv(K, V, BT, KVL, b, h, sp, num_splits, stride_bt, stride_kt, stride_kh,
+                     stride_vt, stride_vh, BLOCK_N, HEAD_DIM, PAGE)
+    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this but hints
 
     q_len = tl.load(QL + b).to(tl.int32)
     kv_len = tl.load(KVL + b).to(tl.int32)
