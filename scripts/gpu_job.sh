@@ -17,11 +17,11 @@
 #   s13a       next session's first call of a chain (carries .whl .models/p1): the attention, PDL
 #              and GEMV kernel tests (session 10 changed all three after its last GPU run), attn_bench auto vs last, 8B decode default / HOTSPEC_ATTN_ROPE /
 #              HOTSPEC_ATTN_LAST_MERGE / both / both + HOTSPEC_ATTN_EARLY alternated twice,
-#              HOTSPEC_PDL_PRELOAD_ROWS=16 (~6 min)
+#              HOTSPEC_PDL_PRELOAD_ROWS=16, and with HOTSPEC_GEMV_ALL=1 (~6 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   s13b       the second call: engine tests of the switches (bf16 tokens), SmolLM2 decode and
-#              spec_sweep at batch 1, default / PRELOAD_ROWS=16 / ROPE + LAST_MERGE (~6 min)
+#              spec_sweep at batch 1, default / PRELOAD_ROWS=16 (+ GEMV_ALL) / ROPE + LAST_MERGE (~7 min)
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
 #              DRAFT_VOCAB, TOKEN_MAPS, KV_GB, TRAIN_S; TRAIN_EXTRA adds options, e.g.
 #              "--responses-per-prompt 2 --temperature 0.7" or "--intermediate-size 3072"),
@@ -142,6 +142,8 @@ if [ "$stage" = s13a ]; then  # next session, call 1 (carries .whl .models/p1 af
       "${D8[@]}" --out "$OUT/decode_8b_early_$i.json"
   done
   HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_8b_rows16 60 "${D8[@]}" --out "$OUT/decode_8b_rows16.json"
+  HOTSPEC_GEMV_ALL=1 HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_8b_gemvall 60 "${D8[@]}" \
+    --out "$OUT/decode_8b_gemvall.json"
 fi
 if [ "$stage" = s13b ]; then  # next session, call 2 at once (carries .models/p2 and the prompts)
   step engine_tests 330 python3 -m pytest -q -s -m gpu \
@@ -154,6 +156,10 @@ if [ "$stage" = s13b ]; then  # next session, call 2 at once (carries .models/p2
   B1=(--batch-size 1 --num-prompts 26 --variants 4/8/12 3/1/4)
   step sweep_b1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1.json"
   HOTSPEC_PDL_PRELOAD_ROWS=16 step sweep_b1_rows16 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_rows16.json"
+  HOTSPEC_GEMV_ALL=1 HOTSPEC_PDL_PRELOAD_ROWS=16 step sweep_b1_gemvall 80 "${SWEEP[@]}" "${B1[@]}" \
+    --out "$OUT/sweep_b1_gemvall.json"
+  HOTSPEC_GEMV_ALL=1 HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_smol_gemvall 45 "${DS[@]}" \
+    --out "$OUT/decode_smol_gemvall.json"
   HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 step sweep_b1_both 80 "${SWEEP[@]}" "${B1[@]}" \
     --out "$OUT/sweep_b1_both.json"
 fi

@@ -220,3 +220,21 @@ def test_norm_gemv_real_shapes_match_the_two_kernels(shape):
     h, s2 = rms_norm(x, nw, 1e-5, r)
     assert torch.equal(s, s2)
     torch.testing.assert_close(y, gk.gemv(h, w, config=cfg), rtol=1.6e-2, atol=1e-2)
+
+
+def test_gemv_all_switch_puts_every_few_row_linear_on_the_triton_gemv(monkeypatch):
+    """HOTSPEC_GEMV_ALL=1 (A/B): at 2-16 rows every Linear gets a Triton GEMV config (so PDL
+    chains the whole step), except a silu-folded down projection; one row and 17 rows keep their
+    own rules; off by default."""
+    from hotspec.layers import fused
+
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)
+    monkeypatch.setattr(fused, "_available", lambda: True)
+    w = torch.zeros(4096, 14336, dtype=BF16)
+    x8, x1, x17 = (torch.zeros(m, 14336, dtype=BF16) for m in (8, 1, 17))
+    assert fused.gemv_config(x8, w) is None, "off by default: cuBLAS where it measured faster"
+    monkeypatch.setattr(fused, "_gemv_all", lambda: True)
+    assert fused.gemv_config(x8, w) == gk.default_config(8, 4096, 14336)
+    assert fused.gemv_config(torch.zeros(8, 2 * 14336, dtype=BF16), w, silu_mul=True) is None
+    assert fused.gemv_config(x1, w) == gk.choose(1, 4096, 14336), "one row: unchanged"
+    assert fused.gemv_config(x17, w) is None
