@@ -15,13 +15,15 @@
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
 #              8B). "AB_ENV2=..." adds a third column.
 #   s13a       next session's first call of a chain (carries .whl .models/p1): the attention, PDL
-#              and GEMV kernel tests (session 10 changed all three after its last GPU run), attn_bench auto vs last, 8B decode default / HOTSPEC_ATTN_ROPE /
+#              and GEMV kernel tests (session 10 changed all three after its last GPU run),
+#              attn_bench auto vs last, 8B decode default / HOTSPEC_ATTN_ROPE /
 #              HOTSPEC_ATTN_LAST_MERGE / both / both + HOTSPEC_ATTN_EARLY alternated twice,
 #              HOTSPEC_PDL_PRELOAD_ROWS=16, and with HOTSPEC_GEMV_ALL=1 (~6 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   s13b       the second call: engine tests of the switches (bf16 tokens), SmolLM2 decode and
-#              spec_sweep at batch 1, default / PRELOAD_ROWS=16 (+ GEMV_ALL) / ROPE + LAST_MERGE (~7 min)
+#              spec_sweep at batch 1, default / PRELOAD_ROWS=16 (+ GEMV_ALL) / ROPE + LAST_MERGE
+#              (~7 min)
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
 #              DRAFT_VOCAB, TOKEN_MAPS, KV_GB, TRAIN_S; TRAIN_EXTRA adds options, e.g.
 #              "--responses-per-prompt 2 --temperature 0.7" or "--intermediate-size 3072"),
