@@ -13,6 +13,32 @@ import torch
 from hotspec.layers import pdl
 
 
+def _env_error(monkeypatch, var: str, value: str, read, match: str) -> None:
+    """Setting `var` to `value` makes the cached reader `read` raise a ValueError matching `match`;
+    the variable and the cache are cleared afterwards."""
+    monkeypatch.setenv(var, value)
+    read.cache_clear()
+    with pytest.raises(ValueError, match=match):
+        read()
+    monkeypatch.delenv(var)
+    read.cache_clear()
+
+
+def _eager_and_replayed(run) -> torch.Tensor:
+    """run() eagerly, then captured in a CUDA graph and replayed 5 times: the replayed output must
+    equal the eager one (after a warm-up call that allocates any split-K workspace)."""
+    eager = run()
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = run()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, eager)
+    return eager
+
+
 def test_never_on_without_a_hopper_gpu(monkeypatch):
     monkeypatch.setattr(pdl, "_switch", lambda: True)
     monkeypatch.setattr(pdl, "_all_switch", lambda: "1")
@@ -104,7 +130,7 @@ def test_engine_bf16_tokens_equal_with_and_without_pdl(monkeypatch, algo):
     assert run(True, "0") == ref
     assert run(True, "auto") == ref
     assert run(True, "1") == ref
-    monkeypatch.setattr(pdl, "_preload_switch", lambda: 0)  # HOTSPEC_PDL_PRELOAD=0 (default 1)
+    monkeypatch.setattr(pdl, "_preload_switch", lambda: False)  # HOTSPEC_PDL_PRELOAD=0 (default 1)
     assert run(True, "auto") == ref
 
 
@@ -131,12 +157,8 @@ def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
 
 
 def test_a_bad_prefetch_share_is_an_error_that_names_the_variable(monkeypatch):
-    monkeypatch.setenv("HOTSPEC_PDL_PREFETCH_L2", "half")
-    pdl._prefetch_l2_fraction.cache_clear()
-    with pytest.raises(ValueError, match=r"HOTSPEC_PDL_PREFETCH_L2='half': use a share of L2 in \[0, 1\]"):
-        pdl._prefetch_l2_fraction()
-    monkeypatch.delenv("HOTSPEC_PDL_PREFETCH_L2")
-    pdl._prefetch_l2_fraction.cache_clear()
+    _env_error(monkeypatch, "HOTSPEC_PDL_PREFETCH_L2", "half", pdl._prefetch_l2_fraction,
+               r"HOTSPEC_PDL_PREFETCH_L2='half': use a share of L2 in \[0, 1\]")
     assert pdl._prefetch_l2_fraction() == 1 / 3
 
 
@@ -172,45 +194,35 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
 
 
 def test_preload_rule_and_bad_value(monkeypatch):
-    """HOTSPEC_PDL_PRELOAD: 1 by default (0 off, 2 measured slower); tiles only with PDL, on
-    eligible launches (one row, whole tiles) whose slice holds them; another value is an error
-    naming the variable."""
+    """HOTSPEC_PDL_PRELOAD: on by default (0 off); only with PDL, on eligible launches
+    (`preload_rows`) whose shortest K slice holds a whole tile; another value is an error naming
+    the variable, as is a bad HOTSPEC_PDL_PRELOAD_ROWS."""
     pdl._preload_switch.cache_clear()
     monkeypatch.delenv("HOTSPEC_PDL_PRELOAD", raising=False)
-    assert pdl.preload_tiles(True, True, 4096, 512) == 1, "one tile by default"
-    monkeypatch.setattr(pdl, "_preload_switch", lambda: 2)
-    assert pdl.preload_tiles(True, True, 4096, 512) == 2
-    assert pdl.preload_tiles(False, True, 4096, 512) == 0, "no PDL: no wait to load before"
-    assert pdl.preload_tiles(True, False, 4096, 512) == 0, "several rows"
-    assert pdl.preload_tiles(True, True, 576, 512) == 0, "SmolLM2's K holds one whole tile, not 2"
-    monkeypatch.setattr(pdl, "_preload_switch", lambda: 1)
-    assert pdl.preload_tiles(True, True, 576, 512) == 1, "a ragged rest is the loop's"
-    assert pdl.preload_tiles(True, True, 511, 512) == 0, "not one whole tile"
+    assert pdl.preloads(True, True, 4096, 512), "on by default"
+    assert not pdl.preloads(False, True, 4096, 512), "no PDL: no wait to load before"
+    assert not pdl.preloads(True, False, 4096, 512), "not an eligible launch"
+    assert pdl.preloads(True, True, 576, 512), "a ragged rest is the loop's"
+    assert not pdl.preloads(True, True, 511, 512), "not one whole tile"
+    monkeypatch.setattr(pdl, "_preload_switch", lambda: False)
+    assert not pdl.preloads(True, True, 4096, 512), "HOTSPEC_PDL_PRELOAD=0"
     monkeypatch.undo()
-    monkeypatch.setenv("HOTSPEC_PDL_PRELOAD", "4")
-    pdl._preload_switch.cache_clear()
-    with pytest.raises(ValueError, match=r"HOTSPEC_PDL_PRELOAD='4': use 1 \(the default\), 0 or 2"):
-        pdl._preload_switch()
-    monkeypatch.delenv("HOTSPEC_PDL_PRELOAD")
-    pdl._preload_switch.cache_clear()
+    _env_error(monkeypatch, "HOTSPEC_PDL_PRELOAD", "2", pdl._preload_switch,
+               r"HOTSPEC_PDL_PRELOAD='2': use 1 \(the default\) or 0")
     pdl.preload_rows.cache_clear()
     assert pdl.preload_rows() == 1, "one row by default (the measured case)"
     for bad in ("0", "17", "x"):
-        monkeypatch.setenv("HOTSPEC_PDL_PRELOAD_ROWS", bad)
-        pdl.preload_rows.cache_clear()
-        with pytest.raises(ValueError, match=f"HOTSPEC_PDL_PRELOAD_ROWS='{bad}': use a row count"):
-            pdl.preload_rows()
-    monkeypatch.delenv("HOTSPEC_PDL_PRELOAD_ROWS")
-    pdl.preload_rows.cache_clear()
+        _env_error(monkeypatch, "HOTSPEC_PDL_PRELOAD_ROWS", bad, pdl.preload_rows,
+                   f"HOTSPEC_PDL_PRELOAD_ROWS='{bad}': use a row count")
 
 
-@pytest.mark.parametrize("tiles", [1, 2])
 @pytest.mark.parametrize("kind", ["plain", "silu", "split2", "norm", "ragged", "ragged-split2",
                                   "ragged-norm", "rows5", "rows5-silu-split2"])
-def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
-    """A GEMV / norm-GEMV program that loads its first tiles before the PDL wait sums them in the
-    loop's order: the same bits as without (run here without PDL, which the interpreter lacks; the
-    kernel path is the same). `rows5`: five rows, the tl.dot path (HOTSPEC_PDL_PRELOAD_ROWS)."""
+def test_a_preloaded_tile_gives_the_same_bits(monkeypatch, kind):
+    """A GEMV / norm-GEMV program that loads its first tile before the PDL wait uses it as the
+    loop's first step: the same bits as without (run here without PDL, which the interpreter
+    lacks; the kernel path is the same). `rows5`: five rows, the tl.dot path
+    (HOTSPEC_PDL_PRELOAD_ROWS)."""
     pytest.importorskip("triton")
     from hotspec.layers import gemv_kernels as gk
     from hotspec.layers import norm_gemv_kernel as ng
@@ -226,15 +238,14 @@ def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
     monkeypatch.setattr(pdl, "preload_rows", lambda: 16)
     cfg = gk.GemvConfig(16, 32, 2 if kind.endswith("split2") else 1, 4, 2)
 
-    def run(preload: int) -> torch.Tensor:
-        monkeypatch.setattr(pdl, "preload_tiles",
-                            lambda use_pdl, ok, slice_k, bk: preload if ok and slice_k >= preload * bk else 0)
+    def run(on: bool) -> torch.Tensor:
+        monkeypatch.setattr(pdl, "preloads", lambda use_pdl, ok, slice_k, bk: on and ok and slice_k >= bk)
         if kind.endswith("norm"):
             r = torch.randn(1, k, generator=g.manual_seed(8), device=dev).to(x.dtype)
             return ng.norm_gemv(x, r, torch.ones(k, dtype=x.dtype, device=dev) * 1.1, 1e-5, w, cfg)[0]
         return gk.gemv(x, w, silu_mul="silu" in kind, config=cfg)
 
-    assert torch.equal(run(tiles), run(0))
+    assert torch.equal(run(True), run(False))
 
 
 @pytest.mark.gpu
@@ -243,7 +254,7 @@ def test_preloaded_tiles_give_the_same_bits(monkeypatch, kind, tiles):
 def test_preload_at_real_shapes_gives_the_same_bits(monkeypatch, shape):
     """On the H200, PDL-launched with the engine's configs (qkv and gate_up as norm-GEMVs, down
     with silu, split-K at the 8B shape; SmolLM2's K = 576 is one whole tile and a ragged rest):
-    0, 1 and 2 preloaded tiles give the same bits, eagerly and replayed from a CUDA graph."""
+    the same bits with and without the preload, eagerly and replayed from a CUDA graph."""
     from hotspec.layers import gemv_kernels as gk
     from hotspec.layers import norm_gemv_kernel as ng
 
@@ -266,19 +277,10 @@ def test_preload_at_real_shapes_gives_the_same_bits(monkeypatch, shape):
         return gk.gemv(x, w, silu_mul=kind == "down", config=cfg)
 
     outs = []
-    for tiles in (0, 1, 2):
-        monkeypatch.setattr(pdl, "_preload_switch", lambda t=tiles: t)
-        eager = run()
-        run()  # warm-up before capture (split-K workspace)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = run()
-        for _ in range(5):
-            graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, eager)
-        outs.append(eager)
-    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+    for on in (False, True):
+        monkeypatch.setattr(pdl, "_preload_switch", lambda on=on: on)
+        outs.append(_eager_and_replayed(run))
+    assert torch.equal(outs[1], outs[0])
 
 
 @pytest.mark.gpu
@@ -301,15 +303,7 @@ def test_preload_at_several_rows_gives_the_same_bits(monkeypatch, rows, nk):
     x = torch.randn(rows, k, generator=g, device=dev).to(torch.bfloat16)
     monkeypatch.setattr(pdl, "preload_rows", lambda: 16)
     outs = []
-    for tiles in (0, 1):
-        monkeypatch.setattr(pdl, "_preload_switch", lambda t=tiles: t)
-        eager = gk.gemv(x, w, config=cfg)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = gk.gemv(x, w, config=cfg)
-        for _ in range(5):
-            graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, eager)
-        outs.append(eager)
+    for on in (False, True):
+        monkeypatch.setattr(pdl, "_preload_switch", lambda on=on: on)
+        outs.append(_eager_and_replayed(lambda: gk.gemv(x, w, config=cfg)))
     assert torch.equal(outs[1], outs[0])

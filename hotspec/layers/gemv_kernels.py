@@ -118,11 +118,11 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  F32_DOT: tl.constexpr, PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                 PRELOAD: tl.constexpr = 0):
+                 PRELOAD: tl.constexpr = False):
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
-    PDL (layers/pdl.py): the program's first weight panel goes to L2, and its first PRELOAD
-    weight tiles (whole) into registers, before it waits for the kernel before; nothing else
+    PDL (layers/pdl.py): the program's first weight panel goes to L2, and with PRELOAD its first
+    (whole) weight tile into registers, before it waits for the kernel before; nothing else
     happens before the wait."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -131,11 +131,10 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     if PDL:
         pdl.launch_dependents(PDL)
         pdl.prefetch_rows(W, offs_n, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), stride_wn, 32, PF_COLS)
-    w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD, 0)
-    w1 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD, 1)
+    w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
     _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
-               w0, w1, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD)
+               w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD)
 
 
 @triton.jit
@@ -166,7 +165,7 @@ def _mac(acc, w, x, BLOCK_M: tl.constexpr, F32_DOT: tl.constexpr):
 
 @triton.jit
 def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
-               w0, w1, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               w0, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                F32_DOT: tl.constexpr, PRELOAD: tl.constexpr):
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -182,14 +181,12 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # the first PRELOAD tiles, loaded before the wait (whole tiles), in the loop's order
-    if PRELOAD > 0:
+    k_start = k_lo
+    if PRELOAD:  # the first tile, loaded before the wait (whole): the loop's first step
         acc = _mac(acc, w0, _x_tile(x_ptr, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)
-    if PRELOAD > 1:
-        acc = _mac(acc, w1, _x_tile(x_ptr + BLOCK_K, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)
-    k_start = k_lo + PRELOAD * BLOCK_K
-    w_ptr += PRELOAD * BLOCK_K
-    x_ptr += PRELOAD * BLOCK_K
+        k_start = k_lo + BLOCK_K
+        w_ptr += BLOCK_K
+        x_ptr += BLOCK_K
     for k in range(k_start, k_hi, BLOCK_K):
         if EVEN_K:
             w = tl.load(w_ptr, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
@@ -281,8 +278,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=cfg.SPLIT_K, EVEN_K=even_k, F32_DOT=_INTERPRET, PDL=use_pdl,
         PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preload_tiles(use_pdl, m <= pdl.preload_rows(), k - (cfg.SPLIT_K - 1) * k_split,
-                                  cfg.BLOCK_K),
+        PRELOAD=pdl.preloads(use_pdl, m <= pdl.preload_rows(), k - (cfg.SPLIT_K - 1) * k_split,
+                             cfg.BLOCK_K),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 

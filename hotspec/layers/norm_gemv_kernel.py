@@ -60,27 +60,24 @@ def normed_tile(X, R, G, kk, k_ok, inv, HAS_RES: tl.constexpr):
 def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr,
                       PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                      PRELOAD: tl.constexpr = 0):
+                      PRELOAD: tl.constexpr = False):
     pid = tl.program_id(0)
     offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PDL:  # weights to L2 (and PRELOAD tiles to registers) before the wait (layers/pdl.py)
+    if PDL:  # weights to L2 (and with PRELOAD a tile to registers) before the wait (layers/pdl.py)
         pdl.launch_dependents(PDL)
         pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
-    w0 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD, 0)
-    w1 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD, 1)
+    w0 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
     inv = row_rms(X, R, S, K, eps, pid, HAS_RES, BLOCK_ROW)
     # the GEMV, its input normalised tile by tile
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    # the first PRELOAD tiles (whole), loaded before the wait, in the loop's order
-    if PRELOAD > 0:
+    k_start = 0
+    if PRELOAD:  # the first tile (whole), loaded before the wait: the loop's first step
         acc += w0.to(tl.float32) * normed_tile(X, R, G, offs_k, offs_k < K, inv, HAS_RES)[None, :]
-    if PRELOAD > 1:
-        kk = BLOCK_K + offs_k
-        acc += w1.to(tl.float32) * normed_tile(X, R, G, kk, kk < K, inv, HAS_RES)[None, :]
-    for k in range(PRELOAD * BLOCK_K, K, BLOCK_K):
+        k_start = BLOCK_K
+    for k in range(k_start, K, BLOCK_K):
         kk = k + offs_k
         k_ok = kk < K
         w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
@@ -111,7 +108,7 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         x, r, norm_weight, w, y, s, n, k, eps, w.stride(0), HAS_RES=residual is not None,
         BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_ROW=triton.next_power_of_2(k),
         PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preload_tiles(use_pdl, True, k, config.BLOCK_K),
+        PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K),
         num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s

@@ -90,23 +90,22 @@ def _prefetch_override() -> int | None:
     return int(v) if v else None
 
 
-def preload_tiles(use_pdl: bool, eligible: bool, slice_k: int, block_k: int) -> int:
-    """How many weight tiles a one-row GEMV program loads into registers before its PDL wait
-    (HOTSPEC_PDL_PRELOAD: 1 by default; 0 or 2): the panel's start is read from HBM while the
-    kernel before drains, and is used from registers, not read again. Only with PDL, for
-    `eligible` launches (one row) where the shortest K slice a program owns, `slice_k`, holds
-    that many whole tiles (a ragged rest is left to the masked loop); else 0.
+def preloads(use_pdl: bool, eligible: bool, slice_k: int, block_k: int) -> bool:
+    """Whether a GEMV program loads its first weight tile into registers before its PDL wait
+    (HOTSPEC_PDL_PRELOAD, on by default; 0 turns it off): the panel's start is read from HBM while
+    the kernel before drains, and is used from registers, not read again. Only with PDL, for
+    `eligible` launches (`preload_rows`) where the shortest K slice a program owns, `slice_k`,
+    holds a whole tile (a ragged rest is left to the masked loop).
     Measured on the H200 (RESULTS "Session 10"), 8B shape at batch 1, two runs each in one call:
-    4.13 ms without, 4.06-4.07 with one tile, 4.21 with two (the register tiles held across the
-    wait then cost more than they hide); SmolLM2's shape, whose K = 576 is one whole tile and a
-    ragged rest, 0.56-0.57 -> 0.55 ms."""
-    tiles = _preload_switch()
-    return tiles if use_pdl and eligible and slice_k >= tiles * block_k else 0
+    4.13 ms without, 4.06-4.07 with it; SmolLM2's shape 0.56-0.57 -> 0.55 ms. Two tiles were
+    slower (4.21 ms: the registers held across the wait cost more than they hide) and were
+    dropped."""
+    return _preload_switch() and use_pdl and eligible and slice_k >= block_k
 
 
 @functools.cache
 def preload_rows() -> int:
-    """The most rows a GEMV may have for `preload_tiles` to apply (HOTSPEC_PDL_PRELOAD_ROWS: 1 by
+    """The most rows a GEMV may have for `preloads` to apply (HOTSPEC_PDL_PRELOAD_ROWS: 1 by
     default, measured at one row only; up to 16, the tl.dot GEMV's rows, for A/B runs of the
     verify and draft steps and of small-batch decode)."""
     v = os.environ.get("HOTSPEC_PDL_PRELOAD_ROWS", "1")
@@ -116,11 +115,11 @@ def preload_rows() -> int:
 
 
 @functools.cache
-def _preload_switch() -> int:
+def _preload_switch() -> bool:
     v = os.environ.get("HOTSPEC_PDL_PRELOAD", "1")
-    if v not in ("0", "1", "2"):
-        raise ValueError(f"HOTSPEC_PDL_PRELOAD={v!r}: use 1 (the default), 0 or 2 weight tiles")
-    return int(v)
+    if v not in ("0", "1"):
+        raise ValueError(f"HOTSPEC_PDL_PRELOAD={v!r}: use 1 (the default) or 0")
+    return v == "1"
 
 
 def enabled(device: torch.device) -> bool:
@@ -152,9 +151,8 @@ def describe(device: torch.device) -> str:
     """Which kernels on `device` are PDL-launched, for the start-up log."""
     if not enabled(device):
         return "no PDL (Hopper or later only; HOTSPEC_PDL=0 turns it off)"
-    tiles = _preload_switch()
-    pre = (f", each loading {tiles} weight tile(s) before its wait (HOTSPEC_PDL_PRELOAD=0 turns it "
-           "off)," if tiles else " (no weight tile loaded before the wait: HOTSPEC_PDL_PRELOAD=0)")
+    pre = (", each loading its first weight tile before its wait (HOTSPEC_PDL_PRELOAD=0 turns it off),"
+           if _preload_switch() else " (no weight tile loaded before the wait: HOTSPEC_PDL_PRELOAD=0)")
     return f"PDL for the GEMVs{pre} " + {"auto": "and, in steps of more than one row, the other kernels",
                                    "1": "and every other kernel (HOTSPEC_PDL_ALL=1)",
                                    "0": "only (HOTSPEC_PDL_ALL=0)"}[_all_switch()]
@@ -207,12 +205,11 @@ def prefetch_rows(W, offs_n, N, k_lo, k_hi, stride_wn, CHUNK: tl.constexpr, COLS
 
 
 @triton.jit
-def preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr, P: tl.constexpr, T: tl.constexpr):
-    """Tile T of a program's first P weight tiles: rows `offs_n` of W (past N: 0), columns
-    k_lo + T * BLOCK_K + [0, BLOCK_K); a dummy scalar where T >= P. Weights only: safe before
-    `wait`."""
-    if T < P:
-        cols = k_lo + T * BLOCK_K + tl.arange(0, BLOCK_K)
+def preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr, ON: tl.constexpr):
+    """With ON, a program's first weight tile: rows `offs_n` of W (past N: 0), columns
+    k_lo + [0, BLOCK_K); else a dummy scalar. Weights only: safe before `wait`."""
+    if ON:
+        cols = k_lo + tl.arange(0, BLOCK_K)
         return tl.load(W + offs_n[:, None] * stride_wn + cols[None, :], mask=(offs_n < N)[:, None],
                        other=0.0, eviction_policy="evict_first")
     else:
