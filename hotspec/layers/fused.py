@@ -51,6 +51,7 @@ def describe(device: torch.device) -> str:
     if not _available():
         return "torch layer code (fused Triton kernels unavailable or HOTSPEC_FUSED_KERNELS=0)"
     from hotspec.layers import pdl
+    from hotspec.layers.attention import triton_backend
 
     return "; ".join([
         "fused Triton norms and RoPE",
@@ -60,20 +61,8 @@ def describe(device: torch.device) -> str:
         "norm folded into the GEMV at one row" if _norm_gemv_allowed()
         else "no norm-GEMV (HOTSPEC_NORM_GEMV=0)",
         pdl.describe(device),
-        *_attention_switches(),
+        *triton_backend.switches_on(),
     ])
-
-
-def _attention_switches() -> list[str]:
-    """The attention A/B switches that are on (off by default), for `describe`."""
-    from hotspec.layers.attention import triton_backend as tb
-
-    return ([*(["RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=1)"]
-               if tb._FOLD_ROPE else []),
-             *(["split decode attention merged by its last split (HOTSPEC_ATTN_LAST_MERGE=1)"]
-               if tb._LAST_MERGE else []),
-             *(["folded decode attention PDL-launched, prefetching its K/V (HOTSPEC_ATTN_EARLY=1)"]
-               if tb._EARLY else [])])
 
 
 def _on_device(x: torch.Tensor) -> bool:

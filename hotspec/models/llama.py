@@ -78,18 +78,18 @@ class Attention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv.k[self.layer_id], kv.v[self.layer_id]
+        fold = None
         # (the KV pool is always in the model's dtype; another cache dtype takes the torch path)
         if fused.enabled(q) and k_cache.dtype == q.dtype:
             if backend.folds_rope(fb):  # attention rotates and stores itself (HOTSPEC_ATTN_ROPE)
                 fold = RopeFold(k, v, fb.positions, fb.out_cache_loc, rope.cos, rope.sin)
-                o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold)
-                return linear(self.o_proj, o.reshape(t, -1))
-            q = fused.rope_store(q, k, v, fb.positions, rope.cos, rope.sin, k_cache, v_cache,
-                                 fb.out_cache_loc)
+            else:
+                q = fused.rope_store(q, k, v, fb.positions, rope.cos, rope.sin, k_cache, v_cache,
+                                     fb.out_cache_loc)
         else:
             q, k = rope(fb.positions, q, k)
             store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
-        o = backend.forward(fb, q, k_cache, v_cache, self.scale)
+        o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold)
         return linear(self.o_proj, o.reshape(t, -1))
 
 

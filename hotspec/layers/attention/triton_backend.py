@@ -81,6 +81,14 @@ LAST_MERGE_ROWS = 16
 _MIN_COUNTERS = 1 << 12
 
 
+def switches_on() -> list[str]:
+    """The attention A/B switches that are on (all off by default), for the start-up log."""
+    on = [(_FOLD_ROPE, "RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=1)"),
+          (_LAST_MERGE, "split decode attention merged by its last split (HOTSPEC_ATTN_LAST_MERGE=1)"),
+          (_EARLY, "folded decode attention PDL-launched, prefetching its K/V (HOTSPEC_ATTN_EARLY=1)")]
+    return [line for flag, line in on if flag]
+
+
 def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
     """[B, W, M] bool (M <= 64) -> [B, W] int64, bit j = mask[..., j]. Distinct powers of two sum
     to their OR; bit 63's term wraps to the sign bit, which is its two's-complement pattern."""
