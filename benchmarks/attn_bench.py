@@ -55,7 +55,7 @@ PHASES = {"decode": (1, "causal", 0), "verify": (12, "tree", 12), "verify-causal
 VARIANTS = {"auto": {}, "bits": {"mask_bits": True}, "bytes": {"mask_bits": False},
             "n32": {"block_n": 32}, "n128": {"block_n": 128}, "m16": {"block_m": 16},
             "m32": {"block_m": 32}, "m64": {"block_m": 64}, "s1": {"num_splits": 1}, "s8": {"num_splits": 8},
-            "s16": {"num_splits": 16}, "real-kv": {}, "last": {"last_merge": True}}
+            "s16": {"num_splits": 16}, "real-kv": {}}
 
 
 @dataclass

@@ -14,16 +14,11 @@
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
 #              8B). "AB_ENV2=..." adds a third column.
-#   s13a       next session's first call of a chain (carries .whl .models/p1): the attention, PDL
-#              and GEMV kernel tests (session 10 changed all three after its last GPU run),
-#              attn_bench auto vs last, 8B decode default / HOTSPEC_ATTN_ROPE /
-#              HOTSPEC_ATTN_LAST_MERGE / both / both + HOTSPEC_ATTN_EARLY alternated twice,
-#              HOTSPEC_PDL_PRELOAD_ROWS=16, and with HOTSPEC_GEMV_ALL=1 (~6 min)
+#   s14        session 11: the attention (HOTSPEC_ATTN_ROPE fold bit-for-bit checks, the random-weight
+#              engine), PDL and GEMV GPU tests, then 8B decode default / HOTSPEC_ATTN_ROPE=1
+#              alternated twice (~5 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
-#   s13b       the second call: engine tests of the switches (bf16 tokens), SmolLM2 decode and
-#              spec_sweep at batch 1, default / PRELOAD_ROWS=16 (+ GEMV_ALL) / ROPE + LAST_MERGE
-#              (~7 min)
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
 #              DRAFT_VOCAB, TOKEN_MAPS, KV_GB, TRAIN_S; TRAIN_EXTRA adds options, e.g.
 #              "--responses-per-prompt 2 --temperature 0.7" or "--intermediate-size 3072"),
@@ -42,7 +37,8 @@
 # One-off A/B stages are removed once RESULTS.md has their figures; it names the stage and commit
 # of each figure: `git show 1ed57ce:scripts/gpu_job.sh` has sessions 5-8's (kernels5, overlap8b,
 # s8a ... s8f, ...), `git show bdefcb4:scripts/gpu_job.sh` session 9's (s10a, s10b, s10c),
-# `git show 9320627:scripts/gpu_job.sh` session 10's (s11a, s12a ... s12g).
+# `git show 9320627:scripts/gpu_job.sh` session 10's (s11a, s12a ... s12g), `git show
+# 4986c25:scripts/gpu_job.sh` the s13a / s13b that session 11 ran.
 # A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. stash)
 # carrying .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying
 # .models/p2 .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
@@ -127,43 +123,15 @@ if [ "$stage" = ab ]; then  # AB_ENV="VAR=VAL ..." [AB_ENV2=...] against the def
   done
   echo "ab: AB_ENV=$AB_ENV${AB_ENV2:+, AB_ENV2=$AB_ENV2}, model ${AB_MODEL:-llama8b-shape}" | tee -a "$OUT/status.txt"
 fi
-if [ "$stage" = s13a ]; then  # next session, call 1 (carries .whl .models/p1 after `hide`)
-  step kernel_tests 420 python3 -m pytest -q -m gpu tests/test_triton_attention.py tests/test_pdl.py \
-    tests/test_gemv.py -k "not engine"
-  step attn_bench 120 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1,8 \
-    --phases decode --variants auto,last
+if [ "$stage" = s14 ]; then  # session 11: the RoPE fold's bits, and its A/B
+  step kernel_tests 360 python3 -m pytest -q -m gpu tests/test_triton_attention.py tests/test_pdl.py \
+    tests/test_gemv.py -k "not engine or random_weights"
   D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
     --batch-sizes 1,8)
   for i in 1 2; do
     step "decode_8b_default_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_default_$i.json"
     HOTSPEC_ATTN_ROPE=1 step "decode_8b_rope_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_rope_$i.json"
-    HOTSPEC_ATTN_LAST_MERGE=1 step "decode_8b_merge_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_merge_$i.json"
-    HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 step "decode_8b_both_$i" 60 "${D8[@]}" \
-      --out "$OUT/decode_8b_both_$i.json"
-    HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 HOTSPEC_ATTN_EARLY=1 step "decode_8b_early_$i" 60 \
-      "${D8[@]}" --out "$OUT/decode_8b_early_$i.json"
   done
-  HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_8b_rows16 60 "${D8[@]}" --out "$OUT/decode_8b_rows16.json"
-  HOTSPEC_GEMV_ALL=1 HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_8b_gemvall 60 "${D8[@]}" \
-    --out "$OUT/decode_8b_gemvall.json"
-fi
-if [ "$stage" = s13b ]; then  # next session, call 2 at once (carries .models/p2 and the prompts)
-  step engine_tests 330 python3 -m pytest -q -s -m gpu \
-    tests/test_triton_attention.py::test_gpu_engine_tokens_equal_with_attention_switches tests/test_pdl.py -k engine
-  DS=(python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 --context 512
-    --tokens 64 --batch-sizes 1,8)
-  step decode_smol_default 45 "${DS[@]}" --out "$OUT/decode_smol_default.json"
-  HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 step decode_smol_both 45 "${DS[@]}" --out "$OUT/decode_smol_both.json"
-  HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_smol_rows16 45 "${DS[@]}" --out "$OUT/decode_smol_rows16.json"
-  B1=(--batch-size 1 --num-prompts 26 --variants 4/8/12 3/1/4)
-  step sweep_b1 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1.json"
-  HOTSPEC_PDL_PRELOAD_ROWS=16 step sweep_b1_rows16 80 "${SWEEP[@]}" "${B1[@]}" --out "$OUT/sweep_b1_rows16.json"
-  HOTSPEC_GEMV_ALL=1 HOTSPEC_PDL_PRELOAD_ROWS=16 step sweep_b1_gemvall 80 "${SWEEP[@]}" "${B1[@]}" \
-    --out "$OUT/sweep_b1_gemvall.json"
-  HOTSPEC_GEMV_ALL=1 HOTSPEC_PDL_PRELOAD_ROWS=16 step decode_smol_gemvall 45 "${DS[@]}" \
-    --out "$OUT/decode_smol_gemvall.json"
-  HOTSPEC_ATTN_ROPE=1 HOTSPEC_ATTN_LAST_MERGE=1 step sweep_b1_both 80 "${SWEEP[@]}" "${B1[@]}" \
-    --out "$OUT/sweep_b1_both.json"
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.

@@ -222,19 +222,17 @@ def test_norm_gemv_real_shapes_match_the_two_kernels(shape):
     torch.testing.assert_close(y, gk.gemv(h, w, config=cfg), rtol=1.6e-2, atol=1e-2)
 
 
-def test_gemv_all_switch_puts_every_few_row_linear_on_the_triton_gemv(monkeypatch):
-    """HOTSPEC_GEMV_ALL=1 (A/B): at 2-16 rows every Linear gets a Triton GEMV config (so PDL
-    chains the whole step), except a silu-folded down projection; one row and 17 rows keep their
-    own rules; off by default."""
+def test_gemv_config_follows_the_measured_table(monkeypatch):
+    """The Triton GEMV takes a Linear only where its table (gemv_kernels.choose) measured it
+    faster than cuBLAS: 8B's o_proj at 1 and 8 rows, its qkv at 1 row but not 8, nothing at 17."""
     from hotspec.layers import fused
 
     monkeypatch.setattr(fused, "_on_device", lambda x: True)
     monkeypatch.setattr(fused, "_available", lambda: True)
-    w = torch.zeros(4096, 14336, dtype=BF16)
-    x8, x1, x17 = (torch.zeros(m, 14336, dtype=BF16) for m in (8, 1, 17))
-    assert fused.gemv_config(x8, w) is None, "off by default: cuBLAS where it measured faster"
-    monkeypatch.setattr(fused, "_gemv_all", lambda: True)
-    assert fused.gemv_config(x8, w) == gk.default_config(8, 4096, 14336)
-    assert fused.gemv_config(torch.zeros(8, 2 * 14336, dtype=BF16), w, silu_mul=True) is None
-    assert fused.gemv_config(x1, w) == gk.choose(1, 4096, 14336), "one row: unchanged"
-    assert fused.gemv_config(x17, w) is None
+    o, qkv = torch.zeros(4096, 4096, dtype=BF16), torch.zeros(6144, 4096, dtype=BF16)
+    x1, x8, x17 = (torch.zeros(m, 4096, dtype=BF16) for m in (1, 8, 17))
+    assert fused.gemv_config(x1, o) == gk.choose(1, 4096, 4096) is not None
+    assert fused.gemv_config(x8, o) == gk.choose(8, 4096, 4096) is not None
+    assert fused.gemv_config(x1, qkv) is not None
+    assert fused.gemv_config(x8, qkv) is None, "cuBLAS where it measured faster"
+    assert fused.gemv_config(x17, o) is None

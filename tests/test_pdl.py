@@ -179,14 +179,12 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     monkeypatch.setattr(pdl, "_all_switch", lambda: "0")
     line = fused.describe(dev)
     assert "HOTSPEC_NORM_GEMV=0" in line and "HOTSPEC_PDL_ALL=0" in line
-    assert "HOTSPEC_ATTN_ROPE" not in line, "A/B switches show only when on"
     from hotspec.layers.attention import triton_backend
 
     monkeypatch.setattr(triton_backend, "_FOLD_ROPE", True)
-    monkeypatch.setattr(triton_backend, "_LAST_MERGE", True)
-    monkeypatch.setattr(triton_backend, "_EARLY", True)
-    line = fused.describe(dev)
-    assert all(f"HOTSPEC_ATTN_{v}=1" in line for v in ("ROPE", "LAST_MERGE", "EARLY"))
+    assert "RoPE and the KV store folded into decode attention" in fused.describe(dev)
+    monkeypatch.setattr(triton_backend, "_FOLD_ROPE", False)
+    assert "no RoPE fold in decode attention (HOTSPEC_ATTN_ROPE=0)" in fused.describe(dev)
     monkeypatch.setattr(pdl, "enabled", lambda device: False)
     assert "no PDL" in fused.describe(dev)
     monkeypatch.setattr(fused, "_available", lambda: False)
@@ -195,8 +193,8 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
 
 def test_preload_rule_and_bad_value(monkeypatch):
     """HOTSPEC_PDL_PRELOAD: on by default (0 off); only with PDL, on eligible launches
-    (`preload_rows`) whose shortest K slice holds a whole tile; another value is an error naming
-    the variable, as is a bad HOTSPEC_PDL_PRELOAD_ROWS."""
+    (one row) whose shortest K slice holds a whole tile; another value is an error naming the
+    variable."""
     pdl._preload_switch.cache_clear()
     monkeypatch.delenv("HOTSPEC_PDL_PRELOAD", raising=False)
     assert pdl.preloads(True, True, 4096, 512), "on by default"
@@ -209,20 +207,14 @@ def test_preload_rule_and_bad_value(monkeypatch):
     monkeypatch.undo()
     _env_error(monkeypatch, "HOTSPEC_PDL_PRELOAD", "2", pdl._preload_switch,
                r"HOTSPEC_PDL_PRELOAD='2': use 1 \(the default\) or 0")
-    pdl.preload_rows.cache_clear()
-    assert pdl.preload_rows() == 1, "one row by default (the measured case)"
-    for bad in ("0", "17", "x"):
-        _env_error(monkeypatch, "HOTSPEC_PDL_PRELOAD_ROWS", bad, pdl.preload_rows,
-                   f"HOTSPEC_PDL_PRELOAD_ROWS='{bad}': use a row count")
 
 
 @pytest.mark.parametrize("kind", ["plain", "silu", "split2", "norm", "ragged", "ragged-split2",
-                                  "ragged-norm", "rows5", "rows5-silu-split2"])
+                                  "ragged-norm"])
 def test_a_preloaded_tile_gives_the_same_bits(monkeypatch, kind):
     """A GEMV / norm-GEMV program that loads its first tile before the PDL wait uses it as the
     loop's first step: the same bits as without (run here without PDL, which the interpreter
-    lacks; the kernel path is the same). `rows5`: five rows, the tl.dot path
-    (HOTSPEC_PDL_PRELOAD_ROWS)."""
+    lacks; the kernel path is the same)."""
     pytest.importorskip("triton")
     from hotspec.layers import gemv_kernels as gk
     from hotspec.layers import norm_gemv_kernel as ng
@@ -230,12 +222,9 @@ def test_a_preloaded_tile_gives_the_same_bits(monkeypatch, kind):
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator(device=dev).manual_seed(7)
     # 2.5 column blocks; K whole 32-column tiles, or not (the split's last slice: 40 columns)
-    n, k = 40, {"split2": 128, "ragged": 72, "ragged-split2": 136, "ragged-norm": 72,
-                "rows5-silu-split2": 128}.get(kind, 64)
-    rows = 5 if kind.startswith("rows5") else 1
+    n, k = 40, {"split2": 128, "ragged": 72, "ragged-split2": 136, "ragged-norm": 72}.get(kind, 64)
     w = (torch.randn(n, k, generator=g, device=dev) * 0.05).to(torch.bfloat16)
-    x = (torch.randn(rows, 2 * k if "silu" in kind else k, generator=g, device=dev) * 2).to(torch.bfloat16)
-    monkeypatch.setattr(pdl, "preload_rows", lambda: 16)
+    x = (torch.randn(1, 2 * k if "silu" in kind else k, generator=g, device=dev) * 2).to(torch.bfloat16)
     cfg = gk.GemvConfig(16, 32, 2 if kind.endswith("split2") else 1, 4, 2)
 
     def run(on: bool) -> torch.Tensor:
@@ -280,30 +269,4 @@ def test_preload_at_real_shapes_gives_the_same_bits(monkeypatch, shape):
     for on in (False, True):
         monkeypatch.setattr(pdl, "_preload_switch", lambda on=on: on)
         outs.append(_eager_and_replayed(run))
-    assert torch.equal(outs[1], outs[0])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [8, 12, 16])
-@pytest.mark.parametrize("nk", [(4096, 4096), (6144, 4096), (960, 576), (576, 576), (3072, 576)],
-                         ids=["8b-o", "8b-qkv", "smol-qkv", "smol-o", "smol-gate_up"])
-def test_preload_at_several_rows_gives_the_same_bits(monkeypatch, rows, nk):
-    """HOTSPEC_PDL_PRELOAD_ROWS=16 (A/B): the tl.dot GEMV of verify / draft / small-batch decode,
-    PDL-launched with its engine config and its first tile preloaded, gives the bits it gives
-    without, eagerly and replayed from a CUDA graph."""
-    from hotspec.layers import gemv_kernels as gk
-
-    n, k = nk
-    cfg = gk.choose(rows, n, k)
-    if cfg is None:
-        pytest.skip(f"cuBLAS runs {rows} x {n} x {k} in the engine")
-    dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(10)
-    w = (torch.randn(n, k, generator=g, device=dev) * 0.02).to(torch.bfloat16)
-    x = torch.randn(rows, k, generator=g, device=dev).to(torch.bfloat16)
-    monkeypatch.setattr(pdl, "preload_rows", lambda: 16)
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pdl, "_preload_switch", lambda on=on: on)
-        outs.append(_eager_and_replayed(lambda: gk.gemv(x, w, config=cfg)))
     assert torch.equal(outs[1], outs[0])

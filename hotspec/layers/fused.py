@@ -55,13 +55,11 @@ def describe(device: torch.device) -> str:
 
     return "; ".join([
         "fused Triton norms and RoPE",
-        ("Triton GEMV where faster than cuBLAS" + (", and for every 2-16-row Linear (HOTSPEC_GEMV_ALL=1)"
-                                                   if _gemv_all() else ""))
-        if _gemv_allowed() else "cuBLAS only (HOTSPEC_GEMV=0)",
+        "Triton GEMV where faster than cuBLAS" if _gemv_allowed() else "cuBLAS only (HOTSPEC_GEMV=0)",
         "norm folded into the GEMV at one row" if _norm_gemv_allowed()
         else "no norm-GEMV (HOTSPEC_NORM_GEMV=0)",
         pdl.describe(device),
-        *triton_backend.switches_on(),
+        triton_backend.describe(),
     ])
 
 
@@ -80,23 +78,10 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -
         return None
     if x.stride(1) != 1 or weight.stride(1) != 1 or not enabled(x, weight):
         return None
-    from hotspec.layers.gemv_kernels import MAX_M, choose, default_config
+    from hotspec.layers.gemv_kernels import choose
 
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
-    cfg = choose(m, n, k, silu_mul)
-    if cfg is None and 1 < m <= MAX_M and not silu_mul and _gemv_all():
-        # HOTSPEC_GEMV_ALL=1: every 2-16-row Linear on the Triton GEMV, which PDL chains (and
-        # HOTSPEC_PDL_PRELOAD_ROWS preloads), even where cuBLAS is faster alone (an A/B switch
-        # for verify, draft and small-batch decode steps; off until the H200 measures it). Not
-        # with silu folded in: that measured 2.3x slower than cuBLAS at 8 rows (RESULTS
-        # "Session 5"); the down projection takes the silu kernel, then this GEMV.
-        cfg = default_config(m, n, k)
-    return cfg
-
-
-@functools.cache
-def _gemv_all() -> bool:
-    return os.environ.get("HOTSPEC_GEMV_ALL", "0") not in ("", "0")
+    return choose(m, n, k, silu_mul)
 
 
 @functools.cache

@@ -132,9 +132,10 @@ def _rope_store_kernel(Q, K, V, Q_OUT, K_CACHE, V_CACHE, POS, LOC, COS, SIN,
         tl.store(vdst + HALF + d, v2.to(V_CACHE.dtype.element_ty), mask=m)
     x1 = tl.load(src + d, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + d, mask=m, other=0.0).to(tl.float32)
-    # rotate-half: [x1, x2] * [cos, cos] + [-x2, x1] * [sin, sin]
-    tl.store(dst + d, (x1 * cos + (-x2) * sin).to(dst.dtype.element_ty), mask=m)
-    tl.store(dst + HALF + d, (x2 * cos + x1 * sin).to(dst.dtype.element_ty), mask=m)
+    # rotate-half: [x1, x2] * [cos, cos] + [-x2, x1] * [sin, sin], with the fma spelled out as
+    # attention's _rotate spells it (HOTSPEC_ATTN_ROPE's fold must give these bits)
+    tl.store(dst + d, tl.fma(x1, cos, (-x2) * sin).to(dst.dtype.element_ty), mask=m)
+    tl.store(dst + HALF + d, tl.fma(x2, cos, x1 * sin).to(dst.dtype.element_ty), mask=m)
 
 
 def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

@@ -278,7 +278,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=cfg.SPLIT_K, EVEN_K=even_k, F32_DOT=_INTERPRET, PDL=use_pdl,
         PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preloads(use_pdl, m <= pdl.preload_rows(), k - (cfg.SPLIT_K - 1) * k_split,
+        PRELOAD=pdl.preloads(use_pdl, m == 1, k - (cfg.SPLIT_K - 1) * k_split,
                              cfg.BLOCK_K),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y

@@ -94,24 +94,14 @@ def preloads(use_pdl: bool, eligible: bool, slice_k: int, block_k: int) -> bool:
     """Whether a GEMV program loads its first weight tile into registers before its PDL wait
     (HOTSPEC_PDL_PRELOAD, on by default; 0 turns it off): the panel's start is read from HBM while
     the kernel before drains, and is used from registers, not read again. Only with PDL, for
-    `eligible` launches (`preload_rows`) where the shortest K slice a program owns, `slice_k`,
-    holds a whole tile (a ragged rest is left to the masked loop).
+    `eligible` launches (one row: the tl.dot GEMV of 2-16 rows did not gain, RESULTS
+    "Session 11") where the shortest K slice a program owns, `slice_k`, holds a whole tile (a
+    ragged rest is left to the masked loop).
     Measured on the H200 (RESULTS "Session 10"), 8B shape at batch 1, two runs each in one call:
     4.13 ms without, 4.06-4.07 with it; SmolLM2's shape 0.56-0.57 -> 0.55 ms. Two tiles were
     slower (4.21 ms: the registers held across the wait cost more than they hide) and were
     dropped."""
     return _preload_switch() and use_pdl and eligible and slice_k >= block_k
-
-
-@functools.cache
-def preload_rows() -> int:
-    """The most rows a GEMV may have for `preloads` to apply (HOTSPEC_PDL_PRELOAD_ROWS: 1 by
-    default, measured at one row only; up to 16, the tl.dot GEMV's rows, for A/B runs of the
-    verify and draft steps and of small-batch decode)."""
-    v = os.environ.get("HOTSPEC_PDL_PRELOAD_ROWS", "1")
-    if not v.isdigit() or not 1 <= int(v) <= 16:
-        raise ValueError(f"HOTSPEC_PDL_PRELOAD_ROWS={v!r}: use a row count from 1 (the default) to 16")
-    return int(v)
 
 
 @functools.cache

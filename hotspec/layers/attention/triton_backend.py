@@ -15,8 +15,7 @@ Design
     padding rows (i >= q_len) see kv index 0 only.
   * split-KV (flash-decoding) for uniform phases that launch too few programs to fill the GPU
     (e.g. decode / verify at small batch): each split covers 1/num_splits of the tile's kv range
-    (chunk computed on the device) and `combine_splits` merges partial outputs by log-sum-exp
-    (with HOTSPEC_ATTN_LAST_MERGE=1, in tiles of <= 16 rows, the split that finishes last does).
+    (chunk computed on the device) and `combine_splits` merges partial outputs by log-sum-exp.
   * fp32 / fp16 / bf16; fp32 accumulation; output in q's dtype. fp32 dots use
     input_precision="ieee" (no tf32), so fp32 results match the reference closely.
 
@@ -63,30 +62,26 @@ _SPLIT_BLOCKS = int(os.environ.get("HOTSPEC_ATTN_SPLIT_BLOCKS", "4"))
 # the byte mask (an A/B switch; wider masks always use it).
 _MASK_BITS = os.environ.get("HOTSPEC_ATTN_MASK_BITS", "1") not in ("", "0")
 MASK_BITS_MAX = 64  # tree slots one word holds
-# HOTSPEC_ATTN_LAST_MERGE=1: in split tiles of at most LAST_MERGE_ROWS rows (decode), the split
-# that finishes a tile last merges the partials, instead of the combine kernel (an A/B switch, off
-# until the H200 measures it). Session 8's version merged with a serial loop over the splits and
-# was 4x slower (RESULTS "Session 8"); this one loads every split of a row at once, as
-# combine_splits does.
-_LAST_MERGE = os.environ.get("HOTSPEC_ATTN_LAST_MERGE", "0") not in ("", "0")
-# HOTSPEC_ATTN_ROPE=1: at decode (one row per request, no custom mask) the attention kernel
-# rotates q itself and stores the step's K and V, instead of fused_kernels.rope_store, which
-# saves that kernel (an A/B switch, off until the H200 measures it; `folds_rope`)
-_FOLD_ROPE = os.environ.get("HOTSPEC_ATTN_ROPE", "0") not in ("", "0")
-# HOTSPEC_ATTN_EARLY=1 (with the fold, on Hopper): that decode attention is PDL-launched even at
-# one row, and each program prefetches its cached K/V rows into L2 before its wait, while the qkv
-# GEMV before it finishes (an A/B switch, off until the H200 measures it)
-_EARLY = os.environ.get("HOTSPEC_ATTN_EARLY", "0") not in ("", "0")
-LAST_MERGE_ROWS = 16
-_MIN_COUNTERS = 1 << 12
 
 
-def switches_on() -> list[str]:
-    """The attention A/B switches that are on (all off by default), for the start-up log."""
-    on = [(_FOLD_ROPE, "RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=1)"),
-          (_LAST_MERGE, "split decode attention merged by its last split (HOTSPEC_ATTN_LAST_MERGE=1)"),
-          (_EARLY, "folded decode attention PDL-launched, prefetching its K/V (HOTSPEC_ATTN_EARLY=1)")]
-    return [line for flag, line in on if flag]
+def _rope_switch() -> bool:
+    v = os.environ.get("HOTSPEC_ATTN_ROPE", "1")
+    if v not in ("0", "1"):
+        raise ValueError(f"HOTSPEC_ATTN_ROPE={v!r}: use 1 (the default) or 0")
+    return v == "1"
+
+
+# HOTSPEC_ATTN_ROPE (on by default; 0 turns it off): at decode (one row per request, no custom
+# mask) the attention kernel rotates q itself and stores the step's K and V, bit for bit as
+# fused_kernels.rope_store would, which saves that kernel per layer (`folds_rope`). On the H200
+# (RESULTS "Session 11"), 8B shape: batch 1 4.01 -> 3.99 ms, batch 8 4.81 -> 4.73 ms.
+_FOLD_ROPE = _rope_switch()
+
+
+def describe() -> str:
+    """The attention's RoPE fold, for the start-up log."""
+    return ("RoPE and the KV store folded into decode attention" if _FOLD_ROPE
+            else "no RoPE fold in decode attention (HOTSPEC_ATTN_ROPE=0)")
 
 
 def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
@@ -107,23 +102,15 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
                  num_stages: int = 2, mask_bits: bool | None = None,
-                 last_merge: bool | None = None, fold_rope: bool | None = None,
-                 early: bool | None = None) -> None:
+                 fold_rope: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
-        HOTSPEC_ATTN_MASK_BITS switch, on by default); last_merge merges split decode tiles in
-        the attention kernel (None: the HOTSPEC_ATTN_LAST_MERGE switch, off by default);
-        fold_rope lets decode batches pass RoPE and the KV store to the kernel (`folds_rope`;
-        None: the HOTSPEC_ATTN_ROPE switch, off by default); early PDL-launches such folded
-        calls and prefetches their K/V rows before the wait (None: HOTSPEC_ATTN_EARLY, off)."""
+        HOTSPEC_ATTN_MASK_BITS switch, on by default); fold_rope lets decode batches pass RoPE
+        and the KV store to the kernel (`folds_rope`; None: the HOTSPEC_ATTN_ROPE switch, on by
+        default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
-        self.last_merge = _LAST_MERGE if last_merge is None else last_merge
         self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
-        self.early = _EARLY if early is None else early
-        # per device: zeroed tile counters of the last-split merge (each launch leaves them zero);
-        # every buffer ever handed out stays alive, as captured graphs hold its address
-        self._counters: dict[torch.device, list[torch.Tensor]] = {}
         self.block_size = block_size
         # HOTSPEC_ATTN_BLOCK_N: kv rows per tile (an A/B switch for the benchmarks: 128 halves the
         # serial kv loop of a decode program, 32 doubles it)
@@ -181,15 +168,6 @@ class TritonBackend(AttentionBackend):
         # short real lengths, more splits lengthen the combine)
         by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
         return max(1, min(want, by_len, 64))
-
-    def _tile_counters(self, dev: torch.device, tiles: int) -> torch.Tensor:
-        held = self._counters.setdefault(dev, [])
-        if not held or held[-1].numel() < tiles:
-            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("attention tile counters are allocated on first use, which must "
-                                   "not be under CUDA-graph capture: run the phase once eagerly")
-            held.append(torch.zeros(max(tiles, _MIN_COUNTERS), dtype=torch.int32, device=dev))
-        return held[-1]
 
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: the
@@ -254,27 +232,18 @@ class TritonBackend(AttentionBackend):
         else:
             cm_strides = tuple(cm.stride()) if custom else (0, 0, 0)
         m_custom = p.m_custom
-        last_merge = splits > 1 and self.last_merge and block_m <= LAST_MERGE_ROWS
-        cnt = out
         if splits > 1:
             opart = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
             lse = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
-            if last_merge:
-                cnt = self._tile_counters(q.device, q_blocks * b * hkv)
         else:
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
         launch = pdl.launch_kwargs(q.device, t)
-        # HOTSPEC_ATTN_EARLY: the folded decode attention chained at any row count, prefetching
-        # its K/V rows before the wait (hints only; d >= 64 for whole 128-byte lines)
-        early = self.early and rope is not None and use_pdl and d >= 64 and q.element_size() == 2
-        if early:
-            pdl_wait, launch = True, {"launch_pdl": True}
         grid = (q_blocks * splits, b, hkv)
         paged_attn_fwd[grid](
-            q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse, cnt,
+            q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             p.block_tables.stride(0), *cm_strides,
@@ -284,12 +253,10 @@ class TritonBackend(AttentionBackend):
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
-            LAST_MERGE=last_merge, BLOCK_S=_pow2(splits) if last_merge else 1,
-            MERGE_ROWS=min(block_m, rows * gp) if last_merge else 0,
-            EARLY=early, **_rope_kwargs(rope, k_cache),
+            **_rope_kwargs(rope, k_cache),
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
-        if splits > 1 and not last_merge:
+        if splits > 1:
             combine_splits[(t, hq)](
                 opart, lse, out,
                 opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),

@@ -13,9 +13,7 @@ kv_lens on the device, so the grid never depends on kv lengths (CUDA-graph safe)
 
 With SPLIT, the kv range of a tile is cut into `num_splits` equal chunks (chunk size computed on
 the device from kv_len), each program writes its normalised partial output and log2-sum-exp, and
-`combine_splits` merges them (flash-decoding). With LAST_MERGE, the split that finishes its tile
-last merges them instead (`_merge_row` for each of the tile's rows, the code combine_splits runs),
-which saves the combine kernel's launch (HOTSPEC_ATTN_LAST_MERGE; an A/B switch).
+`combine_splits` merges them (flash-decoding).
 
 F32_DOT: dots in fp32 with input_precision="ieee" (no tf32). Set for fp32 inputs, and for every
 dtype under TRITON_INTERPRET, whose tl.dot multiplies the raw uint16 bit patterns of bf16 tensors;
@@ -28,7 +26,6 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (the interpreter fix)
-from hotspec.layers.attention.merge_kernels import _merge_row
 
 
 @triton.jit
@@ -108,7 +105,9 @@ def _attn_blocks(
 def _rotate(x, base, pos, COS, SIN, stride_cs, d, ok, HEAD_DIM: tl.constexpr):
     """Rotate-half RoPE of x (elements d of the head at `base`, at position `pos`), computed as
     fused_kernels._rope_store_kernel computes it and rounded to x's dtype: the first half
-    x1 * cos + (-x2) * sin, the second x2 * cos + x1 * sin (cos, sin: [pos, d mod HEAD_DIM/2])."""
+    fma(x1, cos, (-x2) * sin), the second fma(x2, cos, x1 * sin) (cos, sin: [pos, d mod
+    HEAD_DIM/2]). The fma is spelled out so that no compiler contraction choice can make the two
+    kernels' bits differ."""
     half: tl.constexpr = HEAD_DIM // 2
     low = d < half
     dh = tl.where(low, d, d - half)
@@ -116,39 +115,12 @@ def _rotate(x, base, pos, COS, SIN, stride_cs, d, ok, HEAD_DIM: tl.constexpr):
     cos = tl.load(COS + pos * stride_cs + dh, mask=ok, other=0.0)
     sin = tl.load(SIN + pos * stride_cs + dh, mask=ok, other=0.0)
     rot = tl.where(low, -partner, partner)
-    return (x.to(tl.float32) * cos + rot * sin).to(x.dtype)
-
-
-@triton.jit
-def _prefetch_kv(K, V, BT, KVL, b, h, sp, num_splits, stride_bt, stride_kt, stride_kh, stride_vt,
-                 stride_vh, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr):
-    """L2 prefetches of the K and V rows a one-row decode program will read (kv head h, split sp
-    of num_splits), issued before its PDL wait (HOTSPEC_ATTN_EARLY). Hints only: the lengths and
-    block table it reads may still be being written by an earlier kernel of the chain, and a
-    prefetch of the wrong line, or of the new token's slot this kernel is about to store, changes
-    no value (L2 is where stores land)."""
-    kv_len = tl.load(KVL + b).to(tl.int32)
-    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = sp * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
-    lines: tl.constexpr = HEAD_DIM * 2 // 128  # 128-byte lines per 16-bit row (D >= 64)
-    n = tl.arange(0, BLOCK_N)
-    c = tl.arange(0, lines) * 64
-    for start in range(lo, hi, BLOCK_N):
-        offs = tl.minimum(start + n, hi - 1)
-        blk = tl.load(BT + b.to(tl.int64) * stride_bt + offs // PAGE).to(tl.int64)
-        slot = blk * PAGE + offs % PAGE
-        kp = K + slot[:, None] * stride_kt + h * stride_kh + c[None, :]
-        vp = V + slot[:, None] * stride_vt + h * stride_vh + c[None, :]
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [kp], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [vp], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+    return tl.fma(x.to(tl.float32), cos, rot * sin).to(x.dtype)
 
 
 @triton.jit
 def paged_attn_fwd(
-    Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE, CNT,
+    Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_bt, stride_cmb, stride_cmi, stride_cmj,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
@@ -157,8 +129,7 @@ def paged_attn_fwd(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
-    LAST_MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1, MERGE_ROWS: tl.constexpr = 0,
-    ROPE: tl.constexpr = False, EARLY: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
+    ROPE: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
 ):
@@ -172,10 +143,7 @@ def paged_attn_fwd(
     else:
         qb = pid0
         sp = 0
-    if EARLY:  # decode, PDL-launched: pull this program's cached K/V rows into L2 first (hints)
-        _prefetch_kv(K, V, BT, KVL, b, h, sp, num_splits, stride_bt, stride_kt, stride_kh,
-                     stride_vt, stride_vh, BLOCK_N, HEAD_DIM, PAGE)
-    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this but hints
+    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this
 
     q_len = tl.load(QL + b).to(tl.int32)
     kv_len = tl.load(KVL + b).to(tl.int32)
@@ -275,21 +243,6 @@ def paged_attn_fwd(
         p_ptrs = OPART + sp * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
         tl.store(p_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE + sp * stride_ls + tok * stride_lt + head, lse, mask=row_ok)
-        if LAST_MERGE:
-            # The split that finishes its tile last merges the tile's rows (no combine kernel),
-            # then re-arms the tile's counter (CNT: one per (q block, request, kv head), zero
-            # between launches), as the split-K GEMV does.
-            tl.debug_barrier()  # this program's partials are written before its tile counts it
-            tile = (b * tl.num_programs(2) + h) * (tl.num_programs(0) // num_splits) + qb
-            if tl.atomic_add(CNT + tile, 1, sem="acq_rel") == num_splits - 1:
-                for r_ in tl.static_range(MERGE_ROWS):  # the tile's first rows: all that exist
-                    if r_ % GROUP_PAD < GROUP:  # not a dead GROUP_PAD row (known at compile time)
-                        qi_r = q_start + r_ // GROUP_PAD
-                        _merge_row(OPART, LSE, OUT, q_base + qi_r, h * GROUP + r_ % GROUP_PAD,
-                                   qi_r < n_rows, stride_ps, stride_pt, stride_ph, stride_ls,
-                                   stride_lt, stride_ot, stride_oh, num_splits, HEAD_DIM, BLOCK_S,
-                                   BLOCK_D, True)
-                tl.atomic_xchg(CNT + tile, 0)
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
