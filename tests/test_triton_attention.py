@@ -489,6 +489,24 @@ def test_gpu_cuda_graph_replay(kind, splits) -> None:
         assert rel <= 2e-2, f"{kind} replay seed {seed}: rel L2 {rel:.3g}"
 
 
+def test_rope_fold_switch(monkeypatch) -> None:
+    """HOTSPEC_ATTN_ROPE: on by default, 0 turns it off, anything else is an error naming it; the
+    fold applies to decode-like batches only (one row per request, no custom mask)."""
+    monkeypatch.delenv("HOTSPEC_ATTN_ROPE", raising=False)
+    assert triton_backend._rope_switch()
+    monkeypatch.setenv("HOTSPEC_ATTN_ROPE", "0")
+    assert not triton_backend._rope_switch()
+    monkeypatch.setenv("HOTSPEC_ATTN_ROPE", "yes")
+    with pytest.raises(ValueError, match=r"HOTSPEC_ATTN_ROPE='yes': use 1 \(the default\) or 0"):
+        triton_backend._rope_switch()
+    backend = TritonBackend(PAGE, fold_rope=True)
+    decode = make_case(q_lens=[1, 1], kv_lens=[3, 9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
+    verify = make_case(q_lens=[2, 2], kv_lens=[3, 9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
+                       masks=[tree_mask(2), tree_mask(2)])[0]
+    assert backend.folds_rope(decode) and not backend.folds_rope(verify)
+    assert not TritonBackend(PAGE, fold_rope=False).folds_rope(decode)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int) -> None:
     """models/llama.Attention.attend: with a backend that folds RoPE (HOTSPEC_ATTN_ROPE), a decode
