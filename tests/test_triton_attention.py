@@ -551,19 +551,21 @@ def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int)
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
 @pytest.mark.parametrize("batch", [1, 3, 8])
-def test_gpu_rope_fold(shape, batch) -> None:
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "fp32"])
+def test_gpu_rope_fold(shape, batch, dtype) -> None:
     """HOTSPEC_ATTN_ROPE at the real heads, automatic splits over the engine's static bound:
     rope_store + attention's caches and output, bit for bit, ten launches in a row (a race
-    between the new token's store and its load would show as an occasional difference)."""
+    between the new token's store and its load would show as an occasional difference). fp32
+    too: EAGLE's verify (rope_store) and vanilla decode (the fold) must agree there exactly."""
     from hotspec.layers import fused_kernels as fk
 
     kv = [512] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
     hq, hkv, d = shape["hq"], shape["hkv"], shape["d"]
     fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, hq=hq, hkv=hkv, d=d,
-                              dtype=BF16, seed=103)
+                              dtype=dtype, seed=103)
     fb.max_kv = 8192
-    k = torch.randn(batch, hkv, d, device=DEV).to(BF16)
-    v = torch.randn(batch, hkv, d, device=DEV).to(BF16)
+    k = torch.randn(batch, hkv, d, device=DEV).to(dtype)
+    v = torch.randn(batch, hkv, d, device=DEV).to(dtype)
     ang = torch.rand(4096, d // 2, device=DEV) * 6.3
     cos, sin = ang.cos(), ang.sin()
     pos = torch.tensor([n - 1 for n in kv], device=DEV)
