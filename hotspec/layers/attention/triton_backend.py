@@ -20,8 +20,9 @@ Design
     input_precision="ieee" (no tf32), so fp32 results match the reference closely.
 
 KV store: not the backend's. On CUDA the model's fused_kernels.rope_store rotates and stores the
-step's K/V (padding rows point at the trash slot), or, at decode with HOTSPEC_ATTN_ROPE=1, the
-attention kernel does (`folds_rope`); elsewhere base.store_kv's `index_copy_` calls do.
+step's K/V (padding rows point at the trash slot), or, at decode (HOTSPEC_ATTN_ROPE, on by
+default), the attention kernel does (`folds_rope`); elsewhere base.store_kv's `index_copy_` calls
+do.
 """
 
 from __future__ import annotations
