@@ -307,7 +307,7 @@ def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
     scale = q.shape[-1] ** -0.5
     kc2, vc2 = kc.clone(), vc.clone()
     q_rot = fk.rope_store(q, rope.k, rope.v, rope.positions, rope.cos, rope.sin, kc, vc, rope.loc)
-    base = TritonBackend(PAGE, num_splits=splits, block_n=16)
+    base = TritonBackend(PAGE, num_splits=splits, block_n=16, fold_rope=False)
     base.plan(fb)
     want = base.forward(fb, q_rot, kc, vc, scale)
     folded = TritonBackend(PAGE, num_splits=splits, block_n=16, fold_rope=True)
@@ -321,7 +321,7 @@ def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
 def test_rope_fold_refuses_what_it_does_not_handle() -> None:
     """Only decode batches (one row, no custom mask), and only with the switch on."""
     fb, q, kc, vc, rope = _rope_case(2, BF16, seed=42, kv_lens=[5, 9])
-    off = TritonBackend(PAGE)
+    off = TritonBackend(PAGE, fold_rope=False)
     off.plan(fb)
     with pytest.raises(ValueError, match="decode batches only"):
         off.forward(fb, q, kc, vc, 1.0, rope=rope)
