@@ -17,6 +17,10 @@
 #   s14        session 11: the attention (HOTSPEC_ATTN_ROPE fold bit-for-bit checks, the random-weight
 #              engine), PDL and GEMV GPU tests, then 8B decode default / HOTSPEC_ATTN_ROPE=1
 #              alternated twice (~5 min)
+#   s15        next session's first call (no model file; carry .whl): the fold's GPU tests (bf16 and
+#              fp32, the random-weight engine), then 8B and SmolLM2-shape decode at batch 1 and 8,
+#              default against HOTSPEC_PDL_ALL=1 (attention and combine PDL-launched at one row,
+#              so o_proj preloads while attention runs), alternated twice (~5 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
@@ -131,6 +135,18 @@ if [ "$stage" = s14 ]; then  # session 11: the RoPE fold's bits, and its A/B
   for i in 1 2; do
     step "decode_8b_default_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_default_$i.json"
     HOTSPEC_ATTN_ROPE=1 step "decode_8b_rope_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_rope_$i.json"
+  done
+fi
+if [ "$stage" = s15 ]; then  # next session: the fold in fp32, and PDL for every kernel at one row
+  step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_triton_attention.py -k rope_fold
+  for model in llama8b-shape smollm2-shape; do
+    DM=(python3 benchmarks/decode_bench.py --model $model --mode graphed --context 512 --tokens 32
+      --batch-sizes 1,8)
+    for i in 1 2; do
+      step "decode_${model}_default_$i" 60 "${DM[@]}" --out "$OUT/decode_${model}_default_$i.json"
+      HOTSPEC_PDL_ALL=1 step "decode_${model}_pdlall_$i" 60 "${DM[@]}" \
+        --out "$OUT/decode_${model}_pdlall_$i.json"
+    done
   done
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
