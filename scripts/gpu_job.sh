@@ -96,7 +96,8 @@ if [ "$stage" = all ] || [ "$stage" = kernels ]; then
     --iters 30 --out "$OUT/draft_frspec_8b.json"
 fi
 if [ "$stage" = all ] || [ "$stage" = smollm2 ] || [ "$stage" = smollm2+phases ]; then
-  step engine_tests 300 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py -x
+  step engine_tests 420 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py \
+    tests/test_triton_attention.py::test_gpu_engine_tokens_equal_with_attention_switches
   step decode_smol 150 python3 benchmarks/decode_bench.py --model default --mode graphed --dtype bfloat16 \
     --batch-sizes 1,8 --context 512 --tokens 64 --out "$OUT/decode_smol.json"
   step agreement_bf16 200 python3 benchmarks/gpu_agreement.py --tokens 64
