@@ -17,6 +17,9 @@
 #   s14        session 11: the attention (HOTSPEC_ATTN_ROPE fold bit-for-bit checks, the random-weight
 #              engine), PDL and GEMV GPU tests, then 8B decode default / HOTSPEC_ATTN_ROPE=1
 #              alternated twice (~5 min)
+#   s16        the GGUF chain's second call (carry .models/p2 after a first call that stashed p1):
+#              the engine GPU tests with HOTSPEC_ATTN_ROPE=1 (graphed EAGLE == vanilla in fp32)
+#              and the fold's token test on the default model (bf16, vanilla and EAGLE-3)
 #   s15        next session's first call (no model file; carry .whl): the fold's GPU tests (bf16 and
 #              fp32, the random-weight engine), then 8B and SmolLM2-shape decode at batch 1 and 8,
 #              default against HOTSPEC_PDL_ALL=1 (attention and combine PDL-launched at one row,
@@ -149,6 +152,11 @@ if [ "$stage" = s15 ]; then  # next session: the fold in fp32, and PDL for every
         --out "$OUT/decode_${model}_pdlall_$i.json"
     done
   done
+fi
+if [ "$stage" = s16 ]; then  # the fold on the default model: should it be on by default?
+  HOTSPEC_ATTN_ROPE=1 step engine_tests_fold 420 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py
+  step fold_tokens 300 python3 -m pytest -q -s -m gpu \
+    tests/test_triton_attention.py::test_gpu_engine_tokens_equal_with_attention_switches
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.

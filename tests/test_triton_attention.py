@@ -490,14 +490,14 @@ def test_gpu_cuda_graph_replay(kind, splits) -> None:
 
 
 def test_rope_fold_switch(monkeypatch) -> None:
-    """HOTSPEC_ATTN_ROPE: on by default, 0 turns it off, anything else is an error naming it; the
+    """HOTSPEC_ATTN_ROPE: off by default, 1 turns it on, anything else is an error naming it; the
     fold applies to decode-like batches only (one row per request, no custom mask)."""
     monkeypatch.delenv("HOTSPEC_ATTN_ROPE", raising=False)
-    assert triton_backend._rope_switch()
-    monkeypatch.setenv("HOTSPEC_ATTN_ROPE", "0")
     assert not triton_backend._rope_switch()
+    monkeypatch.setenv("HOTSPEC_ATTN_ROPE", "1")
+    assert triton_backend._rope_switch()
     monkeypatch.setenv("HOTSPEC_ATTN_ROPE", "yes")
-    with pytest.raises(ValueError, match=r"HOTSPEC_ATTN_ROPE='yes': use 1 \(the default\) or 0"):
+    with pytest.raises(ValueError, match=r"HOTSPEC_ATTN_ROPE='yes': use 0 \(the default\) or 1"):
         triton_backend._rope_switch()
     backend = TritonBackend(PAGE, fold_rope=True)
     decode = make_case(q_lens=[1, 1], kv_lens=[3, 9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
