@@ -19,7 +19,8 @@
 #              alternated twice (~5 min)
 #   s16        the GGUF chain's second call (carry .models/p2 after a first call that stashed p1):
 #              the engine GPU tests with HOTSPEC_ATTN_ROPE=1 (graphed EAGLE == vanilla in fp32)
-#              and the fold's token test on the default model (bf16, vanilla and EAGLE-3)
+#              and the fold's token test on the default model (bf16, vanilla and EAGLE-3), then
+#              scripts/fold_engine_check.py graphed, eager and without PDL (~6 min)
 #   s15        next session's first call (no model file; carry .whl): the fold's GPU tests (bf16 and
 #              fp32, the random-weight engine), then 8B and SmolLM2-shape decode at batch 1 and 8,
 #              default against HOTSPEC_PDL_ALL=1 (attention and combine PDL-launched at one row,
@@ -157,6 +158,10 @@ if [ "$stage" = s16 ]; then  # the fold on the default model: should it be on by
   HOTSPEC_ATTN_ROPE=1 step engine_tests_fold 420 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py
   step fold_tokens 300 python3 -m pytest -q -s -m gpu \
     tests/test_triton_attention.py::test_gpu_engine_tokens_equal_with_attention_switches
+  # where a difference comes from: graphed, eager, and graphed without PDL
+  step fold_check_graphed 120 python3 scripts/fold_engine_check.py --device cuda
+  step fold_check_eager 120 python3 scripts/fold_engine_check.py --device cuda --eager
+  HOTSPEC_PDL=0 step fold_check_nopdl 120 python3 scripts/fold_engine_check.py --device cuda
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.
