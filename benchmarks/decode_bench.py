@@ -34,33 +34,17 @@ from torch import nn
 
 from hotspec.benchmark.device import device_name
 from hotspec.benchmark.hf_baseline import hf_generate_tokens_per_s
+from hotspec.benchmark.random_models import SHAPES, random_state
 from hotspec.config import EngineConfig
 from hotspec.engine.engine import Engine, resolve_device_dtype
 from hotspec.layers.norm import RMSNorm
 from hotspec.models.build import build_target
-from hotspec.models.config import ModelConfig
-from hotspec.models.llama import LlamaForCausalLM
 from hotspec.sampling_params import SamplingParams
 
 H200_BANDWIDTH = 4.37e12  # bytes/s, the roofline the fraction is reported against
 BLOCK_SIZE = 16
 EAGER_TORCH_REF = {"attention_backend": "torch", "disable_cuda_graph": True}
 
-LLAMA_3_1_8B = ModelConfig(
-    architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-    rms_norm_eps=1e-5, rope_theta=500000.0,
-    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=128000,
-    eos_token_ids=(128001, 128008, 128009))
-# the default model's shape (SmolLM2-135M), random weights: its kernels without carrying the GGUF
-SMOLLM2_135M = ModelConfig(
-    architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-    rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
-    tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
-SHAPES = {"llama8b-shape": LLAMA_3_1_8B, "smollm2-shape": SMOLLM2_135M}
 
 
 @dataclass
@@ -75,26 +59,6 @@ class Result:
     roofline_fraction: float | None  # cuda only
     prefill_ms: float
     replay_ms: float | None = None  # graphed: the decode graph replayed alone (GPU time)
-
-
-def random_state(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random weights of the target's shapes, made on `device` (host RAM stays free): norms are
-    ones, every other tensor N(0, 0.02), generated in place one tensor at a time."""
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in LlamaForCausalLM(cfg).state_dict().items()}
-    if cfg.tie_word_embeddings:
-        shapes.pop("lm_head.weight")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    state: dict[str, torch.Tensor] = {}
-    for name, shape in shapes.items():
-        t = torch.empty(shape, device=device, dtype=dtype)
-        if name.endswith("norm.weight"):
-            t.fill_(1.0)
-        else:
-            t.normal_(0.0, 0.02, generator=gen)
-        state[name] = t
-    return state
 
 
 def weight_bytes_per_step(model: nn.Module) -> int:

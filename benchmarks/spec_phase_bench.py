@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_bench import LLAMA_3_1_8B, kernel_table, random_state  # noqa: E402
+from decode_bench import kernel_table  # noqa: E402
 
+from hotspec.benchmark.random_models import LLAMA_3_1_8B, random_state  # noqa: E402
 from hotspec.config import EngineConfig  # noqa: E402
 from hotspec.engine.engine import Engine  # noqa: E402
 from hotspec.models.build import build_target  # noqa: E402

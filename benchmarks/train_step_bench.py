@@ -27,8 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_bench import random_state  # noqa: E402
-
+from hotspec.benchmark.random_models import random_state  # noqa: E402
 from hotspec.models.build import build_target  # noqa: E402
 from hotspec.models.config import ModelConfig  # noqa: E402
 from hotspec.training import head_forward  # noqa: E402

@@ -597,26 +597,17 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
 def _random_weight_engine(fold: bool, monkeypatch, layers: int = 6):
     """SmolLM2's shape with random bf16 weights (no model file), CUDA-graphed decode at batch
     1, 2 and 4, the RoPE fold on or off."""
+    from dataclasses import replace
+
+    from hotspec.benchmark.random_models import SMOLLM2_135M, random_state
     from hotspec.config import EngineConfig
     from hotspec.engine.engine import Engine
     from hotspec.models.build import build_target
-    from hotspec.models.config import ModelConfig
 
     monkeypatch.setattr(triton_backend, "_FOLD_ROPE", fold)
-    mc = ModelConfig(architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                     num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                     rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
-                     tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
-    from hotspec.models.llama import LlamaForCausalLM
-
-    with torch.device("meta"):
-        shapes = {n: t.shape for n, t in LlamaForCausalLM(mc).state_dict().items()}
-    shapes.pop("lm_head.weight")
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    state = {n: (torch.ones(sh, device="cuda") if n.endswith("norm.weight")
-                 else torch.randn(sh, device="cuda", generator=gen) * 0.05).to(BF16)
-             for n, sh in shapes.items()}
-    target = build_target(mc, state, BF16, torch.device("cuda"))
+    mc = replace(SMOLLM2_135M, num_hidden_layers=layers)
+    dev = torch.device("cuda")
+    target = build_target(mc, random_state(mc, dev, BF16, seed=5), BF16, dev)
     cfg = EngineConfig(dtype="auto", device="auto", block_size=16, num_kv_blocks=256, max_num_seqs=4,
                        skip_tokenizer_init=True, attention_backend="auto", disable_cuda_graph=False,
                        cuda_graph_max_bs=4)
