@@ -14,17 +14,15 @@
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
 #              8B). "AB_ENV2=..." adds a third column.
-#   s14        session 11: the attention (HOTSPEC_ATTN_ROPE fold bit-for-bit checks, the random-weight
-#              engine), PDL and GEMV GPU tests, then 8B decode default / HOTSPEC_ATTN_ROPE=1
-#              alternated twice (~5 min)
+#   s15        next session's first call (no model file needed; carry .whl, and .models/p1 to start
+#              the GGUF chain): the fold's GPU tests (bf16 and fp32, the random-weight engine),
+#              then 8B and SmolLM2-shape decode at batch 1 and 8, default against HOTSPEC_PDL_ALL=1
+#              (attention and combine PDL-launched at one row, so o_proj preloads while attention
+#              runs), alternated twice (~5 min)
 #   s16        the GGUF chain's second call (carry .models/p2 after a first call that stashed p1):
 #              the engine GPU tests with HOTSPEC_ATTN_ROPE=1 (graphed EAGLE == vanilla in fp32)
 #              and the fold's token test on the default model (bf16, vanilla and EAGLE-3), then
-#              scripts/fold_engine_check.py graphed, eager and without PDL (~6 min)
-#   s15        next session's first call (no model file; carry .whl): the fold's GPU tests (bf16 and
-#              fp32, the random-weight engine), then 8B and SmolLM2-shape decode at batch 1 and 8,
-#              default against HOTSPEC_PDL_ALL=1 (attention and combine PDL-launched at one row,
-#              so o_proj preloads while attention runs), alternated twice (~5 min)
+#              scripts/fold_engine_check.py eager and without PDL (~6 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
@@ -46,7 +44,8 @@
 # of each figure: `git show 1ed57ce:scripts/gpu_job.sh` has sessions 5-8's (kernels5, overlap8b,
 # s8a ... s8f, ...), `git show bdefcb4:scripts/gpu_job.sh` session 9's (s10a, s10b, s10c),
 # `git show 9320627:scripts/gpu_job.sh` session 10's (s11a, s12a ... s12g), `git show
-# 4986c25:scripts/gpu_job.sh` the s13a / s13b that session 11 ran.
+# 4986c25:scripts/gpu_job.sh` the s13a / s13b and `git show 5eb5455:scripts/gpu_job.sh` the s14
+# that session 11 ran.
 # A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. stash)
 # carrying .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying
 # .models/p2 .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
@@ -132,16 +131,6 @@ if [ "$stage" = ab ]; then  # AB_ENV="VAR=VAL ..." [AB_ENV2=...] against the def
   done
   echo "ab: AB_ENV=$AB_ENV${AB_ENV2:+, AB_ENV2=$AB_ENV2}, model ${AB_MODEL:-llama8b-shape}" | tee -a "$OUT/status.txt"
 fi
-if [ "$stage" = s14 ]; then  # session 11: the RoPE fold's bits, and its A/B
-  step kernel_tests 360 python3 -m pytest -q -m gpu tests/test_triton_attention.py tests/test_pdl.py \
-    tests/test_gemv.py -k "not engine or random_weights"
-  D8=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
-    --batch-sizes 1,8)
-  for i in 1 2; do
-    step "decode_8b_default_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_default_$i.json"
-    HOTSPEC_ATTN_ROPE=1 step "decode_8b_rope_$i" 60 "${D8[@]}" --out "$OUT/decode_8b_rope_$i.json"
-  done
-fi
 if [ "$stage" = s15 ]; then  # next session: the fold in fp32, and PDL for every kernel at one row
   step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_triton_attention.py -k rope_fold
   for model in llama8b-shape smollm2-shape; do
@@ -158,8 +147,7 @@ if [ "$stage" = s16 ]; then  # the fold on the default model: should it be on by
   HOTSPEC_ATTN_ROPE=1 step engine_tests_fold 420 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py
   step fold_tokens 300 python3 -m pytest -q -s -m gpu \
     tests/test_triton_attention.py::test_gpu_engine_tokens_equal_with_attention_switches
-  # where a difference comes from: graphed, eager, and graphed without PDL
-  step fold_check_graphed 120 python3 scripts/fold_engine_check.py --device cuda
+  # where a difference comes from (the token test above is the graphed case): eager, no PDL
   step fold_check_eager 120 python3 scripts/fold_engine_check.py --device cuda --eager
   HOTSPEC_PDL=0 step fold_check_nopdl 120 python3 scripts/fold_engine_check.py --device cuda
 fi
