@@ -182,9 +182,9 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     from hotspec.layers.attention import triton_backend
 
     monkeypatch.setattr(triton_backend, "_FOLD_ROPE", True)
-    assert "folded into decode attention (HOTSPEC_ATTN_ROPE=1)" in fused.describe(dev)
+    assert "folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)" in fused.describe(dev)
     monkeypatch.setattr(triton_backend, "_FOLD_ROPE", False)
-    assert "in their own kernel (HOTSPEC_ATTN_ROPE=1 folds them in)" in fused.describe(dev)
+    assert "in their own kernel (HOTSPEC_ATTN_ROPE=0)" in fused.describe(dev)
     monkeypatch.setattr(pdl, "enabled", lambda device: False)
     assert "no PDL" in fused.describe(dev)
     monkeypatch.setattr(fused, "_available", lambda: False)

@@ -20,8 +20,9 @@ Design
     input_precision="ieee" (no tf32), so fp32 results match the reference closely.
 
 KV store: not the backend's. On CUDA the model's fused_kernels.rope_store rotates and stores the
-step's K/V (padding rows point at the trash slot), or, at decode with HOTSPEC_ATTN_ROPE=1, the
-attention kernel does (`folds_rope`); elsewhere base.store_kv's `index_copy_` calls do.
+step's K/V (padding rows point at the trash slot), or, at decode (the RoPE fold,
+HOTSPEC_ATTN_ROPE), the attention kernel does (`folds_rope`); elsewhere base.store_kv's
+`index_copy_` calls do.
 """
 
 from __future__ import annotations
@@ -65,25 +66,34 @@ MASK_BITS_MAX = 64  # tree slots one word holds
 
 
 def _rope_switch() -> bool:
-    v = os.environ.get("HOTSPEC_ATTN_ROPE", "0")
+    v = os.environ.get("HOTSPEC_ATTN_ROPE", "1")
     if v not in ("0", "1"):
-        raise ValueError(f"HOTSPEC_ATTN_ROPE={v!r}: use 0 (the default) or 1")
+        raise ValueError(f"HOTSPEC_ATTN_ROPE={v!r}: use 1 (the default) or 0")
     return v == "1"
 
 
-# HOTSPEC_ATTN_ROPE=1: at decode (one row per request, no custom mask) the attention kernel
-# rotates q itself and stores the step's K and V, bit for bit as fused_kernels.rope_store would
-# at every shape tested, which saves that kernel per layer (`folds_rope`). On the H200 (RESULTS
-# "Session 11"), 8B shape: batch 1 4.01 -> 3.99 ms, batch 8 4.81 -> 4.73 ms. Off by default
-# until the engine token test on the default model passes with it: its one run (with the same
-# machine code) changed a bf16 token, for a reason not found.
+# The RoPE fold (HOTSPEC_ATTN_ROPE, on by default; 0 turns it off): at decode (one row per
+# request, no custom mask) the attention kernel rotates q itself and stores the step's K and V,
+# bit for bit as fused_kernels.rope_store would at every shape tested, which saves that kernel
+# per layer (`folds_rope`). On the H200 (RESULTS "Session 11"), 8B shape: batch 1 4.01 -> 3.99
+# ms, batch 8 4.81 -> 4.73 ms. On by default since session 12, when the engine tests passed
+# with it on the default model (graphed EAGLE == vanilla in fp32; the same bf16 greedy tokens
+# with and without it, graphed and eager, with and without PDL).
 _FOLD_ROPE = _rope_switch()
+
+
+# HOTSPEC_ATTN_PREFETCH=<share> (an A/B switch, 0 by default): at decode, the attention kernel's
+# programs pull that share of the next kernel's weight (o_proj's, passed as `prefetch`) into L2
+# while attention runs, a window in which HBM is otherwise nearly idle (RESULTS "Session 12").
+# HOTSPEC_ATTN_PREFETCH_END=1 issues it after each program's kv loop instead of before it.
+_PREFETCH = pdl.l2_share("HOTSPEC_ATTN_PREFETCH", 0.0)
+_PREFETCH_END = os.environ.get("HOTSPEC_ATTN_PREFETCH_END", "0") not in ("", "0")
 
 
 def describe() -> str:
     """The attention's RoPE fold, for the start-up log."""
-    return ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=1)" if _FOLD_ROPE
-            else "RoPE and the KV store in their own kernel (HOTSPEC_ATTN_ROPE=1 folds them in)")
+    return ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
+            if _FOLD_ROPE else "RoPE and the KV store in their own kernel (HOTSPEC_ATTN_ROPE=0)")
 
 
 def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
@@ -109,10 +119,11 @@ class TritonBackend(AttentionBackend):
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
         HOTSPEC_ATTN_MASK_BITS switch, on by default); fold_rope lets decode batches pass RoPE
-        and the KV store to the kernel (`folds_rope`; None: the HOTSPEC_ATTN_ROPE switch, off by
+        and the KV store to the kernel (`folds_rope`; None: the HOTSPEC_ATTN_ROPE switch, on by
         default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
+        self.prefetch_share = _PREFETCH
         self.block_size = block_size
         # HOTSPEC_ATTN_BLOCK_N: kv rows per tile (an A/B switch for the benchmarks: 128 halves the
         # serial kv loop of a decode program, 32 doubles it)
@@ -180,10 +191,13 @@ class TritonBackend(AttentionBackend):
     # -- forward ------------------------------------------------------------------------------
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
-                rope: RopeFold | None = None) -> torch.Tensor:
+                rope: RopeFold | None = None,
+                prefetch: torch.Tensor | None = None) -> torch.Tensor:
         """As AttentionBackend.forward; `out` ([T, Hq, D], q's dtype) is written if given. With
         `rope` (only where `folds_rope`), q is unrotated: the kernel rotates it, and rotates and
-        stores the step's K and V into their cache slots first, as fused_kernels.rope_store."""
+        stores the step's K and V into their cache slots first, as fused_kernels.rope_store.
+        `prefetch`: the read-only tensor the next kernel reads (o_proj's weight), which decode
+        batches pull into L2 under HOTSPEC_ATTN_PREFETCH."""
         p: TritonPlan = fb.attn_meta
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
@@ -255,7 +269,7 @@ class TritonBackend(AttentionBackend):
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
-            **_rope_kwargs(rope, k_cache),
+            **_rope_kwargs(rope, k_cache), **self._prefetch_kwargs(fb, prefetch),
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
         if splits > 1:
@@ -267,6 +281,19 @@ class TritonBackend(AttentionBackend):
                 num_warps=4, **launch,
             )
         return out
+
+
+    def _prefetch_kwargs(self, fb: ForwardBatch, w: torch.Tensor | None) -> dict[str, object]:
+        """The L2 prefetch of `w` (HOTSPEC_ATTN_PREFETCH): decode batches on CUDA only, and not
+        for a weight small enough that its own GEMV pulls it into L2 (pdl.prefetch_cols)."""
+        share = self.prefetch_share
+        if (w is None or share <= 0 or self._interp or w.device.type != "cuda"
+                or fb.width != 1 or fb.custom_mask is not None or not w.is_contiguous()
+                or pdl.prefetch_cols(w) != 0):
+            return {}
+        lines = int(w.numel() * w.element_size() * share) // 128
+        return dict(PF=w, pf_lines=lines, PF_ON=lines > 0, PF_LINE=128 // w.element_size(),
+                    PF_END=_PREFETCH_END)
 
 
 def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, object]:
