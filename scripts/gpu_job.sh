@@ -19,8 +19,8 @@
 #              then 8B and SmolLM2-shape decode at batch 1 and 8, default against HOTSPEC_PDL_ALL=1
 #              (attention and combine PDL-launched at one row, so o_proj preloads while attention
 #              runs), alternated twice (~5 min)
-#   s17        session 12: 8B decode, default (the fold on) against HOTSPEC_ATTN_PREFETCH=1, 0.5,
-#              1 with HOTSPEC_ATTN_PREFETCH_END=1, and HOTSPEC_ATTN_ROPE=0, alternated twice (~5 min)
+#   s18        session 12: tests/test_argmax.py on the GPU, then 8B and SmolLM2-shape decode, the
+#              Triton argmax against HOTSPEC_TRITON_ARGMAX=0, alternated twice (~4 min)
 #   s16        the GGUF chain's second call (carry .models/p2 after a first call that stashed p1):
 #              the engine GPU tests with HOTSPEC_ATTN_ROPE=1 (graphed EAGLE == vanilla in fp32)
 #              and the fold's token test on the default model (bf16, vanilla and EAGLE-3), then
@@ -145,18 +145,20 @@ if [ "$stage" = s15 ]; then  # next session: the fold in fp32, and PDL for every
     done
   done
 fi
-if [ "$stage" = s17 ]; then  # session 12: decode attention pulling o_proj's weight into L2
-  step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_triton_attention.py -k "prefetch or rope_fold"
-  DM=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
-    --batch-sizes 1,8)
-  for i in 1 2; do
-    step "pf_default_$i" 60 "${DM[@]}" --out "$OUT/pf_default_$i.json"
-    HOTSPEC_ATTN_PREFETCH=1 step "pf_1_$i" 60 "${DM[@]}" --out "$OUT/pf_1_$i.json"
-    HOTSPEC_ATTN_PREFETCH=0.5 step "pf_half_$i" 60 "${DM[@]}" --out "$OUT/pf_half_$i.json"
-    HOTSPEC_ATTN_PREFETCH=1 HOTSPEC_ATTN_PREFETCH_END=1 step "pf_1end_$i" 60 "${DM[@]}" \
-      --out "$OUT/pf_1end_$i.json"
-    HOTSPEC_ATTN_ROPE=0 step "pf_nofold_$i" 60 "${DM[@]}" --out "$OUT/pf_nofold_$i.json"
+if [ "$stage" = s18 ]; then  # session 12: the Triton argmax against torch.argmax
+  step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_argmax.py \
+    tests/test_triton_attention.py::test_gpu_rope_fold_engine_tokens_random_weights
+  for model in llama8b-shape smollm2-shape; do
+    DM=(python3 benchmarks/decode_bench.py --model $model --mode graphed --context 512 --tokens 32
+      --batch-sizes 1,8)
+    for i in 1 2; do
+      step "argmax_${model}_default_$i" 60 "${DM[@]}" --out "$OUT/argmax_${model}_default_$i.json"
+      HOTSPEC_TRITON_ARGMAX=0 step "argmax_${model}_torch_$i" 60 "${DM[@]}" \
+        --out "$OUT/argmax_${model}_torch_$i.json"
+    done
   done
+  step kernels_8b 60 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
+    --context 512 --tokens 16 --batch-sizes 1 --kernels
 fi
 if [ "$stage" = s16 ]; then  # the fold on the default model: should it be on by default?
   HOTSPEC_ATTN_ROPE=1 step engine_tests_fold 420 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py

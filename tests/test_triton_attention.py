@@ -594,51 +594,6 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
     assert not bad, "; ".join(bad)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("end", [False, True], ids=["before-loop", "after-loop"])
-@pytest.mark.parametrize("batch", [1, 8])
-def test_gpu_attention_prefetch_is_a_hint(batch, end, monkeypatch) -> None:
-    """HOTSPEC_ATTN_PREFETCH: decode attention pulling the 8B o_proj's weight (33.5 MB) into L2
-    gives the same output bits and leaves the weight unchanged."""
-    monkeypatch.setattr(triton_backend, "_PREFETCH_END", end)
-    kv = [512] * batch
-    hq, hkv, d = LLAMA8B["hq"], LLAMA8B["hkv"], LLAMA8B["d"]
-    fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, hq=hq, hkv=hkv, d=d,
-                              dtype=BF16, seed=7)
-    fb.max_kv = 8192
-    w = torch.randn(hq * d, hq * d, device=DEV).to(BF16)
-    w0 = w.clone()
-    plain = TritonBackend(PAGE)
-    plain.plan(fb)
-    plain.prefetch_share = 0.0
-    want = plain.forward(fb, q, kc, vc, d ** -0.5, prefetch=w)
-    hinted = TritonBackend(PAGE)
-    hinted.plan(fb)
-    hinted.prefetch_share = 1.0
-    assert hinted._prefetch_kwargs(fb, w)["pf_lines"] == w.numel() * 2 // 128
-    got = hinted.forward(fb, q, kc, vc, d ** -0.5, prefetch=w)
-    assert torch.equal(got, want) and torch.equal(w, w0)
-
-
-def test_attention_prefetch_gating(monkeypatch) -> None:
-    """HOTSPEC_ATTN_PREFETCH: a share of L2 in [0, 1] (else an error naming it); never on the CPU
-    or for non-decode batches, and off (no kernel arguments) at share 0."""
-    from hotspec.layers import pdl
-
-    monkeypatch.setenv("HOTSPEC_ATTN_PREFETCH", "2")
-    with pytest.raises(ValueError, match="HOTSPEC_ATTN_PREFETCH='2'"):
-        pdl.l2_share("HOTSPEC_ATTN_PREFETCH", 0.0)
-    backend = TritonBackend(PAGE)
-    backend.prefetch_share = 1.0
-    decode = make_case(q_lens=[1, 1], kv_lens=[3, 9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
-    verify = make_case(q_lens=[2, 2], kv_lens=[3, 9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
-                       masks=[tree_mask(2), tree_mask(2)])[0]
-    w = torch.zeros(64, 64)
-    assert backend._prefetch_kwargs(decode, w) == {}  # a CPU tensor
-    assert backend._prefetch_kwargs(verify, w) == {} and backend._prefetch_kwargs(decode, None) == {}
-    assert TritonBackend(PAGE).prefetch_share == 0.0  # off by default
-
-
 def _random_weight_engine(fold: bool, monkeypatch, layers: int = 6):
     """SmolLM2's shape with random bf16 weights (no model file), CUDA-graphed decode at batch
     1, 2 and 4, the RoPE fold on or off."""

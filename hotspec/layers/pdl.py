@@ -195,20 +195,6 @@ def prefetch_rows(W, offs_n, N, k_lo, k_hi, stride_wn, CHUNK: tl.constexpr, COLS
 
 
 @triton.jit
-def prefetch_share(P, n_lines, pid, n_progs, LINE: tl.constexpr, CHUNK: tl.constexpr):
-    """Program `pid` of `n_progs` pulls its share of the first `n_lines` 128-byte lines of the
-    read-only tensor at P (LINE elements a line) into L2: CHUNK lines at a time, one per thread.
-    A hint only: it reads nothing back and writes nothing."""
-    per = tl.cdiv(n_lines, n_progs)
-    lo = pid * per
-    hi = tl.minimum(lo + per, n_lines)
-    for k in range(lo, hi, CHUNK):
-        lines = tl.minimum(k + tl.arange(0, CHUNK), hi - 1).to(tl.int64)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [P + lines * LINE],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr, ON: tl.constexpr):
     """With ON, a program's first weight tile: rows `offs_n` of W (past N: 0), columns
     k_lo + [0, BLOCK_K); else a dummy scalar. Weights only: safe before `wait`."""

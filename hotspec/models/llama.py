@@ -89,8 +89,7 @@ class Attention(nn.Module):
         else:
             q, k = rope(fb.positions, q, k)
             store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
-        o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold,
-                            prefetch=getattr(self.o_proj, "weight", None))
+        o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold)
         return linear(self.o_proj, o.reshape(t, -1))
 
 

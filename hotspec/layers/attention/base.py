@@ -37,12 +37,10 @@ class AttentionBackend(abc.ABC):
 
     @abc.abstractmethod
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, scale: float, *, rope: RopeFold | None = None,
-                prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                v_cache: torch.Tensor, scale: float, *, rope: RopeFold | None = None) -> torch.Tensor:
         """q: [T, Hq, D]; caches: [num_slots + 1, Hkv, D] (new K/V already stored). -> [T, Hq, D]
         With `rope` (only where `folds_rope(fb)`), q is unrotated and the new K/V not yet stored:
-        the backend does both. `prefetch` is a read-only tensor the next kernel reads, which a
-        backend may pull into a cache meanwhile (a hint)."""
+        the backend does both."""
 
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` takes RoPE and the KV store for this batch (no, unless

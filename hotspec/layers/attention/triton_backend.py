@@ -82,14 +82,6 @@ def _rope_switch() -> bool:
 _FOLD_ROPE = _rope_switch()
 
 
-# HOTSPEC_ATTN_PREFETCH=<share> (an A/B switch, 0 by default): at decode, the attention kernel's
-# programs pull that share of the next kernel's weight (o_proj's, passed as `prefetch`) into L2
-# while attention runs, a window in which HBM is otherwise nearly idle (RESULTS "Session 12").
-# HOTSPEC_ATTN_PREFETCH_END=1 issues it after each program's kv loop instead of before it.
-_PREFETCH = pdl.l2_share("HOTSPEC_ATTN_PREFETCH", 0.0)
-_PREFETCH_END = os.environ.get("HOTSPEC_ATTN_PREFETCH_END", "0") not in ("", "0")
-
-
 def describe() -> str:
     """The attention's RoPE fold, for the start-up log."""
     return ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
@@ -123,7 +115,6 @@ class TritonBackend(AttentionBackend):
         default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
-        self.prefetch_share = _PREFETCH
         self.block_size = block_size
         # HOTSPEC_ATTN_BLOCK_N: kv rows per tile (an A/B switch for the benchmarks: 128 halves the
         # serial kv loop of a decode program, 32 doubles it)
@@ -191,13 +182,10 @@ class TritonBackend(AttentionBackend):
     # -- forward ------------------------------------------------------------------------------
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
-                rope: RopeFold | None = None,
-                prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                rope: RopeFold | None = None) -> torch.Tensor:
         """As AttentionBackend.forward; `out` ([T, Hq, D], q's dtype) is written if given. With
         `rope` (only where `folds_rope`), q is unrotated: the kernel rotates it, and rotates and
-        stores the step's K and V into their cache slots first, as fused_kernels.rope_store.
-        `prefetch`: the read-only tensor the next kernel reads (o_proj's weight), which decode
-        batches pull into L2 under HOTSPEC_ATTN_PREFETCH."""
+        stores the step's K and V into their cache slots first, as fused_kernels.rope_store."""
         p: TritonPlan = fb.attn_meta
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
@@ -269,7 +257,7 @@ class TritonBackend(AttentionBackend):
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
-            **_rope_kwargs(rope, k_cache), **self._prefetch_kwargs(fb, prefetch),
+            **_rope_kwargs(rope, k_cache),
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
         if splits > 1:
@@ -281,19 +269,6 @@ class TritonBackend(AttentionBackend):
                 num_warps=4, **launch,
             )
         return out
-
-
-    def _prefetch_kwargs(self, fb: ForwardBatch, w: torch.Tensor | None) -> dict[str, object]:
-        """The L2 prefetch of `w` (HOTSPEC_ATTN_PREFETCH): decode batches on CUDA only, and not
-        for a weight small enough that its own GEMV pulls it into L2 (pdl.prefetch_cols)."""
-        share = self.prefetch_share
-        if (w is None or share <= 0 or self._interp or w.device.type != "cuda"
-                or fb.width != 1 or fb.custom_mask is not None or not w.is_contiguous()
-                or pdl.prefetch_cols(w) != 0):
-            return {}
-        lines = int(w.numel() * w.element_size() * share) // 128
-        return dict(PF=w, pf_lines=lines, PF_ON=lines > 0, PF_LINE=128 // w.element_size(),
-                    PF_END=_PREFETCH_END)
 
 
 def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, object]:

@@ -132,18 +132,11 @@ def paged_attn_fwd(
     ROPE: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
-    PF=None, pf_lines=0, PF_ON: tl.constexpr = False, PF_LINE: tl.constexpr = 64,
-    PF_END: tl.constexpr = False,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pid0 = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
-    # HOTSPEC_ATTN_PREFETCH: pull the next kernel's weight (o_proj's) into L2 while this one runs
-    pf_pid = pid0 + tl.num_programs(0) * (b + tl.num_programs(1) * h)
-    pf_progs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    if PF_ON and not PF_END:
-        pdl.prefetch_share(PF, pf_lines, pf_pid, pf_progs, PF_LINE, 128)
     if SPLIT:
         qb = pid0 // num_splits
         sp = pid0 % num_splits
@@ -253,8 +246,6 @@ def paged_attn_fwd(
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    if PF_ON and PF_END:
-        pdl.prefetch_share(PF, pf_lines, pf_pid, pf_progs, PF_LINE, 128)
 
 
 def is_interpreted() -> bool:
