@@ -189,6 +189,37 @@ def kernel_table(engine: Engine, batch: int, top: int = 15, phase: str = "decode
     return "\n".join(lines)
 
 
+def timeline(engine: Engine, batch: int, edge: int, phase: str = "decode") -> str:
+    """When each kernel of `phase`'s graph runs: two replays back to back under torch.profiler,
+    then the last `edge` kernels of the first and the first `edge` of the second, each with its
+    start (us after the first replay's first kernel), its duration and the idle gap before it;
+    and the replay's total idle time between kernels. PDL-launched kernels overlap the one
+    before, so their gap is negative (their duration then includes their wait)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = engine.graphs.captured(phase, batch)
+    assert graph is not None, f"no captured {phase} graph for batch {batch}"
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        graph.replay()
+        torch.cuda.synchronize()
+    ks = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                if e.device_type.name == "CUDA")
+    n = len(ks) // 2
+    t0 = ks[0][0]
+    gaps = [max(0.0, ks[i][0] - ks[i - 1][1]) for i in range(1, n)]
+    lines = [f"{phase} batch {batch}: {n} kernels per replay, first to last "
+             f"{ks[n - 1][1] - t0:.1f} us, idle between kernels {sum(gaps):.1f} us"]
+    for i in list(range(max(1, n - edge), n)) + list(range(n, min(len(ks), n + edge))):
+        start, end, name = ks[i]
+        mark = "| next replay" if i == n else ""
+        lines.append(f"  {start - t0:9.1f} {end - start:7.1f} us  gap {start - ks[i - 1][1]:6.1f}  "
+                     f"{name[:70]} {mark}")
+    return "\n".join(lines)
+
+
 def machine(device: torch.device) -> str:
     return f"{device_name(device)}, torch {torch.__version__}"
 
@@ -227,6 +258,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also time transformers generate (static cache) on the same weights")
     p.add_argument("--kernels", action="store_true",
                    help="graphed: print the kernels of one decode step (torch.profiler)")
+    p.add_argument("--timeline", type=int, default=0, metavar="N",
+                   help="graphed: print when the last N kernels of one decode replay and the "
+                        "first N of the next run, with the gaps between them (torch.profiler)")
     p.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="launch decode step N+1 before reading step N (the engine option; "
                         "default: the engine's, on with CUDA graphs)")
@@ -260,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         if args.kernels and engine.graphs.mode == "cuda":
             print(kernel_table(engine, b))
+        if args.timeline and engine.graphs.mode == "cuda":
+            print(timeline(engine, b, args.timeline))
     hf_rows = []
     if args.vs_hf:
         for b in args.batch_sizes:

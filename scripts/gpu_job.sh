@@ -14,17 +14,6 @@
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
 #              8B). "AB_ENV2=..." adds a third column.
-#   s15        next session's first call (no model file needed; carry .whl, and .models/p1 to start
-#              the GGUF chain): the fold's GPU tests (bf16 and fp32, the random-weight engine),
-#              then 8B and SmolLM2-shape decode at batch 1 and 8, default against HOTSPEC_PDL_ALL=1
-#              (attention and combine PDL-launched at one row, so o_proj preloads while attention
-#              runs), alternated twice (~5 min)
-#   s18        session 12: tests/test_argmax.py on the GPU, then 8B and SmolLM2-shape decode, the
-#              Triton argmax against HOTSPEC_TRITON_ARGMAX=0, alternated twice (~4 min)
-#   s16        the GGUF chain's second call (carry .models/p2 after a first call that stashed p1):
-#              the engine GPU tests with HOTSPEC_ATTN_ROPE=1 (graphed EAGLE == vanilla in fp32)
-#              and the fold's token test on the default model (bf16, vanilla and EAGLE-3), then
-#              scripts/fold_engine_check.py eager and without PDL (~6 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
@@ -47,7 +36,7 @@
 # s8a ... s8f, ...), `git show bdefcb4:scripts/gpu_job.sh` session 9's (s10a, s10b, s10c),
 # `git show 9320627:scripts/gpu_job.sh` session 10's (s11a, s12a ... s12g), `git show
 # 4986c25:scripts/gpu_job.sh` the s13a / s13b and `git show 5eb5455:scripts/gpu_job.sh` the s14
-# that session 11 ran.
+# that session 11 ran, `git show ed47cb5:scripts/gpu_job.sh` session 12's s15, s16 and s18.
 # A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. stash)
 # carrying .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying
 # .models/p2 .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
@@ -132,41 +121,6 @@ if [ "$stage" = ab ]; then  # AB_ENV="VAR=VAL ..." [AB_ENV2=...] against the def
     [ -n "${AB_ENV2:-}" ] && step "ab_env2_$i" 90 env $AB_ENV2 "${DA[@]}" --out "$OUT/ab_env2_$i.json"
   done
   echo "ab: AB_ENV=$AB_ENV${AB_ENV2:+, AB_ENV2=$AB_ENV2}, model ${AB_MODEL:-llama8b-shape}" | tee -a "$OUT/status.txt"
-fi
-if [ "$stage" = s15 ]; then  # next session: the fold in fp32, and PDL for every kernel at one row
-  step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_triton_attention.py -k rope_fold
-  for model in llama8b-shape smollm2-shape; do
-    DM=(python3 benchmarks/decode_bench.py --model $model --mode graphed --context 512 --tokens 32
-      --batch-sizes 1,8)
-    for i in 1 2; do
-      step "decode_${model}_default_$i" 60 "${DM[@]}" --out "$OUT/decode_${model}_default_$i.json"
-      HOTSPEC_PDL_ALL=1 step "decode_${model}_pdlall_$i" 60 "${DM[@]}" \
-        --out "$OUT/decode_${model}_pdlall_$i.json"
-    done
-  done
-fi
-if [ "$stage" = s18 ]; then  # session 12: the Triton argmax against torch.argmax
-  step kernel_tests 240 python3 -m pytest -q -m gpu tests/test_argmax.py \
-    tests/test_triton_attention.py::test_gpu_rope_fold_engine_tokens_random_weights
-  for model in llama8b-shape smollm2-shape; do
-    DM=(python3 benchmarks/decode_bench.py --model $model --mode graphed --context 512 --tokens 32
-      --batch-sizes 1,8)
-    for i in 1 2; do
-      step "argmax_${model}_default_$i" 60 "${DM[@]}" --out "$OUT/argmax_${model}_default_$i.json"
-      HOTSPEC_TRITON_ARGMAX=0 step "argmax_${model}_torch_$i" 60 "${DM[@]}" \
-        --out "$OUT/argmax_${model}_torch_$i.json"
-    done
-  done
-  step kernels_8b 60 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
-    --context 512 --tokens 16 --batch-sizes 1 --kernels
-fi
-if [ "$stage" = s16 ]; then  # the fold on the default model: should it be on by default?
-  HOTSPEC_ATTN_ROPE=1 step engine_tests_fold 420 python3 -m pytest -q -s -m gpu tests/test_gpu_engine.py
-  step fold_tokens 300 python3 -m pytest -q -s -m gpu \
-    tests/test_triton_attention.py::test_gpu_engine_tokens_equal_with_attention_switches
-  # where a difference comes from (the token test above is the graphed case): eager, no PDL
-  step fold_check_eager 120 python3 scripts/fold_engine_check.py --device cuda --eager
-  HOTSPEC_PDL=0 step fold_check_nopdl 120 python3 scripts/fold_engine_check.py --device cuda
 fi
 # Speculative configurations side by side (benchmarks/spec_sweep.py: one target, one vanilla pass,
 # one pass per variant STEPS/TOPK/TOKENS[:unfused][:profile]) with the shipped head, b1, b8, b32.

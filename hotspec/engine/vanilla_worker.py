@@ -14,7 +14,6 @@ import torch
 
 from hotspec.engine.launches import HostCopy, Launches, LaunchingWorker, from_carry, to_carry
 from hotspec.engine.request import Request, Status
-from hotspec.layers.argmax import argmax
 from hotspec.layers.sampler import SamplingTensors, sample
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch, slots_at
@@ -61,7 +60,7 @@ def prefill_chunks(reqs: list[Request], chunks: list[int] | None) -> tuple[list[
 
 def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
     if all(r.params.temperature == 0 for r in reqs):
-        return argmax(logits)
+        return logits.argmax(-1)
     x = sampling_inputs(reqs, logits.device)
     return sample(logits, x["temperature"], x["top_p"], x["top_k"], x["min_p"], x["seeds"], x["offsets"])
 
@@ -171,7 +170,7 @@ class VanillaWorker(LaunchingWorker):
         return {"next": nxt}
 
     def decode_phase(self, x: Tensors) -> Tensors:
-        return self._next(argmax(self._logits(self._input_ids(x))))
+        return self._next(self._logits(self._input_ids(x)).argmax(-1))
 
     def decode_sample_phase(self, x: Tensors) -> Tensors:
         x = self._input_ids(x)
