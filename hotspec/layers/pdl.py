@@ -22,7 +22,9 @@ at its very start (`wait`, before any load or store), so only its launch and the
 programs overlap the kernel before. Measured on the H200 (RESULTS "Session 9"): SmolLM2 decode at
 batch 8 0.98 -> 0.87 ms and the speculative step at batch 1 (12-row verify, 8-row draft) faster,
 but SmolLM2 decode at batch 1 0.60 -> 0.66 ms slower (the 8B shape at batch 1: 4.24 either way),
-hence the row rule. HOTSPEC_PDL_ALL=1 chains every step, =0 none (A/B runs).
+hence the row rule. Measured again in session 12, with the preload (o_proj's programs would preload
+while attention runs): at one row still slower, 8B 4.08 -> 4.11 ms, SmolLM2's shape 0.55 -> 0.62.
+HOTSPEC_PDL_ALL=1 chains every step, =0 none (A/B runs).
 """
 
 from __future__ import annotations
