@@ -13,7 +13,7 @@ in the process** replays at 0.93 us per tiny kernel, every later one at 1.11 us,
 variant comes first (`--reverse` flips it), at 100, 200 and 300 kernels, though each graph is
 destroyed before the next is captured.
 
-    python3 benchmarks/graph_gap_bench.py [--kernels 200] [--replays 200] [--reverse]
+    python3 benchmarks/graph_gap_bench.py [--kernels 200] [--replays 200] [--reverse | --pair]
 """
 
 from __future__ import annotations
@@ -90,13 +90,50 @@ def replay_us(n_kernels: int, extra: Callable[[], object], replays: int, body: s
     return best
 
 
+def pair(n_kernels: int, replays: int) -> list[str]:
+    """Two identical graphs A and B (A captured first), both kept alive, timed B, A, B, A: is the
+    fast one the first captured, the first replayed, or neither once both exist?"""
+    xs = [torch.zeros(4096, device="cuda") for _ in range(2)]
+    graphs = []
+    for x in xs:
+        for _ in range(n_kernels):  # warm up outside the capture
+            x.add_(1)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(n_kernels):
+                x.add_(1)
+        graphs.append(g)
+    out = []
+    for name in "BABA":
+        g = graphs["AB".index(name)]
+        for _ in range(10):
+            g.replay()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(replays):
+            g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        us = a.elapsed_time(b) * 1e3 / replays
+        out.append(f"pair: graph {name} ({'first' if name == 'A' else 'second'} captured) "
+                   f"{us:.1f} us = {us / n_kernels:.3f} us / kernel")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", type=int, default=200, help="tiny kernels in the graph before the extra one")
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--reverse", action="store_true", help="measure the variants in reverse order")
     p.add_argument("--body", choices=("torch", "triton", "both"), default="both")
+    p.add_argument("--pair", action="store_true",
+                   help="instead: two identical graphs, both alive, timed B, A, B, A")
     args = p.parse_args()
+    if args.pair:
+        print("\n".join(pair(args.kernels, args.replays)))
+        return
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           f"{args.kernels} tiny kernels + one extra, best of 5 x {args.replays} replays")
     print(f"{'body':>7} {'extra kernel':<28} {'replay us':>10} {'us / kernel':>12}")

@@ -14,6 +14,9 @@
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
 #              8B). "AB_ENV2=..." adds a third column.
+#   graphgap   benchmarks/graph_gap_bench.py (default, --pair) and the decode graphs' idle time at
+#              batch 1, 2 and 8 (decode_bench --timeline): why the first graph of a process launches
+#              each kernel ~0.18 us sooner (RESULTS "Session 12"; ~2 min, no model file)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
@@ -142,6 +145,15 @@ if [ "$stage" = sweep ] || [ "$stage" = phasekernels ]; then  # the kernels of e
   step phase_kernels 120 python3 benchmarks/spec_phase_bench.py --target default --draft default \
     --batch-sizes 1 --shapes 4,8,12 6,8,16 --hot full --modes graphed --iters 30 --kernels \
     --out "$OUT/phase_kernels.json"
+fi
+if [ "$stage" = graphgap ]; then  # why the first CUDA graph of a process launches faster (RESULTS "Session 12")
+  step gap_tests 120 python3 -m pytest -q -m gpu tests/test_graph_gap_bench.py
+  step gap_bench 60 python3 benchmarks/graph_gap_bench.py --body torch
+  step gap_pair 60 python3 benchmarks/graph_gap_bench.py --pair
+  for model in llama8b-shape smollm2-shape; do  # which of the engine's decode graphs get the fast path
+    step "gap_timeline_$model" 90 python3 benchmarks/decode_bench.py --model $model --mode graphed \
+      --context 512 --tokens 16 --batch-sizes 1,2,8 --timeline 3
+  done
 fi
 if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
   step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \

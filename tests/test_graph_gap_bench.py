@@ -20,3 +20,13 @@ def test_gpu_graph_gap_bench_times_every_variant() -> None:
     rows = [line.split() for line in out.stdout.splitlines()[2:]]
     assert len(rows) == 8 and all(r[0] == "torch" for r in rows)
     assert all(float(r[-1]) > 0 and float(r[-2]) > 0 for r in rows)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_gap_bench_pair() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "graph_gap_bench.py"), "--kernels",
+                          "20", "--replays", "5", "--pair"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert [line.split()[2] for line in lines] == ["B", "A", "B", "A"]
