@@ -164,3 +164,4 @@ def test_decode_bench_imports_the_moved_baseline() -> None:
         del sys.modules["decode_bench"]
     assert module.hf_generate_tokens_per_s is hf_generate_tokens_per_s
     assert module.parse_args(["--vs-hf"]).vs_hf
+    assert module.parse_args(["--timeline", "5"]).timeline == 5 and module.parse_args([]).timeline == 0

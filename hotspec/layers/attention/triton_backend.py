@@ -75,10 +75,10 @@ def _rope_switch() -> bool:
 # The RoPE fold (HOTSPEC_ATTN_ROPE, on by default; 0 turns it off): at decode (one row per
 # request, no custom mask) the attention kernel rotates q itself and stores the step's K and V,
 # bit for bit as fused_kernels.rope_store would at every shape tested, which saves that kernel
-# per layer (`folds_rope`). On the H200 (RESULTS "Session 11"), 8B shape: batch 1 4.01 -> 3.99
-# ms, batch 8 4.81 -> 4.73 ms. On by default since session 12, when the engine tests passed
-# with it on the default model (graphed EAGLE == vanilla in fp32; the same bf16 greedy tokens
-# with and without it, graphed and eager, with and without PDL).
+# per layer (`folds_rope`). On the H200 (RESULTS "Session 12", call 3), 8B shape: batch 1
+# 4.01-4.02 -> 3.98 ms, batch 8 4.82 -> 4.72 ms. On by default since session 12, when the engine
+# tests passed with it on the default model (graphed EAGLE == vanilla in fp32; the same bf16
+# greedy tokens with and without it, graphed and eager, with and without PDL).
 _FOLD_ROPE = _rope_switch()
 
 
