@@ -13,7 +13,7 @@ in the process** replays at 0.93 us per tiny kernel, every later one at 1.11 us,
 variant comes first (`--reverse` flips it), at 100, 200 and 300 kernels, though each graph is
 destroyed before the next is captured.
 
-    python3 benchmarks/graph_gap_bench.py [--kernels 200] [--replays 200] [--reverse | --pair]
+    python3 benchmarks/graph_gap_bench.py [--kernels 200] [--replays 200] [--reverse | --pair | --study]
 """
 
 from __future__ import annotations
@@ -122,6 +122,74 @@ def pair(n_kernels: int, replays: int) -> list[str]:
     return out
 
 
+# --study: each scenario in a fresh process (the effect is per process): what comes before the
+# timed graph A of N tiny kernels
+SCENARIOS = {
+    "alone": "A is the process's only graph",
+    "after-dummy": "a one-kernel graph captured, replayed and destroyed first",
+    "after-dummy-kept": "a one-kernel graph captured and replayed first, kept alive",
+    "after-dummy-unreplayed": "a one-kernel graph captured first, never replayed, destroyed",
+    "after-dummy-priority": "as after-dummy, then A captured on a high-priority stream",
+    "after-dummy-shared-pool": "as after-dummy-kept, A captured into the dummy's memory pool",
+}
+
+
+def scenario(name: str, n_kernels: int, replays: int) -> float:
+    """A's replay time (us) after what scenario `name` does first."""
+    x = torch.zeros(4096, device="cuda")
+    stream, pool, keep = None, None, []
+    if name != "alone":
+        d = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(d):
+            x.add_(1)
+        if name != "after-dummy-unreplayed":
+            d.replay()
+        torch.cuda.synchronize()
+        if name in ("after-dummy-kept", "after-dummy-shared-pool"):
+            keep.append(d)
+            pool = d.pool() if name == "after-dummy-shared-pool" else None
+        else:
+            del d
+        if name == "after-dummy-priority":
+            stream = torch.cuda.Stream(priority=-100)  # clamped to the highest priority
+    for _ in range(n_kernels):
+        x.add_(1)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool, stream=stream):
+        for _ in range(n_kernels):
+            x.add_(1)
+    for _ in range(10):
+        g.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(replays):
+            g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        best = min(best, a.elapsed_time(b) * 1e3 / replays)
+    return best
+
+
+def study(n_kernels: int, replays: int) -> list[str]:
+    """Every scenario in its own process: A's replay time and time per kernel."""
+    import subprocess
+    import sys
+
+    rows = [f"{'scenario':<26} {'replay us':>10} {'us / kernel':>12}  what comes before A"]
+    for name, what in SCENARIOS.items():
+        out = subprocess.run([sys.executable, __file__, "--scenario", name, "--kernels", str(n_kernels),
+                              "--replays", str(replays)], capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(f"scenario {name} failed: {out.stderr[-2000:]}")
+        us = float(out.stdout.split()[-1])
+        rows.append(f"{name:<26} {us:>10.1f} {us / n_kernels:>12.3f}  {what}")
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", type=int, default=200, help="tiny kernels in the graph before the extra one")
@@ -130,7 +198,16 @@ def main() -> None:
     p.add_argument("--body", choices=("torch", "triton", "both"), default="both")
     p.add_argument("--pair", action="store_true",
                    help="instead: two identical graphs, both alive, timed B, A, B, A")
+    p.add_argument("--study", action="store_true",
+                   help="instead: graph A timed after each of SCENARIOS, each in a fresh process")
+    p.add_argument("--scenario", choices=tuple(SCENARIOS), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.scenario:
+        print(f"replay_us {scenario(args.scenario, args.kernels, args.replays):.3f}")
+        return
+    if args.study:
+        print("\n".join(study(args.kernels, args.replays)))
+        return
     if args.pair:
         print("\n".join(pair(args.kernels, args.replays)))
         return

@@ -14,9 +14,10 @@
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
 #              8B). "AB_ENV2=..." adds a third column.
-#   graphgap   benchmarks/graph_gap_bench.py (default, --pair) and the decode graphs' idle time at
-#              batch 1, 2 and 8 (decode_bench --timeline): why the first graph of a process launches
-#              each kernel ~0.18 us sooner (RESULTS "Session 12"; ~2 min, no model file)
+#   graphgap   benchmarks/graph_gap_bench.py (default, --pair, --study) and the decode graphs'
+#              idle time at batch 1, 2 and 8 (decode_bench --timeline): why the first graph of a
+#              process launches each kernel ~0.18 us sooner (RESULTS "Session 12"; ~3 min, no
+#              model file)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
@@ -150,6 +151,7 @@ if [ "$stage" = graphgap ]; then  # why the first CUDA graph of a process launch
   step gap_tests 120 python3 -m pytest -q -m gpu tests/test_graph_gap_bench.py
   step gap_bench 60 python3 benchmarks/graph_gap_bench.py --body torch
   step gap_pair 60 python3 benchmarks/graph_gap_bench.py --pair
+  step gap_study 120 python3 benchmarks/graph_gap_bench.py --study
   for model in llama8b-shape smollm2-shape; do  # which of the engine's decode graphs get the fast path
     step "gap_timeline_$model" 90 python3 benchmarks/decode_bench.py --model $model --mode graphed \
       --context 512 --tokens 16 --batch-sizes 1,2,8 --timeline 3

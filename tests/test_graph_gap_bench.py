@@ -30,3 +30,14 @@ def test_gpu_graph_gap_bench_pair() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert [line.split()[2] for line in lines] == ["B", "A", "B", "A"]
+
+
+@pytest.mark.gpu
+def test_gpu_graph_gap_bench_study() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "graph_gap_bench.py"), "--kernels",
+                          "20", "--replays", "5", "--study"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line.split() for line in out.stdout.splitlines()[1:]]
+    assert [r[0] for r in rows][:2] == ["alone", "after-dummy"] and len(rows) == 6
+    assert all(float(r[1]) > 0 for r in rows)
