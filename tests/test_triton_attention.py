@@ -303,7 +303,7 @@ def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
 
     g, dt = case.split("-")
     group, dtype = int(g[1:]), {"bf16": BF16, "f32": F32}[dt]
-    fb, q, kc, vc, rope = _rope_case(group, dtype, seed=41, kv_lens=[1, 17, 150])
+    fb, q, kc, vc, rope = _rope_case(group, dtype, seed=41, kv_lens=[1, 17, 32, 150])
     scale = q.shape[-1] ** -0.5
     kc2, vc2 = kc.clone(), vc.clone()
     q_rot = fk.rope_store(q, rope.k, rope.v, rope.positions, rope.cos, rope.sin, kc, vc, rope.loc)
