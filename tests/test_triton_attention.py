@@ -594,6 +594,59 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
     assert not bad, "; ".join(bad)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_fold_prefetch_is_a_hint(shape, batch) -> None:
+    """HOTSPEC_ATTN_FOLD_PREFETCH: the fold with its first tile pulled into L2 beforehand gives
+    the fold's bits (output and caches), ten launches in a row."""
+    kv = [512] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
+    hq, hkv, d = shape["hq"], shape["hkv"], shape["d"]
+    fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, hq=hq, hkv=hkv, d=d,
+                              dtype=BF16, seed=104)
+    fb.max_kv = 8192
+    k = torch.randn(batch, hkv, d, device=DEV).to(BF16)
+    v = torch.randn(batch, hkv, d, device=DEV).to(BF16)
+    ang = torch.rand(4096, d // 2, device=DEV) * 6.3
+    pos = torch.tensor([n - 1 for n in kv], device=DEV)
+    loc = fb.block_tables.long()[torch.arange(batch, device=DEV), pos // PAGE] * PAGE + pos % PAGE
+    rope = RopeFold(k, v, pos, loc, ang.cos(), ang.sin())
+    plain = TritonBackend(PAGE, fold_rope=True)
+    plain.fold_prefetch = False
+    plain.plan(fb)
+    kc1, vc1 = kc.clone(), vc.clone()
+    want = plain.forward(fb, q, kc1, vc1, d ** -0.5, rope=rope)
+    hinted = TritonBackend(PAGE, fold_rope=True)
+    hinted.fold_prefetch = True
+    hinted.plan(fb)
+    for _ in range(10):
+        kc2, vc2 = kc.clone(), vc.clone()
+        got = hinted.forward(fb, q, kc2, vc2, d ** -0.5, rope=rope)
+        assert torch.equal(got, want) and torch.equal(kc2, kc1) and torch.equal(vc2, vc1)
+
+
+def test_fold_prefetch_switch(monkeypatch) -> None:
+    """HOTSPEC_ATTN_FOLD_PREFETCH: off by default, 1 on, anything else an error naming it; never
+    in the interpreter (its prefetch is PTX)."""
+    monkeypatch.delenv("HOTSPEC_ATTN_FOLD_PREFETCH", raising=False)
+    assert not triton_backend._fold_prefetch_switch()
+    monkeypatch.setenv("HOTSPEC_ATTN_FOLD_PREFETCH", "1")
+    assert triton_backend._fold_prefetch_switch()
+    monkeypatch.setenv("HOTSPEC_ATTN_FOLD_PREFETCH", "on")
+    with pytest.raises(ValueError, match=r"HOTSPEC_ATTN_FOLD_PREFETCH='on': use 0 \(the default\) or 1"):
+        triton_backend._fold_prefetch_switch()
+    fb, q, kc, vc, rope = _rope_case(2, BF16, seed=44, kv_lens=[5, 9])
+    backend = TritonBackend(PAGE, fold_rope=True)
+    backend.fold_prefetch = True  # ignored by the interpreter: the fold's own bits
+    backend.plan(fb)
+    kc2, vc2 = kc.clone(), vc.clone()
+    plain = TritonBackend(PAGE, fold_rope=True)
+    plain.fold_prefetch = False
+    plain.plan(fb)
+    want = plain.forward(fb, q, kc, vc, q.shape[-1] ** -0.5, rope=rope)
+    assert torch.equal(backend.forward(fb, q, kc2, vc2, q.shape[-1] ** -0.5, rope=rope), want)
+
+
 def _random_weight_engine(fold: bool, monkeypatch, layers: int = 6):
     """SmolLM2's shape with random bf16 weights (no model file), CUDA-graphed decode at batch
     1, 2 and 4, the RoPE fold on or off."""
