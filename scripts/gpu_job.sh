@@ -18,6 +18,8 @@
 #              idle time at batch 1, 2 and 8 (decode_bench --timeline): why the first graph of a
 #              process launches each kernel ~0.18 us sooner (RESULTS "Session 12"; ~3 min, no
 #              model file)
+#   gemvsweep  8B decode at batch 1 with each of GEMV_VARIANTS (HOTSPEC_GEMV_CONFIGS entries; a
+#              default list of down / o / qkv / gate_up configs) between two default runs (~5 min)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
@@ -157,6 +159,23 @@ if [ "$stage" = graphgap ]; then  # why the first CUDA graph of a process launch
       --context 512 --tokens 16 --batch-sizes 1,2,8 --timeline 3
   done
 fi
+if [ "$stage" = gemvsweep ]; then  # the 8B one-row GEMV table, A/B inside the graphed decode step
+  GV=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1)
+  step gemv_tests 120 python3 -m pytest -q tests/test_gemv.py -k overrides
+  step gemv_default_1 60 "${GV[@]}"
+  i=0
+  for v in ${GEMV_VARIANTS:-"1,4096,14336,silu=16,512,1,4,2" "1,4096,14336,silu=16,512,4,4,2" \
+      "1,4096,14336,silu=8,512,2,4,2" "1,4096,14336,silu=32,256,2,4,3" "1,4096,4096=8,512,2,4,3" \
+      "1,4096,4096=16,256,1,4,4" "1,4096,4096=8,256,1,4,4" "1,6144,4096=16,256,1,4,3" \
+      "1,6144,4096=8,256,1,4,4" "1,28672,4096=16,512,1,4,3" "1,28672,4096=32,256,1,4,3" \
+      "1,28672,4096=8,512,1,4,3"}; do
+    i=$((i + 1))
+    HOTSPEC_GEMV_CONFIGS="$v" step "gemv_v$i" 60 "${GV[@]}"
+    echo "gemv_v$i = $v" >> "$OUT/status.txt"
+  done
+  step gemv_default_2 60 "${GV[@]}"
+fi
 if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
   step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
     --batch-sizes 1,8,32,64 --context 512 --tokens 64 --vs-hf --out "$OUT/decode_8b_graphed.json"
@@ -253,7 +272,7 @@ fi
 
 echo; echo "================ summary ================"
 cat "$OUT/status.txt"
-for f in "$OUT"/decode_*.log "$OUT"/smol_*.log "$OUT"/ab_*.log; do
+for f in "$OUT"/decode_*.log "$OUT"/smol_*.log "$OUT"/ab_*.log "$OUT"/gemv_*.log "$OUT"/gap_timeline_*.log; do
   [ -f "$f" ] && grep -E "^ +[0-9]+ +[0-9.]+ |vs transformers|kernels per (step|replay)" "$f" |
     sed "s|^|$(basename "$f" .log): |"
 done
@@ -261,7 +280,7 @@ for f in "$OUT"/phases_8b.log "$OUT"/draft_frspec_*.log; do [ -f "$f" ] && grep 
 [ -f "$OUT/agreement_bf16.log" ] && grep -E "^(chain|tree|config)" "$OUT/agreement_bf16.log"
 grep -E "passed|failed" "$OUT"/*tests.log
 [ -f "$OUT/attn_bench.log" ] && tail -n 14 "$OUT/attn_bench.log"
-for f in "$OUT"/host_*.log "$OUT"/phase_kernels*.log "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
+for f in "$OUT"/gap_bench.log "$OUT"/gap_pair.log "$OUT"/gap_study.log "$OUT"/host_*.log "$OUT"/phase_kernels*.log "$OUT"/sweep_*.log "$OUT"/bench_*.log "$OUT"/frspec_*.log "$OUT"/train*.log "$OUT"/serve_sweep.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f")"; tail -n 14 "$f"; }
 done
 # The device tool returns at most 8 files: everything but the head parts goes into one archive.

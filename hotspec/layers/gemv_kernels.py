@@ -26,6 +26,7 @@ F.linear up to the fp32 summation order (at most one ulp apart, bit-identical al
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -89,11 +90,39 @@ def bucket(M: int) -> int:
     return 1 if M == 1 else 8 if M <= 8 else MAX_M
 
 
+@functools.cache
+def overrides() -> dict[tuple[int, int, int, bool], GemvConfig]:
+    """HOTSPEC_GEMV_CONFIGS, for A/B runs of the table inside the decode step (PDL and the
+    preload included, which gemv_bench.py's isolated timings leave out): entries
+    `M,N,K[,silu]=BLOCK_N,BLOCK_K,SPLIT_K,num_warps,num_stages` separated by `;`, each replacing
+    (or adding) the row for bucket(M), e.g. `1,4096,14336,silu=16,512,4,4,2`. A bad entry is an
+    error naming the variable."""
+    raw = os.environ.get("HOTSPEC_GEMV_CONFIGS", "").strip()
+    out: dict[tuple[int, int, int, bool], GemvConfig] = {}
+    for entry in filter(None, (e.strip() for e in raw.split(";"))):
+        try:
+            key, val = entry.split("=")
+            parts = key.split(",")
+            if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3].strip() != "silu"):
+                raise ValueError
+            m, n, k = (int(p) for p in parts[:3])
+            vals = [int(v) for v in val.split(",")]
+            if len(vals) != 5 or min(m, n, k, *vals) < 1:
+                raise ValueError
+            cfg = GemvConfig(*vals)
+        except ValueError:
+            raise ValueError(f"HOTSPEC_GEMV_CONFIGS entry {entry!r}: use M,N,K[,silu]=BLOCK_N,"
+                             "BLOCK_K,SPLIT_K,num_warps,num_stages (positive integers)") from None
+        out[(bucket(m), n, k, len(parts) == 4)] = cfg
+    return out
+
+
 def choose(M: int, N: int, K: int, silu_mul: bool = False) -> GemvConfig | None:
     """The config to run x[M, K] @ w[N, K].T with, or None where cuBLAS is the faster choice."""
     if not 1 <= M <= MAX_M:
         return None
-    cfg = CONFIGS.get((bucket(M), N, K, silu_mul))
+    key = (bucket(M), N, K, silu_mul)
+    cfg = overrides().get(key) or CONFIGS.get(key)
     if cfg is None and M == 1 and N * K <= _M1_MAX_WEIGHTS:
         cfg = GemvConfig(8, 512 if K >= 512 else 128, 1, 4, 3)
     return cfg
