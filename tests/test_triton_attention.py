@@ -625,6 +625,34 @@ def test_gpu_fold_prefetch_is_a_hint(shape, batch) -> None:
         assert torch.equal(got, want) and torch.equal(kc2, kc1) and torch.equal(vc2, vc1)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
+def test_gpu_combine_chained_at_one_row(monkeypatch, shape) -> None:
+    """HOTSPEC_PDL_COMBINE=1: the split combine PDL-launched after an unchained decode attention
+    (batch 1) gives the same bits, eagerly and replayed from a CUDA graph."""
+    from hotspec.layers import pdl
+
+    fb, q, kc, vc = make_case(q_lens=[1], kv_lens=[512], width=1, hq=shape["hq"], hkv=shape["hkv"],
+                              d=shape["d"], dtype=BF16, seed=105)
+    fb.max_kv = 8192
+    backend = TritonBackend(PAGE)
+    backend.plan(fb)
+    scale = shape["d"] ** -0.5
+    monkeypatch.setattr(pdl, "_combine_switch", lambda: False)
+    want = backend.forward(fb, q, kc, vc, scale)
+    monkeypatch.setattr(pdl, "_combine_switch", lambda: True)
+    assert pdl.combine_chained(q.device, 1) and not pdl.chained(q.device, 1)
+    assert torch.equal(backend.forward(fb, q, kc, vc, scale), want)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(fb, q, kc, vc, scale)
+    for _ in range(20):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+
+
 def test_fold_prefetch_switch(monkeypatch) -> None:
     """HOTSPEC_ATTN_FOLD_PREFETCH: off by default, 1 on, anything else an error naming it; never
     in the interpreter (its prefetch is PTX)."""

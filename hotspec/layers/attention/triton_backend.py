@@ -276,12 +276,13 @@ class TritonBackend(AttentionBackend):
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
         if splits > 1:
+            comb_wait = pdl.combine_chained(q.device, t)
             combine_splits[(t, hq)](
                 opart, lse, out,
                 opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
                 out.stride(0), out.stride(1), splits,
-                HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl, PDL_WAIT=pdl_wait,
-                num_warps=4, **launch,
+                HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl, PDL_WAIT=comb_wait,
+                num_warps=4, **({"launch_pdl": True} if comb_wait else {}),
             )
         return out
 
