@@ -56,6 +56,24 @@ def variants(x: torch.Tensor, y8: torch.Tensor) -> dict[str, Callable[[], object
     }
 
 
+def time_replays(g: torch.cuda.CUDAGraph, replays: int, repeats: int = 5) -> float:
+    """us per replay of `g`: 10 warm-up replays, then the best of `repeats` timings of `replays`
+    back-to-back replays."""
+    for _ in range(10):
+        g.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(replays):
+            g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        best = min(best, a.elapsed_time(b) * 1e3 / replays)
+    return best
+
+
 def replay_us(n_kernels: int, extra: Callable[[], object], replays: int, body: str) -> float:
     x = torch.zeros(4096, device="cuda")
 
@@ -75,19 +93,7 @@ def replay_us(n_kernels: int, extra: Callable[[], object], replays: int, body: s
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         work()
-    for _ in range(10):
-        g.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        best = min(best, a.elapsed_time(b) * 1e3 / replays)
-    return best
+    return time_replays(g, replays)
 
 
 def pair(n_kernels: int, replays: int) -> list[str]:
@@ -106,17 +112,7 @@ def pair(n_kernels: int, replays: int) -> list[str]:
         graphs.append(g)
     out = []
     for name in "BABA":
-        g = graphs["AB".index(name)]
-        for _ in range(10):
-            g.replay()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        us = a.elapsed_time(b) * 1e3 / replays
+        us = time_replays(graphs["AB".index(name)], replays, repeats=1)
         out.append(f"pair: graph {name} ({'first' if name == 'A' else 'second'} captured) "
                    f"{us:.1f} us = {us / n_kernels:.3f} us / kernel")
     return out
@@ -159,19 +155,7 @@ def scenario(name: str, n_kernels: int, replays: int) -> float:
     with torch.cuda.graph(g, pool=pool, stream=stream):
         for _ in range(n_kernels):
             x.add_(1)
-    for _ in range(10):
-        g.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        best = min(best, a.elapsed_time(b) * 1e3 / replays)
-    return best
+    return time_replays(g, replays)
 
 
 def study(n_kernels: int, replays: int) -> list[str]:
