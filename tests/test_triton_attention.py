@@ -548,6 +548,24 @@ def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int)
         assert torch.equal(g, w)
 
 
+def _gpu_fold_case(shape: dict, batch: int, dtype: torch.dtype, seed: int):
+    """A decode batch at real heads for the fold's GPU tests: one row per request (context 512
+    at batch 1, else random lengths up to 4096), the engine's static bound 8192, the new tokens'
+    K/V, RoPE tables, positions and cache slots. -> (fb, q, k_cache, v_cache, RopeFold)."""
+    kv = [512] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
+    hkv, d = shape["hkv"], shape["d"]
+    fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, hq=shape["hq"], hkv=hkv,
+                              d=d, dtype=dtype, seed=seed)
+    fb.max_kv = 8192
+    k = torch.randn(batch, hkv, d, device=DEV).to(dtype)
+    v = torch.randn(batch, hkv, d, device=DEV).to(dtype)
+    ang = torch.rand(4096, d // 2, device=DEV) * 6.3
+    pos = torch.tensor([n - 1 for n in kv], device=DEV)
+    loc = fb.block_tables.long()[torch.arange(batch, device=DEV), pos // PAGE] * PAGE + pos % PAGE
+    fb.positions, fb.out_cache_loc = pos, loc
+    return fb, q, kc, vc, RopeFold(k, v, pos, loc, ang.cos(), ang.sin())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
 @pytest.mark.parametrize("batch", [1, 3, 8])
@@ -559,19 +577,9 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
     too: EAGLE's verify (rope_store) and vanilla decode (the fold) must agree there exactly."""
     from hotspec.layers import fused_kernels as fk
 
-    kv = [512] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
-    hq, hkv, d = shape["hq"], shape["hkv"], shape["d"]
-    fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, hq=hq, hkv=hkv, d=d,
-                              dtype=dtype, seed=103)
-    fb.max_kv = 8192
-    k = torch.randn(batch, hkv, d, device=DEV).to(dtype)
-    v = torch.randn(batch, hkv, d, device=DEV).to(dtype)
-    ang = torch.rand(4096, d // 2, device=DEV) * 6.3
-    cos, sin = ang.cos(), ang.sin()
-    pos = torch.tensor([n - 1 for n in kv], device=DEV)
-    loc = fb.block_tables.long()[torch.arange(batch, device=DEV), pos // PAGE] * PAGE + pos % PAGE
-    fb.positions, fb.out_cache_loc = pos, loc
-    scale = d ** -0.5
+    fb, q, kc, vc, rope = _gpu_fold_case(shape, batch, dtype, seed=103)
+    k, v, pos, loc, cos, sin = rope.k, rope.v, rope.positions, rope.loc, rope.cos, rope.sin
+    scale = shape["d"] ** -0.5
     kc0, vc0 = kc.clone(), vc.clone()
     base = TritonBackend(PAGE)
     base.plan(fb)
@@ -582,7 +590,7 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
     bad = []
     for i in range(10):
         kc3, vc3 = kc0.clone(), vc0.clone()
-        got = folded.forward(fb, q, kc3, vc3, scale, rope=RopeFold(k, v, pos, loc, cos, sin))
+        got = folded.forward(fb, q, kc3, vc3, scale, rope=rope)
         torch.cuda.synchronize()
         k_rows = (kc3 != kc).flatten(1).any(1).nonzero().flatten().tolist()
         v_rows = (vc3 != vc).flatten(1).any(1).nonzero().flatten().tolist()
@@ -600,17 +608,8 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
 def test_gpu_fold_prefetch_is_a_hint(shape, batch) -> None:
     """HOTSPEC_ATTN_FOLD_PREFETCH: the fold with its first tile pulled into L2 beforehand gives
     the fold's bits (output and caches), ten launches in a row."""
-    kv = [512] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
-    hq, hkv, d = shape["hq"], shape["hkv"], shape["d"]
-    fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, hq=hq, hkv=hkv, d=d,
-                              dtype=BF16, seed=104)
-    fb.max_kv = 8192
-    k = torch.randn(batch, hkv, d, device=DEV).to(BF16)
-    v = torch.randn(batch, hkv, d, device=DEV).to(BF16)
-    ang = torch.rand(4096, d // 2, device=DEV) * 6.3
-    pos = torch.tensor([n - 1 for n in kv], device=DEV)
-    loc = fb.block_tables.long()[torch.arange(batch, device=DEV), pos // PAGE] * PAGE + pos % PAGE
-    rope = RopeFold(k, v, pos, loc, ang.cos(), ang.sin())
+    fb, q, kc, vc, rope = _gpu_fold_case(shape, batch, BF16, seed=104)
+    d = shape["d"]
     plain = TritonBackend(PAGE, fold_rope=True)
     plain.fold_prefetch = False
     plain.plan(fb)

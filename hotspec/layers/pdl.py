@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hotspec.layers.switches import on_off
+
 
 @functools.cache
 def l2_bytes(index: int) -> int:
@@ -108,10 +110,7 @@ def preloads(use_pdl: bool, eligible: bool, slice_k: int, block_k: int) -> bool:
 
 @functools.cache
 def _preload_switch() -> bool:
-    v = os.environ.get("HOTSPEC_PDL_PRELOAD", "1")
-    if v not in ("0", "1"):
-        raise ValueError(f"HOTSPEC_PDL_PRELOAD={v!r}: use 1 (the default) or 0")
-    return v == "1"
+    return on_off("HOTSPEC_PDL_PRELOAD", True)
 
 
 def enabled(device: torch.device) -> bool:
@@ -146,10 +145,7 @@ def combine_chained(device: torch.device, rows: int) -> bool:
 
 @functools.cache
 def _combine_switch() -> bool:
-    v = os.environ.get("HOTSPEC_PDL_COMBINE", "0")
-    if v not in ("0", "1"):
-        raise ValueError(f"HOTSPEC_PDL_COMBINE={v!r}: use 0 (the default) or 1")
-    return v == "1"
+    return on_off("HOTSPEC_PDL_COMBINE", False)
 
 
 def launch_kwargs(device: torch.device, rows: int) -> dict[str, bool]:

@@ -37,6 +37,7 @@ from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.merge_kernels import combine_splits
 from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
+from hotspec.layers.switches import on_off
 from hotspec.runtime.forward_batch import ForwardBatch
 
 _LOG2E = 1.4426950408889634
@@ -66,10 +67,7 @@ MASK_BITS_MAX = 64  # tree slots one word holds
 
 
 def _rope_switch() -> bool:
-    v = os.environ.get("HOTSPEC_ATTN_ROPE", "1")
-    if v not in ("0", "1"):
-        raise ValueError(f"HOTSPEC_ATTN_ROPE={v!r}: use 1 (the default) or 0")
-    return v == "1"
+    return on_off("HOTSPEC_ATTN_ROPE", True)
 
 
 # The RoPE fold (HOTSPEC_ATTN_ROPE, on by default; 0 turns it off): at decode (one row per
@@ -83,10 +81,7 @@ _FOLD_ROPE = _rope_switch()
 
 
 def _fold_prefetch_switch() -> bool:
-    v = os.environ.get("HOTSPEC_ATTN_FOLD_PREFETCH", "0")
-    if v not in ("0", "1"):
-        raise ValueError(f"HOTSPEC_ATTN_FOLD_PREFETCH={v!r}: use 0 (the default) or 1")
-    return v == "1"
+    return on_off("HOTSPEC_ATTN_FOLD_PREFETCH", False)
 
 
 # HOTSPEC_ATTN_FOLD_PREFETCH=1 (an A/B switch, off until measured): with the RoPE fold, each
