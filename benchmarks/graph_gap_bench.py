@@ -127,6 +127,9 @@ SCENARIOS = {
     "after-dummy-unreplayed": "a one-kernel graph captured first, never replayed, destroyed",
     "after-dummy-priority": "as after-dummy, then A captured on a high-priority stream",
     "after-dummy-shared-pool": "as after-dummy-kept, A captured into the dummy's memory pool",
+    "after-big": "a graph of N tiny kernels captured, replayed 1000 times and destroyed first",
+    "after-big-kept": "as after-big, the graph kept alive",
+    "after-big-unreplayed": "a graph of N tiny kernels captured first, never replayed, destroyed",
 }
 
 
@@ -135,13 +138,16 @@ def scenario(name: str, n_kernels: int, replays: int) -> float:
     x = torch.zeros(4096, device="cuda")
     stream, pool, keep = None, None, []
     if name != "alone":
+        big = name.startswith("after-big")
         d = torch.cuda.CUDAGraph()
         with torch.cuda.graph(d):
-            x.add_(1)
-        if name != "after-dummy-unreplayed":
-            d.replay()
+            for _ in range(n_kernels if big else 1):
+                x.add_(1)
+        if not name.endswith("-unreplayed"):
+            for _ in range(1000 if big else 1):
+                d.replay()
         torch.cuda.synchronize()
-        if name in ("after-dummy-kept", "after-dummy-shared-pool"):
+        if name in ("after-dummy-kept", "after-dummy-shared-pool", "after-big-kept"):
             keep.append(d)
             pool = d.pool() if name == "after-dummy-shared-pool" else None
         else:

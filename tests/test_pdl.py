@@ -70,28 +70,6 @@ def test_other_kernels_are_chained_only_in_steps_of_several_rows(monkeypatch):
     pdl._all_switch.cache_clear()
 
 
-def test_combine_chained_at_one_row_only_with_its_switch(monkeypatch):
-    """HOTSPEC_PDL_COMBINE=1: the split combine PDL-launched at one row too (the other kernels
-    keep the row rule); off by default; a bad value is an error naming it; never without PDL."""
-    dev = torch.device("cuda", 0)
-    monkeypatch.setattr(pdl, "enabled", lambda device: True)
-    monkeypatch.setattr(pdl, "_all_switch", lambda: "auto")
-    monkeypatch.setattr(pdl, "_combine_switch", lambda: False)
-    assert not pdl.combine_chained(dev, 1) and pdl.combine_chained(dev, 8)
-    monkeypatch.setattr(pdl, "_combine_switch", lambda: True)
-    assert pdl.combine_chained(dev, 1) and not pdl.chained(dev, 1)
-    monkeypatch.setattr(pdl, "enabled", lambda device: False)
-    assert not pdl.combine_chained(dev, 1)
-    monkeypatch.undo()
-    pdl._combine_switch.cache_clear()
-    assert not pdl._combine_switch()
-    monkeypatch.setenv("HOTSPEC_PDL_COMBINE", "2")
-    pdl._combine_switch.cache_clear()
-    with pytest.raises(ValueError, match=r"HOTSPEC_PDL_COMBINE='2': use 0 \(the default\) or 1"):
-        pdl._combine_switch()
-    pdl._combine_switch.cache_clear()
-
-
 def _chain(x, ws, nw):
     from hotspec.layers.fused_kernels import rms_norm
     from hotspec.layers.gemv_kernels import choose, gemv

@@ -133,21 +133,6 @@ def chained(device: torch.device, rows: int) -> bool:
     return rows > 1 if mode == "auto" else mode == "1"
 
 
-def combine_chained(device: torch.device, rows: int) -> bool:
-    """Whether attention's split combine is PDL-launched: as `chained`, and at one row too with
-    HOTSPEC_PDL_COMBINE=1 (an A/B switch, off until measured). Then the combine launches while
-    the attention kernel (not chained at one row) still runs, and at its start lets o_proj's
-    GEMV launch, whose programs preload their first weight tile during attention instead of
-    during the combine alone. Session 12's HOTSPEC_PDL_ALL=1 chained attention too, and was
-    slower (8B 4.08 -> 4.11 ms)."""
-    return chained(device, rows) or (enabled(device) and _combine_switch())
-
-
-@functools.cache
-def _combine_switch() -> bool:
-    return on_off("HOTSPEC_PDL_COMBINE", False)
-
-
 def launch_kwargs(device: torch.device, rows: int) -> dict[str, bool]:
     """Launch options of a kernel that waits first thing when `chained` (the PDL attribute)."""
     return {"launch_pdl": True} if chained(device, rows) else {}

@@ -80,17 +80,6 @@ def _rope_switch() -> bool:
 _FOLD_ROPE = _rope_switch()
 
 
-def _fold_prefetch_switch() -> bool:
-    return on_off("HOTSPEC_ATTN_FOLD_PREFETCH", False)
-
-
-# HOTSPEC_ATTN_FOLD_PREFETCH=1 (an A/B switch, off until measured): with the RoPE fold, each
-# decode program first pulls its first kv tile's K/V rows into L2 (triton_kernels.
-# _prefetch_first_tile), so that the block-table and HBM round trips overlap the fold's chain
-# (the new token's loads, rotation, store and barrier) that the tile loads otherwise wait behind.
-_FOLD_PREFETCH = _fold_prefetch_switch()
-
-
 def describe() -> str:
     """The attention's RoPE fold, for the start-up log."""
     return ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
@@ -124,7 +113,6 @@ class TritonBackend(AttentionBackend):
         default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
-        self.fold_prefetch = _FOLD_PREFETCH
         self.block_size = block_size
         # HOTSPEC_ATTN_BLOCK_N: kv rows per tile (an A/B switch for the benchmarks: 128 halves the
         # serial kv loop of a decode program, 32 doubles it)
@@ -267,11 +255,11 @@ class TritonBackend(AttentionBackend):
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
-            **_rope_kwargs(rope, k_cache, self.fold_prefetch and not self._interp),
+            **_rope_kwargs(rope, k_cache),
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
         if splits > 1:
-            comb_wait = pdl.combine_chained(q.device, t)
+            comb_wait = pdl.chained(q.device, t)
             combine_splits[(t, hq)](
                 opart, lse, out,
                 opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
@@ -282,8 +270,7 @@ class TritonBackend(AttentionBackend):
         return out
 
 
-def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor, prefetch: bool = False
-                 ) -> dict[str, object]:
+def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, object]:
     if rope is None:
         return {}
     k, v = rope.k, rope.v
@@ -292,9 +279,6 @@ def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor, prefetch: bool = 
         raise ValueError("RoPE fold: k, v, cos and sin need unit stride along the head dim")
     if k.dtype != k_cache.dtype or v.dtype != k_cache.dtype:
         raise ValueError("RoPE fold: k and v in the cache's dtype only")
-    row = k_cache.shape[-1] * k_cache.element_size()
-    return dict(ROPE=True, FOLD_PF=prefetch, PF_LINES=_pow2(triton.cdiv(row, 128)),
-                PF_LINE=128 // k_cache.element_size(),
-                KN=k, VN=v, POS=rope.positions.contiguous(), LOC=rope.loc.contiguous(),
+    return dict(ROPE=True, KN=k, VN=v, POS=rope.positions.contiguous(), LOC=rope.loc.contiguous(),
                 COS=rope.cos, SIN=rope.sin, stride_knt=k.stride(0), stride_knh=k.stride(1),
                 stride_vnt=v.stride(0), stride_vnh=v.stride(1), stride_cs=rope.cos.stride(0))

@@ -102,27 +102,6 @@ def _attn_blocks(
 
 
 @triton.jit
-def _prefetch_first_tile(bt_row, k_base, v_base, lo, hi, stride_kt, stride_vt, PAGE: tl.constexpr,
-                         BLOCK_N: tl.constexpr, LINES: tl.constexpr, LINE: tl.constexpr):
-    """Pull the K and V rows of the program's first kv tile ([lo, lo + BLOCK_N) within hi) into
-    L2, `LINES` 128-byte lines (`LINE` elements each) per row. With the RoPE fold, the tile
-    loads wait behind the new token's loads, rotation, store and barrier; started here, the
-    block-table round trip and the rows' trip from HBM overlap that chain. A hint: out-of-range
-    rows name block 0's slots; the new token's slot, stored later, is updated in L2 (the tile
-    loads bypass L1)."""
-    offs = lo + tl.arange(0, BLOCK_N)
-    blk = tl.load(bt_row + offs // PAGE, mask=offs < hi, other=0).to(tl.int64)
-    slot = blk * PAGE + offs % PAGE
-    line = tl.arange(0, LINES) * LINE
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
-                              [k_base + slot[:, None] * stride_kt + line[None, :]],
-                              dtype=tl.int32, is_pure=False, pack=1)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
-                              [v_base + slot[:, None] * stride_vt + line[None, :]],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _rotate(x, base, pos, COS, SIN, stride_cs, d, ok, HEAD_DIM: tl.constexpr):
     """Rotate-half RoPE of x (elements d of the head at `base`, at position `pos`), computed as
     fused_kernels._rope_store_kernel computes it and rounded to x's dtype: the first half
@@ -151,8 +130,7 @@ def paged_attn_fwd(
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
     ROPE: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
-    COS=None, SIN=None, FOLD_PF: tl.constexpr = False, PF_LINES: tl.constexpr = 1,
-    PF_LINE: tl.constexpr = 64,
+    COS=None, SIN=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
@@ -218,9 +196,6 @@ def paged_attn_fwd(
         lo = 0
         hi = end
 
-    if FOLD_PF:  # HOTSPEC_ATTN_FOLD_PREFETCH: see _prefetch_first_tile
-        _prefetch_first_tile(BT + b.to(tl.int64) * stride_bt, K + h * stride_kh, V + h * stride_vh,
-                             lo, hi, stride_kt, stride_vt, PAGE, BLOCK_N, PF_LINES, PF_LINE)
     if ROPE:  # decode: the program whose kv range holds the new token stores its K and V first
         new = kv_len - 1
         if (lo <= new) & (new < hi):
