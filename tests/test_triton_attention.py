@@ -622,6 +622,16 @@ def _random_weight_engine(fold: bool, monkeypatch, layers: int = 6):
     return Engine.from_model(cfg, mc, target)
 
 
+def _greedy_tokens(engine, prompts: list[list[int]], params) -> list[list[int]]:
+    """Each prompt's generated tokens, the requests run together to the end."""
+    reqs = [engine.add_request(p, params) for p in prompts]
+    toks: dict[int, list[int]] = {id(r): [] for r in reqs}
+    while engine.has_unfinished():
+        for o in engine.step():
+            toks[id(o.request)] += o.new_token_ids
+    return [toks[id(r)] for r in reqs]
+
+
 @pytest.mark.gpu
 def test_gpu_rope_fold_engine_tokens_random_weights(monkeypatch) -> None:
     """HOTSPEC_ATTN_ROPE in the engine without a model file: SmolLM2-shaped random weights (near
@@ -635,13 +645,30 @@ def test_gpu_rope_fold_engine_tokens_random_weights(monkeypatch) -> None:
 
     def run(fold: bool) -> list[list[int]]:
         engine = _random_weight_engine(fold, monkeypatch)
-        reqs = [engine.add_request(p, params) for p in prompts]
-        toks: dict[int, list[int]] = {id(r): [] for r in reqs}
-        while engine.has_unfinished():
-            for o in engine.step():
-                toks[id(o.request)] += o.new_token_ids
+        toks = _greedy_tokens(engine, prompts, params)
         assert engine.graphs.batch_sizes == [1, 2, 4], "three requests replay the graph of four"
-        return [toks[id(r)] for r in reqs]
+        return toks
+
+    want = run(False)
+    assert all(len(t) == 48 for t in want)
+    assert run(True) == want
+
+
+@pytest.mark.gpu
+def test_gpu_triton_argmax_engine_tokens_random_weights(monkeypatch) -> None:
+    """HOTSPEC_TRITON_ARGMAX (the PDL-launched argmax over the bf16 logits) in the graphed
+    engine, SmolLM2-shaped random weights (near-uniform logits, so a wrong pick soon shows):
+    the same greedy tokens as torch.argmax over float32 logits, three requests in a batch of 4."""
+    from hotspec.layers import argmax as am
+    from hotspec.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (9, 40, 200)]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+
+    def run(triton_argmax: bool) -> list[list[int]]:
+        monkeypatch.setattr(am, "_switch", lambda: triton_argmax)
+        return _greedy_tokens(_random_weight_engine(True, monkeypatch), prompts, params)
 
     want = run(False)
     assert all(len(t) == 48 for t in want)

@@ -16,6 +16,7 @@ import torch
 
 from hotspec.engine.launches import from_carry, to_carry
 from hotspec.engine.vanilla_worker import example_sampling
+from hotspec.layers.argmax import argmax
 from hotspec.layers.sampler import shape_logits_to_probs
 from hotspec.layers.topk_logp import topk_logp
 from hotspec.models.draft_head import DraftHead
@@ -149,7 +150,7 @@ class EaglePhases:
 
         probs = shape_logits_to_probs(logits.view(b * n, v), rep(x["temperature"]), rep(x["top_p"]),
                                       rep(x["top_k"]), rep(x["min_p"])).view(b, n, v)
-        onehot = torch.zeros_like(probs).scatter_(2, logits.argmax(-1, keepdim=True), 1.0)
+        onehot = torch.zeros_like(probs).scatter_(2, argmax(logits).unsqueeze(-1), 1.0)
         probs = torch.where((x["temperature"] == 0).view(b, 1, 1), onehot, probs)
         acc = verify_stochastic(tree, probs, self.num_steps, x["seeds"], x["offsets"])
         return self._commit(tree, acc, feature, slots, with_slots)

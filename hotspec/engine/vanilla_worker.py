@@ -14,6 +14,7 @@ import torch
 
 from hotspec.engine.launches import HostCopy, Launches, LaunchingWorker, from_carry, to_carry
 from hotspec.engine.request import Request, Status
+from hotspec.layers.argmax import argmax
 from hotspec.layers.sampler import SamplingTensors, sample
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch, slots_at
@@ -60,7 +61,7 @@ def prefill_chunks(reqs: list[Request], chunks: list[int] | None) -> tuple[list[
 
 def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
     if all(r.params.temperature == 0 for r in reqs):
-        return logits.argmax(-1)
+        return argmax(logits)
     x = sampling_inputs(reqs, logits.device)
     return sample(logits, x["temperature"], x["top_p"], x["top_k"], x["min_p"], x["seeds"], x["offsets"])
 
@@ -149,7 +150,7 @@ class VanillaWorker(LaunchingWorker):
                 r.seq_len += 1
         return reqs, [[t] for t in tokens]
 
-    def _logits(self, x: Tensors) -> torch.Tensor:
+    def _logits(self, x: Tensors, float32: bool = True) -> torch.Tensor:
         seq, tables = x["seq"], x["tables"]
         b = seq.shape[0]
         fb = ForwardBatch(
@@ -158,7 +159,7 @@ class VanillaWorker(LaunchingWorker):
             q_lens=torch.ones(b, dtype=torch.long, device=seq.device), kv_lens=seq + 1,
             block_tables=tables, width=1, max_q=1, max_kv=self.max_kv)
         hidden, _ = self.runner.forward(fb)
-        return self.target.compute_logits(hidden)
+        return self.target.compute_logits(hidden, float32)
 
     def _input_ids(self, x: Tensors) -> Tensors:
         """Overlap: a row's token from the last step's carry (`src`), or the host's (`src` -1)."""
@@ -170,7 +171,8 @@ class VanillaWorker(LaunchingWorker):
         return {"next": nxt}
 
     def decode_phase(self, x: Tensors) -> Tensors:
-        return self._next(self._logits(self._input_ids(x)).argmax(-1))
+        # greedy: the argmax of the LM head's own output, no float32 copy (the same index)
+        return self._next(argmax(self._logits(self._input_ids(x), float32=False)))
 
     def decode_sample_phase(self, x: Tensors) -> Tensors:
         x = self._input_ids(x)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hotspec.layers.argmax import argmax
 from hotspec.sampling_params import SamplingParams
 
 _U64 = 1 << 64
@@ -130,7 +131,7 @@ def sample(
     """One token id per row: argmax(logits) where temperature == 0, else a shaped random draw."""
     probs = shape_logits_to_probs(logits, temperature, top_p, top_k, min_p)
     drawn = sample_from_probs(probs, seeds, offsets)
-    return torch.where(temperature == 0, torch.argmax(logits, dim=-1), drawn)
+    return torch.where(temperature == 0, argmax(logits), drawn)
 
 
 @dataclass

@@ -211,5 +211,8 @@ class LlamaForCausalLM(nn.Module):
         assert residual is not None, "a model has at least one layer"
         return self.model.norm.add_forward(h, residual)[0], aux
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """The LM head's logits, in float32 (the samplers' dtype) or, with float32=False, in the
+        model's dtype (for an argmax: widening changes no order, and saves a copy per step)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if float32 else logits

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hotspec.layers.argmax import argmax
 from hotspec.layers.sampler import random_uniform, sample_from_probs
 from hotspec.spec.tree import DraftTree
 
@@ -56,7 +57,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, max_depth: int) -> Acce
     after their parent (one `any` over the tree mask). Siblings carry distinct tokens, so at most
     one node per depth qualifies and the deepest one ends the path `_walk` would find, in a
     handful of kernels instead of about eight per node."""
-    pred = logits.argmax(-1)  # [B, N]
+    pred = argmax(logits)  # [B, N]
     b, n = tree.tokens.shape
     match = tree.tokens == torch.gather(pred, 1, tree.parents)
     match[:, 0] = True  # the root is committed already
