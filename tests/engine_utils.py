@@ -25,6 +25,16 @@ def prefill_logits(engine: Engine, prompts: list[list[int]]) -> torch.Tensor:
             engine.allocator.free(r.blocks)
 
 
+def greedy_tokens(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """Each prompt's generated tokens, the requests stepped together to the end."""
+    reqs = [engine.add_request(p, params) for p in prompts]
+    toks: dict[int, list[int]] = {id(r): [] for r in reqs}
+    while engine.has_unfinished():
+        for o in engine.step():
+            toks[id(o.request)] += o.new_token_ids
+    return [toks[id(r)] for r in reqs]
+
+
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 

@@ -18,6 +18,8 @@ import pytest  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
+from engine_utils import greedy_tokens  # noqa: E402
+
 from hotspec.layers.attention import triton_backend, triton_kernels  # noqa: E402
 from hotspec.layers.attention.torch_ref import TorchRefBackend  # noqa: E402
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
@@ -622,16 +624,6 @@ def _random_weight_engine(fold: bool, monkeypatch, layers: int = 6):
     return Engine.from_model(cfg, mc, target)
 
 
-def _greedy_tokens(engine, prompts: list[list[int]], params) -> list[list[int]]:
-    """Each prompt's generated tokens, the requests run together to the end."""
-    reqs = [engine.add_request(p, params) for p in prompts]
-    toks: dict[int, list[int]] = {id(r): [] for r in reqs}
-    while engine.has_unfinished():
-        for o in engine.step():
-            toks[id(o.request)] += o.new_token_ids
-    return [toks[id(r)] for r in reqs]
-
-
 @pytest.mark.gpu
 def test_gpu_rope_fold_engine_tokens_random_weights(monkeypatch) -> None:
     """HOTSPEC_ATTN_ROPE in the engine without a model file: SmolLM2-shaped random weights (near
@@ -645,7 +637,7 @@ def test_gpu_rope_fold_engine_tokens_random_weights(monkeypatch) -> None:
 
     def run(fold: bool) -> list[list[int]]:
         engine = _random_weight_engine(fold, monkeypatch)
-        toks = _greedy_tokens(engine, prompts, params)
+        toks = greedy_tokens(engine, prompts, params)
         assert engine.graphs.batch_sizes == [1, 2, 4], "three requests replay the graph of four"
         return toks
 
@@ -668,7 +660,7 @@ def test_gpu_triton_argmax_engine_tokens_random_weights(monkeypatch) -> None:
 
     def run(triton_argmax: bool) -> list[list[int]]:
         monkeypatch.setattr(am, "_switch", lambda: triton_argmax)
-        return _greedy_tokens(_random_weight_engine(True, monkeypatch), prompts, params)
+        return greedy_tokens(_random_weight_engine(True, monkeypatch), prompts, params)
 
     want = run(False)
     assert all(len(t) == 48 for t in want)

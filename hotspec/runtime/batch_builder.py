@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from hotspec.engine.request import Request
+from hotspec.layers import fused
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 
 
@@ -64,6 +65,11 @@ def last_token_index(fb: ForwardBatch) -> torch.Tensor:
 
 
 def slots_at(block_tables: torch.Tensor, index: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Device-side slot lookup: index [B, n] kv indices -> [B, n] slots through each block table."""
+    """Device-side slot lookup: index [B, n] kv indices (>= 0) -> [B, n] int64 slots through each
+    block table. On CUDA one Triton kernel (runtime/slots_kernel.py), else torch's six."""
+    if fused.enabled(index) and block_tables.stride(-1) == 1 and index.dim() == 2:
+        from hotspec.runtime.slots_kernel import slots_rows
+
+        return slots_rows(block_tables, index, block_size)
     blocks = torch.gather(block_tables.long(), 1, index // block_size)
     return blocks * block_size + index % block_size
