@@ -13,13 +13,15 @@
 #              decode step of AB_MODEL (llama8b-shape; smollm2-shape for SmolLM2's, also without a
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
-#              8B). "AB_ENV2=..." adds a third column.
+#              8B). "AB_ENV2=..." adds a third column. A change without a switch: put the old
+#              files in the tree (untracked, e.g. ab_base/), copy hotspec/ to /tmp/ab with them
+#              over it, and AB_ENV="PYTHONPATH=/tmp/ab:/tmp/site" (RESULTS "Session 13", call 10)
 #   graphgap   benchmarks/graph_gap_bench.py (default, --pair, --study) and the decode graphs'
-#              idle time at batch 1, 2 and 8 (decode_bench --timeline): why the first graph of a
-#              process launches each kernel ~0.18 us sooner (RESULTS "Session 12"; ~3 min, no
-#              model file)
+#              idle time at batch 1, 2 and 8 (decode_bench --timeline): launch gaps in CUDA
+#              graphs (RESULTS "Session 12" and "Session 13"; ~3 min, no model file)
 #   gemvsweep  8B decode at batch 1 with each of GEMV_VARIANTS (HOTSPEC_GEMV_CONFIGS entries; a
-#              default list of down / o / qkv / gate_up configs) between two default runs (~5 min)
+#              default list of down / o / qkv / gate_up configs) between two default runs (~5 min;
+#              session 13: every one of the default list slower than the table)
 # Stages with the default GGUF (the second call of a chain, carrying .models/p2):
 #   smollm2, smollm2+phases   engine GPU tests, SmolLM2 decode, bf16 agreement, draft phases
 #   train      train the default head in /root/heads/full (NUM_PROMPTS, EPOCHS, BATCH, LR, SEQS,
