@@ -13,7 +13,7 @@ Verify's attention is the largest single item of a speculative step on the H200 
 and for each, the kernel's automatic choice beside: the custom mask packed into a word per row
 (`bits`, the default since session 7) or a byte per slot (`bytes`, HOTSPEC_ATTN_MASK_BITS=0);
 forced kv-tile rows (`n32`, `n128`; HOTSPEC_ATTN_BLOCK_N), query-tile rows (`m16`, `m32`, `m64`)
-and kv split counts (`s1`, `s8`, `s16`). The split count follows
+and kv split counts (`s1`, `s4`, `s8`, `s16`). The split count follows
 `max_kv`, which the engine sets to the static context bound (`--static-kv`) rather than the real
 length (`--context`); `real-kv` rows plan with the real length. Every variant is checked against
 the torch reference backend (max abs error) before it is timed.
@@ -55,7 +55,7 @@ PHASES = {"decode": (1, "causal", 0), "verify": (12, "tree", 12), "verify-causal
 VARIANTS = {"auto": {}, "bits": {"mask_bits": True}, "bytes": {"mask_bits": False},
             "n32": {"block_n": 32}, "n128": {"block_n": 128}, "m16": {"block_m": 16},
             "m32": {"block_m": 32}, "m64": {"block_m": 64}, "s1": {"num_splits": 1}, "s8": {"num_splits": 8},
-            "s16": {"num_splits": 16}, "real-kv": {}}
+            "s16": {"num_splits": 16}, "s4": {"num_splits": 4}, "real-kv": {}}
 
 
 @dataclass

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from decode_bench import kernel_table  # noqa: E402
 
-from hotspec.benchmark.random_models import LLAMA_3_1_8B, random_state  # noqa: E402
+from hotspec.benchmark.random_models import SHAPES, random_state  # noqa: E402
 from hotspec.config import EngineConfig  # noqa: E402
 from hotspec.engine.engine import Engine  # noqa: E402
 from hotspec.models.build import build_target  # noqa: E402
@@ -44,7 +44,8 @@ def build_target_model(args, device, dtype):
     if args.target == "default":
         cfg, state = load_checkpoint(default_model_path(), dtype)
     else:
-        cfg = replace(LLAMA_3_1_8B, num_hidden_layers=args.target_layers or 32,
+        shape = SHAPES[args.target]
+        cfg = replace(shape, num_hidden_layers=args.target_layers or shape.num_hidden_layers,
                       max_position_embeddings=8192)
         state = random_state(cfg, device, dtype)
     return cfg, build_target(cfg, state, dtype, device)
@@ -76,8 +77,9 @@ def time_phase(engine: Engine, name: str, inputs: dict, iters: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--target", choices=["default", "llama8b-shape"], default="default")
-    p.add_argument("--target-layers", type=int, default=None, help="shrink llama8b-shape (draft-only runs)")
+    p.add_argument("--target", choices=["default", *SHAPES], default="default",
+                   help="the default GGUF, or a shape with random weights")
+    p.add_argument("--target-layers", type=int, default=None, help="shrink a shape (draft-only runs)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None)
     p.add_argument("--batch-sizes", default="1,16")

@@ -19,6 +19,9 @@
 #   graphgap   benchmarks/graph_gap_bench.py (default, --pair, --study) and the decode graphs'
 #              idle time at batch 1, 2 and 8 (decode_bench --timeline): launch gaps in CUDA
 #              graphs (RESULTS "Session 12" and "Session 13"; ~3 min, no model file)
+#   rowsplits  HOTSPEC_ATTN_ROW_SPLITS=8 against 0: the random-weight engine tests (fp32 EAGLE ==
+#              vanilla with and without the cap), attn_bench's split variants, and the three
+#              speculative phases at the 8B and SmolLM2 shapes, alternated twice (~5 min)
 #   gemvsweep  8B decode at batch 1 with each of GEMV_VARIANTS (HOTSPEC_GEMV_CONFIGS entries; a
 #              default list of down / o / qkv / gate_up configs) between two default runs (~5 min;
 #              session 13: every one of the default list slower than the table)
@@ -177,6 +180,22 @@ if [ "$stage" = gemvsweep ]; then  # the 8B one-row GEMV table, A/B inside the g
     echo "gemv_v$i = $v" >> "$OUT/status.txt"
   done
   step gemv_default_2 60 "${GV[@]}"
+fi
+if [ "$stage" = rowsplits ]; then  # HOTSPEC_ATTN_ROW_SPLITS (verify/draft/extend kv splits), A/B (~5 min)
+  step rowsplit_tests 300 python3 -m pytest -q -m gpu tests/test_triton_attention.py -k "random_weights"
+  step rowsplit_attn 90 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1,4 \
+    --phases verify,draft,draft_extend --variants auto,s4,s8,s16
+  PB=(python3 benchmarks/spec_phase_bench.py --batch-sizes 1,4 --shapes 6,8,16 --hot full --modes graphed
+    --phases verify,draft,draft_extend --iters 20)
+  for i in 1 2; do
+    for v in 0 8; do
+      HOTSPEC_ATTN_ROW_SPLITS=$v step "rowsplit_8b_${v}_$i" 90 "${PB[@]}" --target llama8b-shape
+      HOTSPEC_ATTN_ROW_SPLITS=$v step "rowsplit_smol_${v}_$i" 60 "${PB[@]}" --target smollm2-shape
+    done
+  done
+  for f in "$OUT"/rowsplit_*_[0-9].log; do grep "graphed " "$f" | sed "s|^|$(basename "$f" .log): |"; done \
+    >> "$OUT/status.txt"
+  tail -n 6 "$OUT/rowsplit_attn.log" >> "$OUT/status.txt"
 fi
 if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
   step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \

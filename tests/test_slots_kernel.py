@@ -86,35 +86,17 @@ def test_gpu_engine_tokens_same_with_torch_slots(monkeypatch, tmp_path, algo) ->
     """The graphed engine (SmolLM2-shaped random weights, a random EAGLE head: decode, draft,
     verify and draft-extend all look slots up) gives the same greedy tokens with the slot kernel
     as with torch's lookup."""
-    from dataclasses import replace
+    from engine_utils import greedy_tokens, random_engine
 
-    from engine_utils import greedy_tokens
-
-    from hotspec.benchmark.random_models import SMOLLM2_135M, random_state
-    from hotspec.config import EngineConfig
-    from hotspec.engine.engine import Engine
-    from hotspec.models.build import build_target
-    from hotspec.models.draft_checkpoint import random_draft_checkpoint
     from hotspec.runtime import slots_kernel
     from hotspec.sampling_params import SamplingParams
 
-    mc = replace(SMOLLM2_135M, num_hidden_layers=4)
-    dev = torch.device("cuda")
-    target = build_target(mc, random_state(mc, dev, torch.bfloat16, seed=9), torch.bfloat16, dev)
-    spec = {}
-    if algo:
-        head = random_draft_checkpoint(tmp_path / "head", mc, algo, seed=1)
-        spec = dict(speculative_algorithm=algo, speculative_draft_model_path=str(head),
-                    speculative_num_steps=3, speculative_eagle_topk=4, speculative_num_draft_tokens=8)
     gen = torch.Generator().manual_seed(10)
     prompts = [torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (7, 33, 120)]
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
     def run() -> list[list[int]]:
-        cfg = EngineConfig(dtype="auto", device="auto", block_size=PAGE, num_kv_blocks=256,
-                           max_num_seqs=4, skip_tokenizer_init=True, disable_cuda_graph=False,
-                           cuda_graph_max_bs=4, **spec)
-        engine = Engine.from_model(cfg, mc, target)
+        engine = random_engine(tmp_path, layers=4, seed=9, algo=algo)
         toks = greedy_tokens(engine, prompts, params)
         engine.graphs.close()
         return toks

@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
-from engine_utils import greedy_tokens  # noqa: E402
+from engine_utils import greedy_tokens, random_engine  # noqa: E402
 
 from hotspec.layers.attention import triton_backend, triton_kernels  # noqa: E402
 from hotspec.layers.attention.torch_ref import TorchRefBackend  # noqa: E402
@@ -491,6 +491,34 @@ def test_gpu_cuda_graph_replay(kind, splits) -> None:
         assert rel <= 2e-2, f"{kind} replay seed {seed}: rel L2 {rel:.3g}"
 
 
+def test_row_splits_cap_multi_row_phases_only(monkeypatch) -> None:
+    """HOTSPEC_ATTN_ROW_SPLITS=S: at most S kv splits where a request has more than one query row
+    (verify, draft, draft_extend); decode keeps the automatic count; 0 (the default) caps
+    nothing; anything but a count is an error naming it."""
+    monkeypatch.delenv("HOTSPEC_ATTN_ROW_SPLITS", raising=False)
+    assert triton_backend._row_splits_switch() == 0
+    monkeypatch.setenv("HOTSPEC_ATTN_ROW_SPLITS", "8")
+    assert triton_backend._row_splits_switch() == 8
+    monkeypatch.setenv("HOTSPEC_ATTN_ROW_SPLITS", "-1")
+    with pytest.raises(ValueError, match=r"HOTSPEC_ATTN_ROW_SPLITS='-1': use 0"):
+        triton_backend._row_splits_switch()
+    backend = TritonBackend(PAGE)
+    monkeypatch.setattr(backend, "_sms", lambda dev: 132)
+    cuda = torch.device("cuda", 0)
+    decode = make_case(q_lens=[1], kv_lens=[9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
+    verify = make_case(q_lens=[2], kv_lens=[9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
+                       masks=[tree_mask(2)])[0]
+    counts = {}
+    for cap in (0, 8):
+        backend.row_splits = cap
+        for name, fb in (("decode", decode), ("verify", verify)):
+            fb.max_kv = 8192
+            backend.plan(fb)
+            counts[name, cap] = backend._splits(fb.attn_meta, 8, 64, cuda)
+    assert counts["decode", 0] == counts["decode", 8] == counts["verify", 0] == 32
+    assert counts["verify", 8] == 8
+
+
 def test_rope_fold_switch(monkeypatch) -> None:
     """HOTSPEC_ATTN_ROPE: on by default, 0 turns it off, anything else is an error naming it; the
     fold applies to decode-like batches only (one row per request, no custom mask)."""
@@ -605,23 +633,10 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
 
 
 def _random_weight_engine(fold: bool, monkeypatch, layers: int = 6):
-    """SmolLM2's shape with random bf16 weights (no model file), CUDA-graphed decode at batch
-    1, 2 and 4, the RoPE fold on or off."""
-    from dataclasses import replace
-
-    from hotspec.benchmark.random_models import SMOLLM2_135M, random_state
-    from hotspec.config import EngineConfig
-    from hotspec.engine.engine import Engine
-    from hotspec.models.build import build_target
-
+    """engine_utils.random_engine (SmolLM2's shape, random bf16 weights, graphed decode at batch
+    1, 2 and 4) with the RoPE fold on or off."""
     monkeypatch.setattr(triton_backend, "_FOLD_ROPE", fold)
-    mc = replace(SMOLLM2_135M, num_hidden_layers=layers)
-    dev = torch.device("cuda")
-    target = build_target(mc, random_state(mc, dev, BF16, seed=5), BF16, dev)
-    cfg = EngineConfig(dtype="auto", device="auto", block_size=16, num_kv_blocks=256, max_num_seqs=4,
-                       skip_tokenizer_init=True, attention_backend="auto", disable_cuda_graph=False,
-                       cuda_graph_max_bs=4)
-    return Engine.from_model(cfg, mc, target)
+    return random_engine(layers=layers)
 
 
 @pytest.mark.gpu
@@ -644,6 +659,32 @@ def test_gpu_rope_fold_engine_tokens_random_weights(monkeypatch) -> None:
     want = run(False)
     assert all(len(t) == 48 for t in want)
     assert run(True) == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["EAGLE", "EAGLE3"])
+@pytest.mark.parametrize("row_splits", [0, 8], ids=["auto_splits", "row_splits8"])
+def test_gpu_eagle_equals_vanilla_random_weights_fp32(monkeypatch, tmp_path, algo, row_splits) -> None:
+    """Lossless without a model file: graphed EAGLE with a random head (its drafts mostly
+    rejected, so every accept length occurs) gives the graphed vanilla engine's float32 greedy
+    tokens, SmolLM2-shaped random weights, three requests in a batch of four; also with verify's,
+    draft's and draft_extend's kv splits capped (HOTSPEC_ATTN_ROW_SPLITS)."""
+    from hotspec.sampling_params import SamplingParams
+
+    monkeypatch.setattr(triton_backend, "_ROW_SPLITS", row_splits)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (6, 50, 260)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+    def run(spec: str | None) -> list[list[int]]:
+        engine = random_engine(tmp_path, layers=4, dtype=F32, seed=12, algo=spec)
+        toks = greedy_tokens(engine, prompts, params)
+        engine.graphs.close()
+        return toks
+
+    want = run(None)
+    assert all(len(t) == 40 for t in want)
+    assert run(algo) == want
 
 
 @pytest.mark.gpu

@@ -58,6 +58,24 @@ class TritonPlan:
 
 
 _SPLIT_BLOCKS = int(os.environ.get("HOTSPEC_ATTN_SPLIT_BLOCKS", "4"))
+
+
+def _row_splits_switch() -> int:
+    v = os.environ.get("HOTSPEC_ATTN_ROW_SPLITS", "0")
+    if not v.isdigit():
+        raise ValueError(f"HOTSPEC_ATTN_ROW_SPLITS={v!r}: use 0 (the default: no cap) or a positive "
+                         "number of kv splits")
+    return int(v)
+
+
+# HOTSPEC_ATTN_ROW_SPLITS=S (an A/B switch, off until measured in the engine): at most S kv splits
+# in the uniform phases of more than one query row per request (verify, draft, draft_extend). The
+# split count follows the static context bound, so at short real contexts most splits are dead,
+# yet the combine reads every split's partial row: t x Hq x splits x D floats, which at verify's
+# 16 rows per request is 16 times decode's. attn_bench.py at the 8B heads, batch 1, context 512
+# (RESULTS "Session 9"): 8 splits against the automatic 32, verify 8.97 against 11.27 us, draft
+# 8.71 against 10.06, draft_extend 9.04 against 9.77.
+_ROW_SPLITS = _row_splits_switch()
 # Custom masks (verify, draft) of <= 64 slots travel as one int64 word per query row instead of a
 # byte per (row, slot). On the H200 (attn_bench.py, session 7) this cut verify's attention from
 # 7.86 to 6.51 us at batch 1 and from 9.96 to 8.30 us at batch 8. HOTSPEC_ATTN_MASK_BITS=0 keeps
@@ -122,6 +140,7 @@ class TritonBackend(AttentionBackend):
         # draft_extend), an A/B switch for the benchmarks: fewer rows, more and shorter programs
         self.uniform_block_m = int(os.environ.get("HOTSPEC_ATTN_BLOCK_M", "0")) or None
         self.num_splits = num_splits
+        self.row_splits = _ROW_SPLITS
         self.num_warps = num_warps
         self.num_stages = num_stages
         self._sm_count: dict[int, int] = {}
@@ -169,7 +188,8 @@ class TritonBackend(AttentionBackend):
         # overrides it for A/B runs: fewer blocks per split shorten each program's serial loop at
         # short real lengths, more splits lengthen the combine)
         by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
-        return max(1, min(want, by_len, 64))
+        cap = self.row_splits if p.width > 1 and self.row_splits > 0 else 64
+        return max(1, min(want, by_len, cap))
 
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: the
