@@ -93,4 +93,3 @@ def argmax_rows(x: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
     _final_kernel[(r,)](pv, pn, pi, out, n_chunks, BLOCK_C=max(16, triton.next_power_of_2(n_chunks)),
                         num_warps=1, PDL=use_pdl, **({"launch_pdl": True} if use_pdl else {}))
     return out
-

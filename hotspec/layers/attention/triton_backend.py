@@ -76,6 +76,7 @@ def _row_splits_switch() -> int:
 # (RESULTS "Session 9"): 8 splits against the automatic 32, verify 8.97 against 11.27 us, draft
 # 8.71 against 10.06, draft_extend 9.04 against 9.77.
 _ROW_SPLITS = _row_splits_switch()
+
 # Custom masks (verify, draft) of <= 64 slots travel as one int64 word per query row instead of a
 # byte per (row, slot). On the H200 (attn_bench.py, session 7) this cut verify's attention from
 # 7.86 to 6.51 us at batch 1 and from 9.96 to 8.30 us at batch 8. HOTSPEC_ATTN_MASK_BITS=0 keeps
