@@ -151,6 +151,10 @@ def test_choose_keeps_cublas_where_it_measured_faster():
     assert gk.choose(1, 1000, 700) is not None  # small unmeasured shape at M == 1
     assert gk.choose(4, 1000, 700) is None  # unmeasured at M > 1
     assert gk.choose(17, 576, 576) is None
+    # the LM head asks for table rows only: SmolLM2's (49152 x 576) is small enough for the
+    # heuristic, but was never measured against cuBLAS
+    assert gk.choose(1, 49152, 576) is not None and gk.choose(1, 49152, 576, heuristic=False) is None
+    assert gk.choose(1, 576, 576, heuristic=False) == gk.CONFIGS[(1, 576, 576, False)]
 
 
 def test_config_overrides(monkeypatch):
@@ -163,6 +167,7 @@ def test_config_overrides(monkeypatch):
         assert gk.choose(1, 4096, 14336, silu_mul=True) == gk.GemvConfig(16, 512, 4, 4, 2)
         assert gk.choose(1, 28672, 4096) == gk.GemvConfig(16, 256, 1, 4, 4)  # was cuBLAS
         assert gk.choose(1, 4096, 4096) == gk.CONFIGS[(1, 4096, 4096, False)]  # untouched
+        assert gk.choose(1, 28672, 4096, heuristic=False) == gk.GemvConfig(16, 256, 1, 4, 4)
         cfg = gk.choose(1, 96, 200)
         assert cfg == gk.GemvConfig(16, 128, 2, 4, 2)
         x, w = _inputs(1, 96, 200, False, seed=5)

@@ -67,10 +67,12 @@ def _on_device(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
-def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> GemvConfig | None:
+def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False,
+                heuristic: bool = True) -> GemvConfig | None:
     """The Triton decode GEMV's config (layers/gemv_kernels.py) for `x @ weight.T` (x [M, K], or
     [M, 2K] = [gate | up] with silu_mul) when it runs here and measured faster than cuBLAS for the
-    shape, else None (the caller runs nn.Linear). bf16/fp16 only: float32 stays with torch.
+    shape, else None (the caller runs nn.Linear); heuristic=False: table rows only (see
+    gemv_kernels.choose). bf16/fp16 only: float32 stays with torch.
     `HOTSPEC_GEMV=0` keeps every Linear on cuBLAS (an A/B switch for the benchmarks)."""
     if not _gemv_allowed():
         return None
@@ -81,7 +83,7 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -
     from hotspec.layers.gemv_kernels import choose
 
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
-    return choose(m, n, k, silu_mul)
+    return choose(m, n, k, silu_mul, heuristic)
 
 
 @functools.cache

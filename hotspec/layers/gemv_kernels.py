@@ -117,13 +117,16 @@ def overrides() -> dict[tuple[int, int, int, bool], GemvConfig]:
     return out
 
 
-def choose(M: int, N: int, K: int, silu_mul: bool = False) -> GemvConfig | None:
-    """The config to run x[M, K] @ w[N, K].T with, or None where cuBLAS is the faster choice."""
+def choose(M: int, N: int, K: int, silu_mul: bool = False, heuristic: bool = True
+           ) -> GemvConfig | None:
+    """The config to run x[M, K] @ w[N, K].T with, or None where cuBLAS is the faster choice.
+    heuristic=False: table rows (and HOTSPEC_GEMV_CONFIGS) only, for Linears never measured
+    against cuBLAS, such as the LM head."""
     if not 1 <= M <= MAX_M:
         return None
     key = (bucket(M), N, K, silu_mul)
     cfg = overrides().get(key) or CONFIGS.get(key)
-    if cfg is None and M == 1 and N * K <= _M1_MAX_WEIGHTS:
+    if cfg is None and heuristic and M == 1 and N * K <= _M1_MAX_WEIGHTS:
         cfg = GemvConfig(8, 512 if K >= 512 else 128, 1, 4, 3)
     return cfg
 

@@ -11,10 +11,11 @@ from hotspec.layers import fused
 from hotspec.layers.norm import RMSNorm
 
 
-def linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Tensor:
     """lin(x) (x [..., in]): the Triton decode GEMV where it measured faster than cuBLAS (a few
-    rows, bf16, CUDA, no bias), else nn.Linear."""
-    cfg = fused.gemv_config(x, lin.weight) if lin.bias is None else None
+    rows, bf16, CUDA, no bias), else nn.Linear. heuristic=False: only where the GEMV table (or
+    HOTSPEC_GEMV_CONFIGS) has the shape's row."""
+    cfg = fused.gemv_config(x, lin.weight, heuristic=heuristic) if lin.bias is None else None
     return fused.gemv(x, lin.weight, cfg) if cfg is not None else lin(x)
 
 

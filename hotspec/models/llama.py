@@ -214,5 +214,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
         """The LM head's logits, in float32 (the samplers' dtype) or, with float32=False, in the
         model's dtype (for an argmax: widening changes no order, and saves a copy per step)."""
-        logits = self.lm_head(hidden)
+        # cuBLAS unless HOTSPEC_GEMV_CONFIGS adds the LM head's shape (an A/B: a PDL-launched
+        # Triton GEMV would shorten the graph's plain tail, RESULTS "Session 13")
+        logits = linear(self.lm_head, hidden, heuristic=False)
         return logits.float() if float32 else logits
