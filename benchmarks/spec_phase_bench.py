@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_bench import kernel_table  # noqa: E402
+from decode_bench import kernel_table, timeline  # noqa: E402
 
 from hotspec.benchmark.random_models import SHAPES, random_state  # noqa: E402
 from hotspec.config import EngineConfig  # noqa: E402
@@ -88,15 +88,23 @@ def main() -> None:
     p.add_argument("--hot", default="full,32768")
     p.add_argument("--modes", default="graphed,eager",
                    help="graphed, eager, or graphed-mN (N query rows per attention tile)")
-    p.add_argument("--phases", default="draft,verify,draft_extend")
+    p.add_argument("--phases", default="draft,verify,draft_extend",
+                   help="draft, verify, draft_extend (each its own graph), or step alone: the "
+                        "engine's default fused step graph (fuse_spec_step)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--draft", default="random",
                    help="`random` (a random EAGLE-1 head), `default` (the shipped EAGLE-3 head of "
                         "the default model) or the path of an EAGLE-3 head")
     p.add_argument("--kernels", action="store_true",
                    help="graphed: print the kernels of one replay of each phase (torch.profiler)")
+    p.add_argument("--timeline", type=int, default=0, metavar="N",
+                   help="graphed: each phase graph's idle time between kernels per replay, and the "
+                        "last N kernels of one replay and the first N of the next (torch.profiler)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    fused_step = "step" in args.phases.split(",")
+    if fused_step and args.phases != "step":
+        p.error("--phases step times the fused step graph, alone; the others need unfused graphs")
     device = torch.device(args.device)
     default_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     dtype = getattr(torch, args.dtype) if args.dtype else default_dtype
@@ -133,7 +141,7 @@ def main() -> None:
                     speculative_algorithm=algorithm, speculative_draft_model_path=str(head),
                     speculative_num_steps=steps, speculative_eagle_topk=topk,
                     speculative_num_draft_tokens=ntok, speculative_token_map=tmap,
-                    fuse_spec_step=False)  # each phase its own graph, to time them apart
+                    fuse_spec_step=fused_step)  # unfused: each phase its own graph, timed apart
                 engine = Engine.from_model(cfg, model_cfg, target)
                 for bs in batch_sizes:
                     rows += bench_one(engine, args, bs, hot, shape, mode)
@@ -172,6 +180,8 @@ def bench_one(engine: Engine, args, bs: int, hot: str, shape: str, mode: str) ->
                     "phase": phase, "ms": round(ms, 4)})
         if args.kernels and engine.graphs.mode == "cuda":
             print(f"[{hot} {shape}] " + kernel_table(engine, bs, top=25, phase=phase), flush=True)
+        if args.timeline and engine.graphs.mode == "cuda":
+            print(f"[{hot} {shape}] " + timeline(engine, bs, args.timeline, phase=phase), flush=True)
     for r in reqs:
         engine.abort(r)
     return out

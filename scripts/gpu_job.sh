@@ -22,6 +22,9 @@
 #   rowsplits  HOTSPEC_ATTN_ROW_SPLITS=8 against 0: the random-weight engine tests (fp32 EAGLE ==
 #              vanilla with and without the cap), attn_bench's split variants, and the three
 #              speculative phases at the 8B and SmolLM2 shapes, alternated twice (~5 min)
+#   tails      the graph-tail rule beyond decode at batch 1: idle time between kernels in the
+#              speculative graphs (fused step and each phase, SmolLM2 and 8B shapes), and the 8B LM
+#              head on the PDL-launched Triton GEMV against cuBLAS, with timelines (~5 min)
 #   gemvsweep  8B decode at batch 1 with each of GEMV_VARIANTS (HOTSPEC_GEMV_CONFIGS entries; a
 #              default list of down / o / qkv / gate_up configs) between two default runs (~5 min;
 #              session 13: every one of the default list slower than the table)
@@ -196,6 +199,26 @@ if [ "$stage" = rowsplits ]; then  # HOTSPEC_ATTN_ROW_SPLITS (verify/draft/exten
   for f in "$OUT"/rowsplit_*_[0-9].log; do grep "graphed " "$f" | sed "s|^|$(basename "$f" .log): |"; done \
     >> "$OUT/status.txt"
   tail -n 6 "$OUT/rowsplit_attn.log" >> "$OUT/status.txt"
+fi
+if [ "$stage" = tails ]; then  # the graph-tail rule (RESULTS "Session 13") beyond decode at batch 1 (~5 min)
+  # idle time between kernels in the speculative graphs (fused step, and each phase)
+  for t in smollm2-shape llama8b-shape; do
+    step "tail_step_$t" 90 python3 benchmarks/spec_phase_bench.py --target $t --batch-sizes 1,8 \
+      --shapes 4,8,12 --hot full --modes graphed --phases step --iters 20 --timeline 3
+    step "tail_phases_$t" 90 python3 benchmarks/spec_phase_bench.py --target $t --batch-sizes 1 \
+      --shapes 4,8,12 --hot full --modes graphed --iters 20 --timeline 3
+  done
+  # the LM head on the PDL-launched Triton GEMV (table rows through HOTSPEC_GEMV_CONFIGS)
+  LM="HOTSPEC_GEMV_CONFIGS=1,128256,4096=16,512,1,4,3;8,128256,4096=32,512,1,4,4"
+  TL=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1,8 --timeline 3)
+  for i in 1 2; do
+    step "tail_lm_default_$i" 90 "${TL[@]}"
+    step "tail_lm_triton_$i" 90 env "$LM" "${TL[@]}"
+  done
+  for f in "$OUT"/tail_*.log; do
+    grep -E "idle between|^ +[0-9]+ +[0-9.]+ |graphed " "$f" | sed "s|^|$(basename "$f" .log): |"
+  done >> "$OUT/status.txt"
 fi
 if [ "$stage" = decode8b ]; then  # issue 5: 8B-shape decode at every batch size vs transformers
   step decode_8b_graphed 420 python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed \
