@@ -209,12 +209,16 @@ class EaglePhases:
             x = from_carry(x, self.carry)
         tree = self.draft_phase(x)
         acc = verify(dict(x, **tree), True)
-        ext = self.draft_extend_phase({"seq": x["seq"], "tables": x["tables"], **acc})
+        # What needs only the verdict runs before draft_extend, not after its LM head: the small
+        # plain kernels at a graph's tail slow every plain launch of the replay (RESULTS "Session
+        # 13", the decode graph); here they sit between two large phases instead.
+        emitted = emitted_rows(acc)
         if self.carry is not None:  # seq + accepted, the bonus (next root), offset + emitted
             a = acc["accept_len"]
             to_carry(self.carry, {"seq": x["seq"] + a, "root": acc["bonus"]}
                      | ({"offsets": x["offsets"] + a} if "offsets" in x else {}))
-        return {"emitted": emitted_rows(acc), "topk_logp": ext["topk_logp"],
+        ext = self.draft_extend_phase({"seq": x["seq"], "tables": x["tables"], **acc})
+        return {"emitted": emitted, "topk_logp": ext["topk_logp"],
                 "topk_ids": ext["topk_ids"], "feature": ext["feature"]}
 
     # -- examples: static buffer shapes and padding rows (null block 0, length 1) ------------
