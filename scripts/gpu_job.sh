@@ -13,9 +13,8 @@
 #              decode step of AB_MODEL (llama8b-shape; smollm2-shape for SmolLM2's, also without a
 #              model file) at batch 1 and 8, alternated AB_RUNS times (2), after the GPU tests
 #              AB_TESTS (pytest arguments; the PDL and GEMV kernel tests by default) (~2 min for the
-#              8B). "AB_ENV2=..." adds a third column. A change without a switch: put the old
-#              files in the tree (untracked, e.g. ab_base/), copy hotspec/ to /tmp/ab with them
-#              over it, and AB_ENV="PYTHONPATH=/tmp/ab:/tmp/site" (RESULTS "Session 13", call 10)
+#              8B). "AB_ENV2=..." adds a third column. A change without a switch: the old files
+#              in ab_base/ (below; carry it), and AB_ENV="PYTHONPATH=/tmp/ab:/tmp/site"
 #   graphgap   benchmarks/graph_gap_bench.py (default, --pair, --study) and the decode graphs'
 #              idle time at batch 1, 2 and 8 (decode_bench --timeline): launch gaps in CUDA
 #              graphs (RESULTS "Session 12" and "Session 13"; ~3 min, no model file)
@@ -90,6 +89,15 @@ step() {  # step NAME SECONDS CMD...: run, log to $OUT/NAME.log, record the exit
   echo "$name rc=$rc" >> "$OUT/status.txt"
   tail -n 25 "$OUT/$name.log"
 }
+
+# The code before a change, for A/B runs of changes without a switch: ab_base/ (ignored by git;
+# carry it) holds old files at their repo paths, e.g. `mkdir -p ab_base/hotspec/engine && git
+# show c50a7a9^:hotspec/engine/eagle_phases.py > ab_base/hotspec/engine/eagle_phases.py`.
+# /tmp/ab = hotspec/ with them over it; AB_ENV="PYTHONPATH=/tmp/ab:/tmp/site" runs it.
+if [ -d ab_base ]; then
+  rm -rf /tmp/ab && mkdir -p /tmp/ab && cp -r hotspec /tmp/ab/ && cp -r ab_base/. /tmp/ab/
+  echo "ab_base: $(cd ab_base && find . -type f | tr '\n' ' ')" | tee -a "$OUT/status.txt"
+fi
 
 if [ "$stage" = all ] || [ "$stage" = kernels ]; then
   step triton_tests 240 python3 -m pytest -q -m gpu tests/test_triton_attention.py -x
@@ -207,6 +215,11 @@ if [ "$stage" = tails ]; then  # the graph-tail rule (RESULTS "Session 13") beyo
       --shapes 4,8,12 --hot full --modes graphed --phases step --iters 20 --timeline 3
     step "tail_phases_$t" 90 python3 benchmarks/spec_phase_bench.py --target $t --batch-sizes 1 \
       --shapes 4,8,12 --hot full --modes graphed --iters 20 --timeline 3
+    if [ -d ab_base ]; then  # the step graph of the code in ab_base (e.g. before c50a7a9's reorder)
+      PYTHONPATH=/tmp/ab:/tmp/site step "tail_step_base_$t" 90 python3 benchmarks/spec_phase_bench.py \
+        --target $t --batch-sizes 1,8 --shapes 4,8,12 --hot full --modes graphed --phases step \
+        --iters 20 --timeline 3
+    fi
   done
   # the LM head on the PDL-launched Triton GEMV (table rows through HOTSPEC_GEMV_CONFIGS)
   LM="HOTSPEC_GEMV_CONFIGS=1,128256,4096=16,512,1,4,3;8,128256,4096=32,512,1,4,4"
