@@ -17,8 +17,7 @@ PAGE = 16
 
 
 def _torch_slots(tables: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    blocks = torch.gather(tables.long(), 1, index.long() // PAGE)
-    return blocks * PAGE + index.long() % PAGE
+    return batch_builder.slots_torch(tables, index, PAGE)
 
 
 def _tables(b: int, width: int, seed: int) -> torch.Tensor:
@@ -48,7 +47,7 @@ def test_slots_at_dispatches_to_the_kernel(monkeypatch) -> None:
     torch path's slots; empty batches and empty spans give empty results."""
     tables = _tables(3, 4, seed=3)
     index = torch.tensor([[0, 1, 15], [16, 17, 40], [63, 62, 0]])
-    want = batch_builder.slots_at(tables, index, PAGE)
+    want = _torch_slots(tables, index)
     monkeypatch.setattr(batch_builder.fused, "enabled", lambda t, *p: True)
     calls = []
     import hotspec.runtime.slots_kernel as sk

@@ -71,5 +71,11 @@ def slots_at(block_tables: torch.Tensor, index: torch.Tensor, block_size: int) -
         from hotspec.runtime.slots_kernel import slots_rows
 
         return slots_rows(block_tables, index, block_size)
+    return slots_torch(block_tables, index, block_size)
+
+
+def slots_torch(block_tables: torch.Tensor, index: torch.Tensor, block_size: int) -> torch.Tensor:
+    """slots_at in torch ops: the CPU path, and the reference the kernel is tested against."""
+    index = index.long()
     blocks = torch.gather(block_tables.long(), 1, index // block_size)
     return blocks * block_size + index % block_size
