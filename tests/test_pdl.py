@@ -185,6 +185,15 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     assert "folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)" in fused.describe(dev)
     monkeypatch.setattr(triton_backend, "_FOLD_ROPE", False)
     assert "in their own kernel (HOTSPEC_ATTN_ROPE=0)" in fused.describe(dev)
+    assert "kv splits" not in fused.describe(dev)
+    monkeypatch.setattr(triton_backend, "_ROW_SPLITS", 8)
+    assert "at most 8 kv splits with several rows per request" in fused.describe(dev)
+    from hotspec.layers import argmax
+
+    monkeypatch.setattr(argmax, "_switch", lambda: True)
+    assert "Triton greedy argmax (HOTSPEC_TRITON_ARGMAX=0 turns it off)" in fused.describe(dev)
+    monkeypatch.setattr(argmax, "_switch", lambda: False)
+    assert "torch greedy argmax (HOTSPEC_TRITON_ARGMAX=0)" in fused.describe(dev)
     monkeypatch.setattr(pdl, "enabled", lambda device: False)
     assert "no PDL" in fused.describe(dev)
     monkeypatch.setattr(fused, "_available", lambda: False)

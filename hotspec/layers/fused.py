@@ -50,7 +50,7 @@ def describe(device: torch.device) -> str:
         return "torch layer code (not CUDA)"
     if not _available():
         return "torch layer code (fused Triton kernels unavailable or HOTSPEC_FUSED_KERNELS=0)"
-    from hotspec.layers import pdl
+    from hotspec.layers import argmax, pdl
     from hotspec.layers.attention import triton_backend
 
     return "; ".join([
@@ -60,6 +60,8 @@ def describe(device: torch.device) -> str:
         else "no norm-GEMV (HOTSPEC_NORM_GEMV=0)",
         pdl.describe(device),
         triton_backend.describe(),
+        "Triton greedy argmax (HOTSPEC_TRITON_ARGMAX=0 turns it off)" if argmax._switch()
+        else "torch greedy argmax (HOTSPEC_TRITON_ARGMAX=0)",
     ])
 
 

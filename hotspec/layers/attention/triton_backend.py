@@ -100,9 +100,12 @@ _FOLD_ROPE = _rope_switch()
 
 
 def describe() -> str:
-    """The attention's RoPE fold, for the start-up log."""
-    return ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
+    """The attention's RoPE fold and split cap, for the start-up log."""
+    line = ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
             if _FOLD_ROPE else "RoPE and the KV store in their own kernel (HOTSPEC_ATTN_ROPE=0)")
+    if _ROW_SPLITS:
+        line += f"; at most {_ROW_SPLITS} kv splits with several rows per request (HOTSPEC_ATTN_ROW_SPLITS)"
+    return line
 
 
 def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
