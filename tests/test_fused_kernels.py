@@ -199,6 +199,24 @@ def test_topk_logp_matches_torch(vocab, k):
     _topk(5, vocab, k, torch.float32)
 
 
+@pytest.mark.parametrize("vocab", [100, 5000])
+def test_topk_logp_nan_rows_pick_indices_in_range(vocab):
+    """A row of NaN logits (e.g. a padded row's hidden state overflowed) still gives k distinct
+    indices in range, whose values are NaN as torch's; a row with some NaNs picks among the
+    others. Before session 14 a NaN row gave index 2**31 - 1, which the next draft step's
+    embedding lookup turned into a device-side assert (an 8B-shape step graph failed to capture)."""
+    k = 4
+    logits = torch.randn(3, vocab, device=DEV)
+    logits[0] = float("nan")
+    logits[1, ::2] = float("nan")
+    values, idx = fk.topk_logp(logits, k, -1e-6)
+    assert ((idx >= 0) & (idx < vocab)).all()
+    assert idx[0].tolist() == [0, 1, 2, 3] and values[0].isnan().all()
+    assert (idx[1] % 2 == 1).all(), "NaNs rank below every number"
+    want = torch.topk(logits[2], k).indices
+    assert torch.equal(idx[2], want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("vocab", [8192, 49152, 128256])
 @pytest.mark.parametrize("t", [1, 64, 512])

@@ -164,7 +164,9 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: tor
 def _topk_logp_kernel(L, V_OUT, I_OUT, vocab, stride_l, max_logp, K: tl.constexpr,
                       BLOCK: tl.constexpr):
     """Program t: log-sum-exp of row t, then K passes, each the largest (value, smallest index)
-    pair strictly after the previous pick in that order (layers/topk_logp.py)."""
+    pair strictly after the previous pick in that order (layers/topk_logp.py). A NaN logit ranks
+    as -inf, so a row of NaNs still picks K indices in range (with NaN values, as torch gives);
+    an index past the vocabulary would fail the next draft step's embedding lookup."""
     row = tl.program_id(0).to(tl.int64)
     base = L + row * stride_l
     cols0 = tl.arange(0, BLOCK)
@@ -185,6 +187,7 @@ def _topk_logp_kernel(L, V_OUT, I_OUT, vocab, stride_l, max_logp, K: tl.constexp
         for start in range(0, vocab, BLOCK):
             cols = start + cols0
             x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            x = tl.where(x == x, x, float("-inf"))  # NaN ranks as -inf
             ok = (cols < vocab) & ((x < pv) | ((x == pv) & (cols > pi)))
             xv = tl.where(ok, x, float("-inf"))
             cm = tl.max(xv, 0)
@@ -192,7 +195,9 @@ def _topk_logp_kernel(L, V_OUT, I_OUT, vocab, stride_l, max_logp, K: tl.constexp
             better = (cm > bv) | ((cm == bv) & (ci < bi))
             bv = tl.where(better, cm, bv)
             bi = tl.where(better, ci, bi)
-        tl.store(V_OUT + row * K + j, tl.minimum(bv - lse, max_logp))
+        v = bv - lse
+        # (not tl.minimum: on the GPU min(NaN, x) is x; torch's clamp, like this, keeps the NaN)
+        tl.store(V_OUT + row * K + j, tl.where(v > max_logp, max_logp, v))
         tl.store(I_OUT + row * K + j, bi.to(tl.int64))
         pv = bv
         pi = bi
