@@ -84,6 +84,10 @@ def main() -> None:
     p.add_argument("--dtype", default=None)
     p.add_argument("--batch-sizes", default="1,16")
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the engine's static context bound (default: --context + 64). The "
+                        "attention's kv split count follows it, not the real length, so a "
+                        "server's bound (the model's context) gives more splits than the default")
     p.add_argument("--shapes", nargs="+", default=["5,1,6", "6,8,16"])
     p.add_argument("--hot", default="full,32768")
     p.add_argument("--modes", default="graphed,eager",
@@ -136,7 +140,7 @@ def main() -> None:
                 os.environ["HOTSPEC_ATTN_BLOCK_M"] = tile_rows or "0"
                 cfg = EngineConfig(
                     device="auto", dtype="auto", skip_tokenizer_init=True, kv_cache_memory_gb=2.0,
-                    max_model_len=args.context + 64, max_num_seqs=max(batch_sizes),
+                    max_model_len=args.max_model_len or args.context + 64, max_num_seqs=max(batch_sizes),
                     cuda_graph_max_bs=max(batch_sizes), disable_cuda_graph=(graph_mode == "eager"),
                     speculative_algorithm=algorithm, speculative_draft_model_path=str(head),
                     speculative_num_steps=steps, speculative_eagle_topk=topk,

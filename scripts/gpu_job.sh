@@ -18,9 +18,10 @@
 #   graphgap   benchmarks/graph_gap_bench.py (default, --pair, --study) and the decode graphs'
 #              idle time at batch 1, 2 and 8 (decode_bench --timeline): launch gaps in CUDA
 #              graphs (RESULTS "Session 12" and "Session 13"; ~3 min, no model file)
-#   rowsplits  HOTSPEC_ATTN_ROW_SPLITS=8 against 0: the random-weight engine tests (fp32 EAGLE ==
-#              vanilla with and without the cap), attn_bench's split variants, and the three
-#              speculative phases at the 8B shape (alternated twice) and SmolLM2's (~6 min)
+#   onewave    the kv split count of verify/draft/draft_extend: one wave (the default since
+#              session 14) against two (HOTSPEC_ATTN_ROW_SPLITS=64), at a server's static bound
+#              (--max-model-len 8192), alternated twice; every GPU attention test first (~6 min)
+#   onewavestep the 8B fused step graph at batch 1/4/16, one wave against two (~2 min)
 #   tails      the graph-tail rule beyond decode at batch 1: idle time between kernels in the
 #              speculative graphs (fused step and each phase, SmolLM2 and 8B shapes), and the 8B LM
 #              head on the PDL-launched Triton GEMV against cuBLAS, with timelines (~5 min)
@@ -192,22 +193,36 @@ if [ "$stage" = gemvsweep ]; then  # the 8B one-row GEMV table, A/B inside the g
   done
   step gemv_default_2 60 "${GV[@]}"
 fi
-if [ "$stage" = rowsplits ]; then  # HOTSPEC_ATTN_ROW_SPLITS (verify/draft/extend kv splits), A/B (~5 min)
-  step rowsplit_tests 240 python3 -m pytest -q -m gpu tests/test_triton_attention.py -k "eagle_equals_vanilla"
-  step rowsplit_attn 90 python3 benchmarks/attn_bench.py --model llama8b-shape --batch-sizes 1,4 \
-    --phases verify,draft,draft_extend --variants auto,s4,s8,s16
-  PB=(python3 benchmarks/spec_phase_bench.py --batch-sizes 1,4 --shapes 6,8,16 --hot full --modes graphed
-    --phases verify,draft,draft_extend --iters 20)
+if [ "$stage" = onewave ]; then  # the multi-row phases' one-wave split count against two waves (~5 min)
+  step onewave_tests 300 python3 -m pytest -q -m gpu tests/test_triton_attention.py
+  PB=(python3 benchmarks/spec_phase_bench.py --batch-sizes 1,4,16 --shapes 6,8,16 --hot full --modes graphed
+    --iters 20 --max-model-len 8192)
   for i in 1 2; do
-    for v in 0 8; do
-      HOTSPEC_ATTN_ROW_SPLITS=$v step "rowsplit_8b_${v}_$i" 90 "${PB[@]}" --target llama8b-shape
-      [ "$i" = 1 ] && HOTSPEC_ATTN_ROW_SPLITS=$v step "rowsplit_smol_${v}_$i" 60 "${PB[@]}" \
-        --target smollm2-shape
+    for v in 0 64; do  # 0: one wave (the default), 64: two waves (before session 14)
+      HOTSPEC_ATTN_ROW_SPLITS=$v step "onewave_8b_${v}_$i" 90 "${PB[@]}" --target llama8b-shape \
+        --phases verify,draft,draft_extend
+      HOTSPEC_ATTN_ROW_SPLITS=$v step "onewave_8bstep_${v}_$i" 90 "${PB[@]}" --target llama8b-shape \
+        --phases step
+      HOTSPEC_ATTN_ROW_SPLITS=$v step "onewave_smolstep_${v}_$i" 60 "${PB[@]}" --target smollm2-shape \
+        --phases step
     done
   done
-  for f in "$OUT"/rowsplit_*_[0-9].log; do grep "graphed " "$f" | sed "s|^|$(basename "$f" .log): |"; done \
+  for f in "$OUT"/onewave_*_[0-9].log; do grep "graphed " "$f" | sed "s|^|$(basename "$f" .log): |"; done \
     >> "$OUT/status.txt"
-  tail -n 6 "$OUT/rowsplit_attn.log" >> "$OUT/status.txt"
+  tail -n 3 "$OUT/onewave_tests.log" >> "$OUT/status.txt"
+fi
+if [ "$stage" = onewavestep ]; then  # the fused 8B step at batch 1/4/16, one wave against two (~4 min)
+  # (before the topk_logp NaN fix, session 14, this capture failed: a NaN draft row's index)
+  SB=(python3 benchmarks/spec_phase_bench.py --shapes 6,8,16 --hot full --modes graphed --iters 20
+    --target llama8b-shape --phases step --batch-sizes 1,4,16 --max-model-len 8192)
+  for i in 1 2; do
+    for v in 0 64; do
+      HOTSPEC_ATTN_ROW_SPLITS=$v step "onewavestep_${v}_$i" 120 "${SB[@]}"
+    done
+  done
+  for f in "$OUT"/onewavestep_*.log; do
+    grep -E "graphed |Error" "$f" | sed "s|^|$(basename "$f" .log): |"
+  done >> "$OUT/status.txt"
 fi
 if [ "$stage" = tails ]; then  # the graph-tail rule (RESULTS "Session 13") beyond decode at batch 1 (~5 min)
   # idle time between kernels in the speculative graphs (fused step, and each phase)

@@ -491,10 +491,11 @@ def test_gpu_cuda_graph_replay(kind, splits) -> None:
         assert rel <= 2e-2, f"{kind} replay seed {seed}: rel L2 {rel:.3g}"
 
 
-def test_row_splits_cap_multi_row_phases_only(monkeypatch) -> None:
-    """HOTSPEC_ATTN_ROW_SPLITS=S: at most S kv splits where a request has more than one query row
-    (verify, draft, draft_extend); decode keeps the automatic count; 0 (the default) caps
-    nothing; anything but a count is an error naming it."""
+def test_split_counts_one_wave_for_multi_row_phases(monkeypatch) -> None:
+    """kv splits at a server's static bound (8192) with 8 programs before splitting, on 132 SMs:
+    decode aims at two waves (32 splits, the bound's limit); verify, draft and draft_extend (more
+    than one query row per request) at one wave (132 // 8 = 16); HOTSPEC_ATTN_ROW_SPLITS=S caps
+    them at S instead (64: the two-wave count); anything but a count is an error naming it."""
     monkeypatch.delenv("HOTSPEC_ATTN_ROW_SPLITS", raising=False)
     assert triton_backend._row_splits_switch() == 0
     monkeypatch.setenv("HOTSPEC_ATTN_ROW_SPLITS", "8")
@@ -509,14 +510,22 @@ def test_row_splits_cap_multi_row_phases_only(monkeypatch) -> None:
     verify = make_case(q_lens=[2], kv_lens=[9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
                        masks=[tree_mask(2)])[0]
     counts = {}
-    for cap in (0, 8):
+    for cap in (0, 8, 64):
         backend.row_splits = cap
         for name, fb in (("decode", decode), ("verify", verify)):
             fb.max_kv = 8192
             backend.plan(fb)
             counts[name, cap] = backend._splits(fb.attn_meta, 8, 64, cuda)
-    assert counts["decode", 0] == counts["decode", 8] == counts["verify", 0] == 32
+    assert counts["decode", 0] == counts["decode", 8] == counts["decode", 64] == 32
+    assert counts["verify", 0] == 16
     assert counts["verify", 8] == 8
+    assert counts["verify", 64] == 32
+    # one wave already: no split; a short static bound limits the count as before
+    backend.row_splits = 0
+    assert backend._splits(verify.attn_meta, 132, 64, cuda) == 1
+    verify.max_kv = 576
+    backend.plan(verify)
+    assert backend._splits(verify.attn_meta, 8, 64, cuda) == 2
 
 
 def test_rope_fold_switch(monkeypatch) -> None:
@@ -663,12 +672,12 @@ def test_gpu_rope_fold_engine_tokens_random_weights(monkeypatch) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", ["EAGLE", "EAGLE3"])
-@pytest.mark.parametrize("row_splits", [0, 8], ids=["auto_splits", "row_splits8"])
+@pytest.mark.parametrize("row_splits", [0, 64], ids=["one_wave", "two_waves"])
 def test_gpu_eagle_equals_vanilla_random_weights_fp32(monkeypatch, tmp_path, algo, row_splits) -> None:
     """Lossless without a model file: graphed EAGLE with a random head (its drafts mostly
     rejected, so every accept length occurs) gives the graphed vanilla engine's float32 greedy
-    tokens, SmolLM2-shaped random weights, three requests in a batch of four; also with verify's,
-    draft's and draft_extend's kv splits capped (HOTSPEC_ATTN_ROW_SPLITS)."""
+    tokens, SmolLM2-shaped random weights, three requests in a batch of four; with verify's,
+    draft's and draft_extend's kv splits at one wave (the default) and at two (as decode's)."""
     from hotspec.sampling_params import SamplingParams
 
     monkeypatch.setattr(triton_backend, "_ROW_SPLITS", row_splits)

@@ -63,18 +63,21 @@ _SPLIT_BLOCKS = int(os.environ.get("HOTSPEC_ATTN_SPLIT_BLOCKS", "4"))
 def _row_splits_switch() -> int:
     v = os.environ.get("HOTSPEC_ATTN_ROW_SPLITS", "0")
     if not v.isdigit():
-        raise ValueError(f"HOTSPEC_ATTN_ROW_SPLITS={v!r}: use 0 (the default: no cap) or a positive "
-                         "number of kv splits")
+        raise ValueError(f"HOTSPEC_ATTN_ROW_SPLITS={v!r}: use 0 (the default: one wave of programs) "
+                         "or a positive cap on the kv splits")
     return int(v)
 
 
-# HOTSPEC_ATTN_ROW_SPLITS=S (an A/B switch, off until measured in the engine): at most S kv splits
-# in the uniform phases of more than one query row per request (verify, draft, draft_extend). The
-# split count follows the static context bound, so at short real contexts most splits are dead,
-# yet the combine reads every split's partial row: t x Hq x splits x D floats, which at verify's
-# 16 rows per request is 16 times decode's. attn_bench.py at the 8B heads, batch 1, context 512
-# (RESULTS "Session 9"): 8 splits against the automatic 32, verify 8.97 against 11.27 us, draft
-# 8.71 against 10.06, draft_extend 9.04 against 9.77.
+# Split counts. Decode (one query row per request) aims at two waves of programs: more, shorter
+# programs, and its combine reads one row per head. The phases of several query rows per request
+# (verify, draft, draft_extend) aim at one wave (SMs // programs): their combine reads every
+# split's partial row for each of t x Hq rows, and the split count follows the static context
+# bound, so at a server's bound most splits are dead at short real lengths. Measured on the H200
+# (RESULTS "Session 14", spec_phase_bench.py --max-model-len 8192, 8B shape, shapes 6,8,16): the
+# old two-wave count (up to 33 splits) against caps 4/8/16, verify at batch 1 5.08 ms against
+# 4.93 / 4.93 / 4.875, at batch 4 5.93 against 5.61 / 5.65 / 5.74; one wave is 16 splits at batch
+# 1 and 4 at batch 4, the best of each. HOTSPEC_ATTN_ROW_SPLITS=S instead caps those phases at S
+# splits (an A/B switch; 64 gives back the two-wave count).
 _ROW_SPLITS = _row_splits_switch()
 
 # Custom masks (verify, draft) of <= 64 slots travel as one int64 word per query row instead of a
@@ -104,7 +107,8 @@ def describe() -> str:
     line = ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
             if _FOLD_ROPE else "RoPE and the KV store in their own kernel (HOTSPEC_ATTN_ROPE=0)")
     if _ROW_SPLITS:
-        line += f"; at most {_ROW_SPLITS} kv splits with several rows per request (HOTSPEC_ATTN_ROW_SPLITS)"
+        line += (f"; at most {_ROW_SPLITS} kv splits with several rows per request, not one wave "
+                 "(HOTSPEC_ATTN_ROW_SPLITS)")
     return line
 
 
@@ -187,12 +191,16 @@ class TritonBackend(AttentionBackend):
         sms = self._sms(dev)
         if programs >= sms or p.max_kv < 4 * block_n:
             return 1
-        want = triton.cdiv(2 * sms, programs)
+        if p.width == 1:  # decode: two waves (see _row_splits_switch's comment)
+            want, cap = triton.cdiv(2 * sms, programs), 64
+        elif self.row_splits > 0:  # the A/B cap
+            want, cap = triton.cdiv(2 * sms, programs), self.row_splits
+        else:  # several rows per request: one wave
+            want, cap = sms // programs, 64
         # keep >= SPLIT_BLOCKS kv blocks of the static bound per split (HOTSPEC_ATTN_SPLIT_BLOCKS
         # overrides it for A/B runs: fewer blocks per split shorten each program's serial loop at
         # short real lengths, more splits lengthen the combine)
         by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
-        cap = self.row_splits if p.width > 1 and self.row_splits > 0 else 64
         return max(1, min(want, by_len, cap))
 
     def folds_rope(self, fb: ForwardBatch) -> bool:
