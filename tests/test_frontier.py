@@ -44,3 +44,26 @@ def test_frontier_kernel_copies_bf16_features_exactly():
 @pytest.mark.parametrize("k,h,m", [(8, 576, 40), (10, 4096, 90), (1, 576, 5)])
 def test_frontier_kernel_real_shapes(b, k, h, m):
     _check(b, k, h, m, torch.bfloat16)
+
+
+def test_frontier_kernel_nan_scores_pick_real_children():
+    """A row of NaN scores (NaN log-probabilities from NaN draft logits, as topk_logp now keeps
+    them) still picks k distinct children in range, so the tokens, features and masks it gathers
+    are real rows; a row with some NaNs picks among the others, best first."""
+    b, k, h, m = 2, 4, 16, 12
+    g = torch.Generator(device=DEV).manual_seed(3)
+    f_score = -torch.rand(b, k, device=DEV, generator=g) * 5
+    logp = -torch.rand(b * k, k, device=DEV, generator=g) * 5
+    logp[:k] = float("nan")  # request 0: every child NaN
+    logp[k, :2] = float("nan")  # request 1: two children of its first parent NaN
+    ids = torch.randint(0, 50_000, (b * k, k), device=DEV, generator=g)
+    h_feat = torch.randn(b * k, h, device=DEV, generator=g)
+    f_mask = torch.rand(b, k, m, device=DEV, generator=g) < 0.3
+    owns = torch.rand(k, m, device=DEV, generator=g) < 0.2
+    out = next_frontier(f_score, logp, ids, h_feat, f_mask, owns, 17)
+    glob = out[3] - 17
+    assert ((glob >= 0) & (glob < k * k)).all()
+    assert glob[0].tolist() == [0, 1, 2, 3] and out[1][0].isnan().all()
+    score1 = (f_score[1].repeat_interleave(k) + logp[k:].reshape(-1)).nan_to_num(float("-inf"))
+    assert torch.equal(glob[1], torch.topk(score1, k).indices)
+    assert torch.equal(out[2], ids.view(b, k * k).gather(1, glob))

@@ -30,7 +30,10 @@ def _frontier_kernel(F_SCORE, LOGP, IDS, H_FEAT, F_MASK, OWNS, C_SCORE, N_SCORE,
     lp = tl.load(LOGP + b * K * K + c, mask=valid, other=0.0)
     score = f + lp
     tl.store(C_SCORE + b * K * K + c, score, mask=valid)
-    score = tl.where(valid, score, float("-inf"))
+    raw = score
+    # a NaN score (a padded row's NaN logits) ranks as -inf, so every pick is a real child
+    # (layers/fused_kernels._topk_logp_kernel does the same); the pick keeps its own score
+    score = tl.where(valid & (score == score), score, float("-inf"))
     hcols = tl.arange(0, BLOCK_H)
     mcols = tl.arange(0, BLOCK_M)
     pv = tl.max(tl.full((KK,), float("inf"), tl.float32), 0)
@@ -41,7 +44,7 @@ def _frontier_kernel(F_SCORE, LOGP, IDS, H_FEAT, F_MASK, OWNS, C_SCORE, N_SCORE,
         bv = tl.max(sv, 0)
         bi = tl.min(tl.where(ok & (sv == bv), c, 2147483647), 0)
         parent = bi // K
-        tl.store(N_SCORE + b * K + jj, bv)
+        tl.store(N_SCORE + b * K + jj, tl.sum(tl.where(c == bi, raw, 0.0), 0))
         tl.store(N_TOK + b * K + jj, tl.load(IDS + b * K * K + bi))
         tl.store(N_GLOBAL + b * K + jj, bi.to(tl.int64) + base)
         row = tl.load(H_FEAT + (b * K + parent) * stride_h + hcols, mask=hcols < H)
