@@ -22,6 +22,7 @@
 #              session 14) against two (HOTSPEC_ATTN_ROW_SPLITS=64), at a server's static bound
 #              (--max-model-len 8192), alternated twice; every GPU attention test first (~6 min)
 #   onewavestep the 8B fused step graph at batch 1/4/16, one wave against two (~2 min)
+#   decodesplits  8B decode at batch 1/8 with 18 (default), 8 and 4 kv splits (~4 min)
 #   tails      the graph-tail rule beyond decode at batch 1: idle time between kernels in the
 #              speculative graphs (fused step and each phase, SmolLM2 and 8B shapes), and the 8B LM
 #              head on the PDL-launched Triton GEMV against cuBLAS, with timelines (~5 min)
@@ -222,6 +223,21 @@ if [ "$stage" = onewavestep ]; then  # the fused 8B step at batch 1/4/16, one wa
   done
   for f in "$OUT"/onewavestep_*.log; do
     grep -E "graphed |Error" "$f" | sed "s|^|$(basename "$f" .log): |"
+  done >> "$OUT/status.txt"
+fi
+if [ "$stage" = decodesplits ]; then  # decode's kv split count at the 8B shape, batch 1/8 (~4 min)
+  # decode_bench's static bound is 4608 tokens at batches 1,8, so HOTSPEC_ATTN_SPLIT_BLOCKS=4 (the
+  # default) gives 18 splits at batch 1, 9 gives 8 (at context 512: 8 live splits of one tile, none
+  # dead), 18 gives 4; attn_bench at the 8B heads (session 9): s8 7.17 against auto 7.72 us
+  DB=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
+    --batch-sizes 1,8)
+  for i in 1 2; do
+    for v in 4 9 18; do
+      HOTSPEC_ATTN_SPLIT_BLOCKS=$v step "decodesplits_${v}_$i" 90 "${DB[@]}"
+    done
+  done
+  for f in "$OUT"/decodesplits_*.log; do
+    grep -E "^ +(1|8) +[0-9.]+ " "$f" | sed "s|^|$(basename "$f" .log): |"
   done >> "$OUT/status.txt"
 fi
 if [ "$stage" = tails ]; then  # the graph-tail rule (RESULTS "Session 13") beyond decode at batch 1 (~5 min)
