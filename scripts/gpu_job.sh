@@ -92,6 +92,19 @@ step() {  # step NAME SECONDS CMD...: run, log to $OUT/NAME.log, record the exit
   tail -n 25 "$OUT/$name.log"
 }
 
+alternate() {  # alternate NAME VAR "V1 V2 ..." SECONDS CMD...: CMD under VAR=V for each V, twice
+  local name=$1 var=$2 values=$3 secs=$4 i v; shift 4
+  for i in 1 2; do
+    for v in $values; do step "${name}_${v}_$i" "$secs" env "$var=$v" "$@"; done
+  done
+}
+
+collect() {  # collect PREFIX REGEX: the lines of $OUT/PREFIX*.log matching REGEX, into status.txt
+  local f
+  for f in "$OUT"/"$1"*.log; do grep -E "$2" "$f" | sed "s|^|$(basename "$f" .log): |"; done \
+    >> "$OUT/status.txt"
+}
+
 # The code before a change, for A/B runs of changes without a switch: ab_base/ (ignored by git;
 # carry it) holds old files at their repo paths, e.g. `mkdir -p ab_base/hotspec/engine && git
 # show c50a7a9^:hotspec/engine/eagle_phases.py > ab_base/hotspec/engine/eagle_phases.py`.
@@ -198,47 +211,28 @@ if [ "$stage" = onewave ]; then  # the multi-row phases' one-wave split count ag
   step onewave_tests 300 python3 -m pytest -q -m gpu tests/test_triton_attention.py
   PB=(python3 benchmarks/spec_phase_bench.py --batch-sizes 1,4,16 --shapes 6,8,16 --hot full --modes graphed
     --iters 20 --max-model-len 8192)
-  for i in 1 2; do
-    for v in 0 64; do  # 0: one wave (the default), 64: two waves (before session 14)
-      HOTSPEC_ATTN_ROW_SPLITS=$v step "onewave_8b_${v}_$i" 90 "${PB[@]}" --target llama8b-shape \
-        --phases verify,draft,draft_extend
-      HOTSPEC_ATTN_ROW_SPLITS=$v step "onewave_8bstep_${v}_$i" 90 "${PB[@]}" --target llama8b-shape \
-        --phases step
-      HOTSPEC_ATTN_ROW_SPLITS=$v step "onewave_smolstep_${v}_$i" 60 "${PB[@]}" --target smollm2-shape \
-        --phases step
-    done
-  done
-  for f in "$OUT"/onewave_*_[0-9].log; do grep "graphed " "$f" | sed "s|^|$(basename "$f" .log): |"; done \
-    >> "$OUT/status.txt"
+  # HOTSPEC_ATTN_ROW_SPLITS 0: one wave (the default), 64: two waves (before session 14)
+  alternate onewave_8b HOTSPEC_ATTN_ROW_SPLITS "0 64" 90 "${PB[@]}" --target llama8b-shape \
+    --phases verify,draft,draft_extend
+  alternate onewave_8bstep HOTSPEC_ATTN_ROW_SPLITS "0 64" 90 "${PB[@]}" --target llama8b-shape --phases step
+  alternate onewave_smolstep HOTSPEC_ATTN_ROW_SPLITS "0 64" 60 "${PB[@]}" --target smollm2-shape --phases step
+  collect onewave_ "graphed |Error"
   tail -n 3 "$OUT/onewave_tests.log" >> "$OUT/status.txt"
 fi
 if [ "$stage" = onewavestep ]; then  # the fused 8B step at batch 1/4/16, one wave against two (~4 min)
   # (before the topk_logp NaN fix, session 14, this capture failed: a NaN draft row's index)
-  SB=(python3 benchmarks/spec_phase_bench.py --shapes 6,8,16 --hot full --modes graphed --iters 20
-    --target llama8b-shape --phases step --batch-sizes 1,4,16 --max-model-len 8192)
-  for i in 1 2; do
-    for v in 0 64; do
-      HOTSPEC_ATTN_ROW_SPLITS=$v step "onewavestep_${v}_$i" 120 "${SB[@]}"
-    done
-  done
-  for f in "$OUT"/onewavestep_*.log; do
-    grep -E "graphed |Error" "$f" | sed "s|^|$(basename "$f" .log): |"
-  done >> "$OUT/status.txt"
+  alternate onewavestep HOTSPEC_ATTN_ROW_SPLITS "0 64" 120 python3 benchmarks/spec_phase_bench.py \
+    --shapes 6,8,16 --hot full --modes graphed --iters 20 --target llama8b-shape --phases step \
+    --batch-sizes 1,4,16 --max-model-len 8192
+  collect onewavestep_ "graphed |Error"
 fi
 if [ "$stage" = decodesplits ]; then  # decode's kv split count at the 8B shape, batch 1/8 (~4 min)
   # decode_bench's static bound is 4608 tokens at batches 1,8, so HOTSPEC_ATTN_SPLIT_BLOCKS=4 (the
   # default) gives 18 splits at batch 1, 9 gives 8 (at context 512: 8 live splits of one tile, none
   # dead), 18 gives 4; attn_bench at the 8B heads (session 9): s8 7.17 against auto 7.72 us
-  DB=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
-    --batch-sizes 1,8)
-  for i in 1 2; do
-    for v in 4 9 18; do
-      HOTSPEC_ATTN_SPLIT_BLOCKS=$v step "decodesplits_${v}_$i" 90 "${DB[@]}"
-    done
-  done
-  for f in "$OUT"/decodesplits_*.log; do
-    grep -E "^ +(1|8) +[0-9.]+ " "$f" | sed "s|^|$(basename "$f" .log): |"
-  done >> "$OUT/status.txt"
+  alternate decodesplits HOTSPEC_ATTN_SPLIT_BLOCKS "4 9 18" 90 python3 benchmarks/decode_bench.py \
+    --model llama8b-shape --mode graphed --context 512 --tokens 32 --batch-sizes 1,8
+  collect decodesplits_ "^ +(1|8) +[0-9.]+ "
 fi
 if [ "$stage" = tails ]; then  # the graph-tail rule (RESULTS "Session 13") beyond decode at batch 1 (~5 min)
   # idle time between kernels in the speculative graphs (fused step, and each phase)
