@@ -102,10 +102,27 @@ def _rope_switch() -> bool:
 _FOLD_ROPE = _rope_switch()
 
 
+def _strided_switch() -> bool:
+    return on_off("HOTSPEC_ATTN_STRIDED", True)
+
+
+# Strided decode splits (HOTSPEC_ATTN_STRIDED, on by default; 0 gives back contiguous chunks): at
+# decode (one row per request, no custom mask) split s owns kv tiles s, s + S, s + 2S, ... of
+# BLOCK_N rows instead of a contiguous 1/S of kv_len. Its first tile's place then does not depend
+# on kv_len, so the program issues the block-table and K/V loads of that tile before kv_len
+# arrives: one memory round trip fewer on the path kv_len -> block table -> K/V -> softmax that a
+# decode program is (RESULTS "Session 15": at the 8B shape, batch 1, the kv tile work is ~3 us
+# of a layer's ~5 us of attention). Decode tiles are 32 kv rows (64 for the other phases): more,
+# shorter programs at batch 1.
+_STRIDED = _strided_switch()
+
+
 def describe() -> str:
     """The attention's RoPE fold and split cap, for the start-up log."""
     line = ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
             if _FOLD_ROPE else "RoPE and the KV store in their own kernel (HOTSPEC_ATTN_ROPE=0)")
+    if not _STRIDED:
+        line += "; contiguous decode splits (HOTSPEC_ATTN_STRIDED=0)"
     if _ROW_SPLITS:
         line += (f"; at most {_ROW_SPLITS} kv splits with several rows per request, not one wave "
                  "(HOTSPEC_ATTN_ROW_SPLITS)")
@@ -130,13 +147,15 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
                  num_stages: int = 2, mask_bits: bool | None = None,
-                 fold_rope: bool | None = None) -> None:
+                 fold_rope: bool | None = None, strided: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
         HOTSPEC_ATTN_MASK_BITS switch, on by default); fold_rope lets decode batches pass RoPE
         and the KV store to the kernel (`folds_rope`; None: the HOTSPEC_ATTN_ROPE switch, on by
-        default)."""
+        default); strided gives decode splits strided kv tiles (None: the HOTSPEC_ATTN_STRIDED
+        switch, on by default)."""
+        self.strided = _STRIDED if strided is None else strided
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
         self.block_size = block_size
@@ -203,6 +222,13 @@ class TritonBackend(AttentionBackend):
         by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
         return max(1, min(want, by_len, cap))
 
+    def strides(self, p: TritonPlan, splits: int, k_cache: torch.Tensor) -> bool:
+        """Whether a launch of `splits` kv splits over plan `p` takes strided tiles
+        (HOTSPEC_ATTN_STRIDED, or the constructor's `strided`): decode batches (one row per
+        request, no custom mask) with more than one split."""
+        return (self.strided and splits > 1 and p.width == 1 and p.custom_mask is None
+                and k_cache.shape[0] >= self.block_size)
+
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: the
         switch (HOTSPEC_ATTN_ROPE, or the constructor's fold_rope), and a decode-like batch (one
@@ -232,7 +258,7 @@ class TritonBackend(AttentionBackend):
         is_fp32 = q.dtype == torch.float32
         b = p.q_lens.shape[0]
 
-        block_n = self.block_n or (32 if is_fp32 else 64)
+        block_n = self.block_n or (32 if is_fp32 or p.width == 1 else 64)
         rows = p.max_q if p.width is None else p.width
         if self.block_m is not None:
             block_m = self.block_m
@@ -273,6 +299,7 @@ class TritonBackend(AttentionBackend):
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
+        strided = self.strides(p, splits, k_cache)
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
         launch = pdl.launch_kwargs(q.device, t)
         grid = (q_blocks * splits, b, hkv)
@@ -288,6 +315,8 @@ class TritonBackend(AttentionBackend):
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
             **_rope_kwargs(rope, k_cache),
+            STRIDED=strided, kv_cap=p.block_tables.shape[1] * self.block_size,
+            max_blk=k_cache.shape[0] // self.block_size - 1,
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
         if splits > 1:
