@@ -23,6 +23,12 @@
 #              (--max-model-len 8192), alternated twice; every GPU attention test first (~6 min)
 #   onewavestep the 8B fused step graph at batch 1/4/16, one wave against two (~2 min)
 #   decodesplits  8B decode at batch 1/8 with 18 (default), 8 and 4 kv splits (~4 min)
+#   overlays   every ab_variants/NAME (changed files at their repo paths; ignored by git, carry it)
+#              against the default code, 8B decode at batch 1/8, alternated twice (~1 min each);
+#              OV_ENVS="VAR=VAL[,VAR=VAL] ..." adds one run per setting; OV_TESTS: pytest arguments
+#              for a GPU test run first
+#   ncu8b      Nsight Compute on the 8B decode graph's attention, combine and GEMV kernels (batch 1,
+#              4 layers): own duration, occupancy, warp stalls (~3 min); decodesplits+ncu: both
 #   tails      the graph-tail rule beyond decode at batch 1: idle time between kernels in the
 #              speculative graphs (fused step and each phase, SmolLM2 and 8B shapes), and the 8B LM
 #              head on the PDL-launched Triton GEMV against cuBLAS, with timelines (~5 min)
@@ -226,13 +232,45 @@ if [ "$stage" = onewavestep ]; then  # the fused 8B step at batch 1/4/16, one wa
     --batch-sizes 1,4,16 --max-model-len 8192
   collect onewavestep_ "graphed |Error"
 fi
-if [ "$stage" = decodesplits ]; then  # decode's kv split count at the 8B shape, batch 1/8 (~4 min)
+if [ "$stage" = decodesplits ] || [ "$stage" = decodesplits+ncu ]; then  # decode's kv split count at the 8B shape, batch 1/8 (~4 min)
   # decode_bench's static bound is 4608 tokens at batches 1,8, so HOTSPEC_ATTN_SPLIT_BLOCKS=4 (the
   # default) gives 18 splits at batch 1, 9 gives 8 (at context 512: 8 live splits of one tile, none
   # dead), 18 gives 4; attn_bench at the 8B heads (session 9): s8 7.17 against auto 7.72 us
   alternate decodesplits HOTSPEC_ATTN_SPLIT_BLOCKS "4 9 18" 90 python3 benchmarks/decode_bench.py \
     --model llama8b-shape --mode graphed --context 512 --tokens 32 --batch-sizes 1,8
   collect decodesplits_ "^ +(1|8) +[0-9.]+ "
+fi
+if [ "$stage" = ncu8b ] || [ "$stage" = decodesplits+ncu ]; then  # Nsight Compute on the 8B decode graph's kernels
+  # (batch 1, 4 layers, graph nodes profiled one at a time: each kernel's own duration, without PDL
+  # overlap, its occupancy and where its warps stall; ~3 min)
+  NC=(ncu --clock-control none --graph-profiling node --target-processes all)
+  NB=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 4
+    --warmup 1 --batch-sizes 1 --num-layers 4)
+  step ncu_kernels 240 "${NC[@]}" -k 'regex:paged_attn_fwd|combine_splits|gemv' --launch-skip 60 \
+    --launch-count 14 --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section WarpStateStats "${NB[@]}"
+  step ncu_attn_src 180 "${NC[@]}" -k 'regex:paged_attn_fwd' --launch-skip 20 --launch-count 1 \
+    --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis "${NB[@]}"
+  grep -E "^  [a-z_]+.*\(|Duration|Achieved Occupancy|Registers Per|Shared Memory Config|Block Limit|Grid Size|Memory Throughput|DRAM Throughput" \
+    "$OUT/ncu_kernels.log" | head -150 >> "$OUT/status.txt"
+fi
+if [ "$stage" = overlays ]; then  # each ab_variants/NAME (files at repo paths, over hotspec/) against the default
+  # code: the decode step of OV_MODEL (llama8b-shape) at OV_BATCH (1,8), alternated twice (~1 min per variant)
+  [ -n "${OV_TESTS:-}" ] && step ov_tests 400 python3 -m pytest -q -m gpu $OV_TESTS
+  OVS=$(ls ab_variants 2>/dev/null)
+  for name in $OVS; do
+    rm -rf "/tmp/ov_$name" && mkdir -p "/tmp/ov_$name" && cp -r hotspec "/tmp/ov_$name/" \
+      && cp -r "ab_variants/$name/." "/tmp/ov_$name/"
+    echo "overlay $name: $(cd "ab_variants/$name" && find . -type f | tr '\n' ' ')" >> "$OUT/status.txt"
+  done
+  DA=(python3 benchmarks/decode_bench.py --model "${OV_MODEL:-llama8b-shape}" --mode graphed --context 512
+    --tokens 32 --batch-sizes "${OV_BATCH:-1,8}")
+  for i in 1 2; do
+    step "ov_default_$i" 90 "${DA[@]}"
+    for name in $OVS; do step "ov_${name}_$i" 90 env "PYTHONPATH=/tmp/ov_$name:/tmp/site" "${DA[@]}"; done
+    for e in ${OV_ENVS:-}; do step "ov_env_${e//[^A-Za-z0-9_]/_}_$i" 90 env ${e//,/ } "${DA[@]}"; done
+  done
+  collect ov_ "^ +(1|8) +[0-9.]+ |Error"
 fi
 if [ "$stage" = tails ]; then  # the graph-tail rule (RESULTS "Session 13") beyond decode at batch 1 (~5 min)
   # idle time between kernels in the speculative graphs (fused step, and each phase)

@@ -267,57 +267,6 @@ def test_split_kv_decode(splits: int) -> None:
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits, block_n=16))
 
 
-@pytest.mark.parametrize("strided", [True, False])
-@pytest.mark.parametrize("splits", [3, 7])
-def test_split_kv_decode_strided_and_contiguous(strided: bool, splits: int) -> None:
-    """Decode splits both ways match the reference: strided (HOTSPEC_ATTN_STRIDED, split s owns
-    kv tiles s, s + S, ..., its first tile read before kv_len is known) and contiguous chunks; kv
-    lengths from one token to several rounds of S tiles, and a request whose splits are all dead
-    but one."""
-    fb, q, kc, vc = make_case(q_lens=[1] * 4, kv_lens=[1, 16, 33, 200], width=1, hq=8, hkv=2,
-                              d=64, dtype=BF16, seed=12)
-    backend = TritonBackend(PAGE, num_splits=splits, block_n=16, strided=strided)
-    backend.plan(fb)
-    assert backend.strides(fb.attn_meta, splits, kc) == strided
-    check(fb, q, kc, vc, backend=backend)
-
-
-def test_strided_decode_never_uses_rows_past_kv_len() -> None:
-    """A strided split reads its first tile before it knows kv_len: cache rows past kv_len (NaN
-    here, as an unwritten pool may hold) and block-table entries past the request's blocks (ids
-    far out of range in make_case) must not reach the output."""
-    kv_lens = [5, 40, 1]
-    fb, q, kc, vc = make_case(q_lens=[1] * 3, kv_lens=kv_lens, width=1, hq=4, hkv=2, d=64,
-                              dtype=BF16, seed=13)
-    scale = q.shape[-1] ** -0.5
-    want = reference(fb, q, kc, vc, scale)
-    used = torch.zeros(kc.shape[0], dtype=torch.bool)
-    tables = fb.block_tables.cpu()
-    for i, n in enumerate(kv_lens):
-        for j in range(n):
-            used[int(tables[i, j // PAGE]) * PAGE + j % PAGE] = True
-    kc[~used.to(kc.device)] = float("nan")
-    vc[~used.to(vc.device)] = float("nan")
-    backend = TritonBackend(PAGE, num_splits=4, block_n=16, strided=True)
-    backend.plan(fb)
-    assert backend.strides(fb.attn_meta, 4, kc)
-    got = backend.forward(fb, q, kc, vc, scale)
-    assert torch.isfinite(got).all()
-    rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
-    assert rel <= _tol(BF16), rel
-
-
-def test_strided_switch(monkeypatch) -> None:
-    """HOTSPEC_ATTN_STRIDED: on by default, 0 turns it off, anything else is an error naming it."""
-    monkeypatch.delenv("HOTSPEC_ATTN_STRIDED", raising=False)
-    assert triton_backend._strided_switch()
-    monkeypatch.setenv("HOTSPEC_ATTN_STRIDED", "0")
-    assert not triton_backend._strided_switch()
-    monkeypatch.setenv("HOTSPEC_ATTN_STRIDED", "2")
-    with pytest.raises(ValueError, match=r"HOTSPEC_ATTN_STRIDED='2': use 1 \(the default\) or 0"):
-        triton_backend._strided_switch()
-
-
 def test_split_kv_verify_and_padding() -> None:
     n = 4
     fb, q, kc, vc = make_case(q_lens=[n, n], kv_lens=[n, 90 + n], width=n, hq=6, hkv=2, d=64,
@@ -577,6 +526,26 @@ def test_split_counts_one_wave_for_multi_row_phases(monkeypatch) -> None:
     verify.max_kv = 576
     backend.plan(verify)
     assert backend._splits(verify.attn_meta, 8, 64, cuda) == 2
+
+
+def test_tile_rows_32_for_decode_of_few_programs(monkeypatch) -> None:
+    """kv rows per tile on 132 SMs: 16-bit decode with at most 8 programs before splitting (the
+    8B heads at batch 1) takes 32, more takes 64, as do the other phases; fp32 always 32; an
+    explicit block_n always wins."""
+    backend = TritonBackend(PAGE)
+    monkeypatch.setattr(backend, "_sms", lambda dev: 132)
+    cuda = torch.device("cuda", 0)
+    decode = make_case(q_lens=[1], kv_lens=[9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
+    verify = make_case(q_lens=[2], kv_lens=[9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
+                       masks=[tree_mask(2)])[0]
+    for fb in (decode, verify):
+        backend.plan(fb)
+    assert backend._block_n(decode.attn_meta, False, 8, cuda) == 32
+    assert backend._block_n(decode.attn_meta, False, 9, cuda) == 64
+    assert backend._block_n(verify.attn_meta, False, 8, cuda) == 64
+    assert backend._block_n(decode.attn_meta, True, 64, cuda) == 32
+    assert backend._block_n(decode.attn_meta, False, 8, torch.device("cpu")) == 64
+    assert TritonBackend(PAGE, block_n=16)._block_n(decode.attn_meta, False, 8, cuda) == 16
 
 
 def test_rope_fold_switch(monkeypatch) -> None:

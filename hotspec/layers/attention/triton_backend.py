@@ -102,27 +102,10 @@ def _rope_switch() -> bool:
 _FOLD_ROPE = _rope_switch()
 
 
-def _strided_switch() -> bool:
-    return on_off("HOTSPEC_ATTN_STRIDED", True)
-
-
-# Strided decode splits (HOTSPEC_ATTN_STRIDED, on by default; 0 gives back contiguous chunks): at
-# decode (one row per request, no custom mask) split s owns kv tiles s, s + S, s + 2S, ... of
-# BLOCK_N rows instead of a contiguous 1/S of kv_len. Its first tile's place then does not depend
-# on kv_len, so the program issues the block-table and K/V loads of that tile before kv_len
-# arrives: one memory round trip fewer on the path kv_len -> block table -> K/V -> softmax that a
-# decode program is (RESULTS "Session 15": at the 8B shape, batch 1, the kv tile work is ~3 us
-# of a layer's ~5 us of attention). Decode tiles are 32 kv rows (64 for the other phases): more,
-# shorter programs at batch 1.
-_STRIDED = _strided_switch()
-
-
 def describe() -> str:
     """The attention's RoPE fold and split cap, for the start-up log."""
     line = ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
             if _FOLD_ROPE else "RoPE and the KV store in their own kernel (HOTSPEC_ATTN_ROPE=0)")
-    if not _STRIDED:
-        line += "; contiguous decode splits (HOTSPEC_ATTN_STRIDED=0)"
     if _ROW_SPLITS:
         line += (f"; at most {_ROW_SPLITS} kv splits with several rows per request, not one wave "
                  "(HOTSPEC_ATTN_ROW_SPLITS)")
@@ -147,20 +130,18 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
                  num_stages: int = 2, mask_bits: bool | None = None,
-                 fold_rope: bool | None = None, strided: bool | None = None) -> None:
+                 fold_rope: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
         HOTSPEC_ATTN_MASK_BITS switch, on by default); fold_rope lets decode batches pass RoPE
         and the KV store to the kernel (`folds_rope`; None: the HOTSPEC_ATTN_ROPE switch, on by
-        default); strided gives decode splits strided kv tiles (None: the HOTSPEC_ATTN_STRIDED
-        switch, on by default)."""
-        self.strided = _STRIDED if strided is None else strided
+        default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
         self.block_size = block_size
-        # HOTSPEC_ATTN_BLOCK_N: kv rows per tile (an A/B switch for the benchmarks: 128 halves the
-        # serial kv loop of a decode program, 32 doubles it)
+        # HOTSPEC_ATTN_BLOCK_N: kv rows per tile, every phase (an A/B switch for the benchmarks;
+        # unset: _block_n's rule)
         self.block_n = block_n or int(os.environ.get("HOTSPEC_ATTN_BLOCK_N", "0")) or None
         self.block_m = block_m
         # HOTSPEC_ATTN_BLOCK_M: query rows per tile of the uniform phases (decode, verify, draft,
@@ -200,6 +181,24 @@ class TritonBackend(AttentionBackend):
             self._sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
         return self._sm_count[idx]
 
+    def _block_n(self, p: TritonPlan, is_fp32: bool, programs: int, dev: torch.device) -> int:
+        """kv rows per tile: the override (block_n, HOTSPEC_ATTN_BLOCK_N), else 32 in fp32; in 16
+        bits 32 for a decode batch (one row per request) of at most SMs // 16 programs before
+        splitting (8 on the H200: the 8B heads at batch 1), else 64. A decode program at batch 1
+        owns one tile of the kv range (the split count follows the static bound), and its time
+        is that tile's serial work, which a smaller tile shortens. Measured on the H200 (RESULTS
+        "Session 15", context 512, two runs each per call): 8B batch 1 3.92 against 3.95 ms with
+        64 rows in one call, 3.98 against 4.01-4.02 in another (16 rows: 3.93); 8B batch 2, 4
+        and 8 ties; SmolLM2's shape at batch 1 a tie, at batch 8 (24 programs) 0.81 against
+        0.79 ms, a loss."""
+        if self.block_n:
+            return self.block_n
+        if is_fp32:
+            return 32
+        if p.width == 1 and dev.type == "cuda" and programs <= self._sms(dev) // 16:
+            return 32
+        return 64
+
     def _splits(self, p: TritonPlan, programs: int, block_n: int, dev: torch.device) -> int:
         if p.width is None:
             return 1
@@ -221,13 +220,6 @@ class TritonBackend(AttentionBackend):
         # short real lengths, more splits lengthen the combine)
         by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
         return max(1, min(want, by_len, cap))
-
-    def strides(self, p: TritonPlan, splits: int, k_cache: torch.Tensor) -> bool:
-        """Whether a launch of `splits` kv splits over plan `p` takes strided tiles
-        (HOTSPEC_ATTN_STRIDED, or the constructor's `strided`): decode batches (one row per
-        request, no custom mask) with more than one split."""
-        return (self.strided and splits > 1 and p.width == 1 and p.custom_mask is None
-                and k_cache.shape[0] >= self.block_size)
 
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: the
@@ -258,7 +250,6 @@ class TritonBackend(AttentionBackend):
         is_fp32 = q.dtype == torch.float32
         b = p.q_lens.shape[0]
 
-        block_n = self.block_n or (32 if is_fp32 or p.width == 1 else 64)
         rows = p.max_q if p.width is None else p.width
         if self.block_m is not None:
             block_m = self.block_m
@@ -270,6 +261,7 @@ class TritonBackend(AttentionBackend):
         block_m = max(16, block_m, gp)
         block_q = block_m // gp
         q_blocks = triton.cdiv(max(rows, 1), block_q)
+        block_n = self._block_n(p, is_fp32, q_blocks * b * hkv, q.device)
         splits = self._splits(p, q_blocks * b * hkv, block_n, q.device)
 
         if out is None:
@@ -299,7 +291,6 @@ class TritonBackend(AttentionBackend):
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
-        strided = self.strides(p, splits, k_cache)
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
         launch = pdl.launch_kwargs(q.device, t)
         grid = (q_blocks * splits, b, hkv)
@@ -315,8 +306,6 @@ class TritonBackend(AttentionBackend):
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
             **_rope_kwargs(rope, k_cache),
-            STRIDED=strided, kv_cap=p.block_tables.shape[1] * self.block_size,
-            max_blk=k_cache.shape[0] // self.block_size - 1,
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
         if splits > 1:

@@ -33,16 +33,12 @@ def _attn_blocks(
     acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, hi, kv_len, lim, real, row_ok,
     start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CUSTOM: tl.constexpr, MASKED: tl.constexpr,
-    F32_DOT: tl.constexpr, EVEN_D: tl.constexpr, MASK_BITS: tl.constexpr, step=0,
-    STRIDED: tl.constexpr = False,
+    F32_DOT: tl.constexpr, EVEN_D: tl.constexpr, MASK_BITS: tl.constexpr,
 ):
-    """Online-softmax over kv indices [lo, hi) in BLOCK_N steps (STRIDED: tiles `step` apart).
-    MASKED=False: every index is < kv_len and visible to every real row (padding rows still see
-    index 0 only)."""
+    """Online-softmax over kv indices [lo, hi) in BLOCK_N steps. MASKED=False: every index is
+    < kv_len and visible to every real row (padding rows still see index 0 only)."""
     n = tl.arange(0, BLOCK_N)
-    if not STRIDED:
-        step = BLOCK_N
-    for start in range(lo, hi, step):
+    for start in range(lo, hi, BLOCK_N):
         offs = start + n
         if MASKED:
             n_ok = offs < kv_len
@@ -106,29 +102,6 @@ def _attn_blocks(
 
 
 @triton.jit
-def _attn_tile(acc, l_i, m_i, q, Q, kt, v, vis, scale_log2, F32_DOT: tl.constexpr):
-    """One online-softmax step over a tile already in registers: kt [D, N], v [N, D], vis [M, N]
-    (as _attn_blocks' loop body computes it)."""
-    kt = kt.to(Q.dtype.element_ty)
-    if F32_DOT:
-        s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")
-    else:
-        s = tl.dot(q, kt)
-    s = tl.where(vis, s * scale_log2, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = v.to(Q.dtype.element_ty)
-    if F32_DOT:
-        pv = tl.dot(p.to(Q.dtype.element_ty).to(tl.float32), v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(v.dtype), v)
-    return acc * alpha[:, None] + pv, l_i, m_new
-
-
-@triton.jit
 def _rotate(x, base, pos, COS, SIN, stride_cs, d, ok, HEAD_DIM: tl.constexpr):
     """Rotate-half RoPE of x (elements d of the head at `base`, at position `pos`), computed as
     fused_kernels._rope_store_kernel computes it and rounded to x's dtype: the first half
@@ -159,7 +132,6 @@ def paged_attn_fwd(
     ROPE: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
-    STRIDED: tl.constexpr = False, kv_cap=0, max_blk=0,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pid0 = tl.program_id(0)
@@ -175,18 +147,6 @@ def paged_attn_fwd(
 
     q_len = tl.load(QL + b).to(tl.int32)
     kv_len = tl.load(KVL + b).to(tl.int32)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    bt_row = BT + b.to(tl.int64) * stride_bt
-    if STRIDED:  # decode: split sp owns kv tiles sp, sp + num_splits, ...; its first tile is
-        # loaded now, before kv_len arrives (block ids past the table's use clamped into the pool)
-        offs0 = sp * BLOCK_N + tl.arange(0, BLOCK_N)
-        blk0 = tl.load(bt_row + offs0 // PAGE, mask=offs0 < kv_cap, other=0)
-        slot0 = tl.minimum(tl.maximum(blk0, 0), max_blk).to(tl.int64) * PAGE + offs0 % PAGE
-        kt0 = tl.load(K + h * stride_kh + slot0[None, :] * stride_kt + d[:, None], mask=d_ok[:, None],
-                      other=0.0)  # [D, N]
-        v0 = tl.load(V + h * stride_vh + slot0[:, None] * stride_vt + d[None, :], mask=d_ok[None, :],
-                     other=0.0)  # [N, D]
     if RAGGED:
         q_base = tl.load(CUQ + b).to(tl.int64)
         n_rows = q_len  # rows of this request present in q / out
@@ -201,6 +161,8 @@ def paged_attn_fwd(
     head = h * GROUP + g
     row_ok = (qi < n_rows) & (g < GROUP)  # rows that exist in q / out
     real = qi < q_len  # rows that are not padding
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
 
     tok = q_base + qi
     q_ptrs = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
@@ -225,10 +187,7 @@ def paged_attn_fwd(
     # a tile of padding rows only needs kv index 0; a tile outside the request does no work
     end = tl.where(q_start < q_len, end, tl.minimum(kv_len, 1))
     end = tl.where(q_start < n_rows, end, 0)
-    if STRIDED:  # tiles sp, sp + num_splits, ... below end
-        lo = sp * BLOCK_N
-        hi = end
-    elif SPLIT:
+    if SPLIT:
         per = tl.cdiv(end, num_splits)
         chunk = tl.cdiv(per, BLOCK_N) * BLOCK_N
         lo = sp * chunk
@@ -239,11 +198,7 @@ def paged_attn_fwd(
 
     if ROPE:  # decode: the program whose kv range holds the new token stores its K and V first
         new = kv_len - 1
-        if STRIDED:
-            owns = ((new // BLOCK_N) % num_splits == sp) & (new >= 0)
-        else:
-            owns = (lo <= new) & (new < hi)
-        if owns:
+        if (lo <= new) & (new < hi):
             t_new = q_base  # width 1: the request's one row
             slot = tl.load(LOC + t_new).to(tl.int64)
             pos_new = tl.load(POS + t_new).to(tl.int64)
@@ -253,9 +208,6 @@ def paged_attn_fwd(
             tl.store(K + slot * stride_kt + h * stride_kh + d, kr.to(K.dtype.element_ty), mask=d_ok)
             vr = tl.load(VN + t_new * stride_vnt + h * stride_vnh + d, mask=d_ok, other=0.0)
             tl.store(V + slot * stride_vt + h * stride_vh + d, vr.to(V.dtype.element_ty), mask=d_ok)
-            if STRIDED:  # the first tile was read before this store: put the new row in
-                kt0 = tl.where((offs0 == new)[None, :], kr.to(K.dtype.element_ty)[:, None], kt0)
-                v0 = tl.where((offs0 == new)[:, None], vr.to(V.dtype.element_ty)[None, :], v0)
         tl.debug_barrier()  # the stores above are seen by this program's own loads below
 
     # kv blocks every real row of the tile sees whole ([0, full)) need no mask at all
@@ -268,31 +220,21 @@ def paged_attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    bt_row = BT + b.to(tl.int64) * stride_bt
     cm_row = CM + b.to(tl.int64) * stride_cmb + qi.to(tl.int64) * stride_cmi
     k_base = K + h * stride_kh
     v_base = V + h * stride_vh
     bits = tl.zeros([BLOCK_M], dtype=tl.int64)
     if MASK_BITS:  # CM holds one int64 word per query row: [B, width] at strides (cmb, cmi)
         bits = tl.load(cm_row, mask=real & row_ok, other=0)
-    if STRIDED:  # the preloaded first tile, then every num_splits-th tile after it (masked)
-        live0 = offs0 < end
-        vis0 = (offs0[None, :] <= lim[:, None]) & live0[None, :]
-        v0 = tl.where(live0[:, None], v0, 0.0)  # rows past kv_len may hold anything (NaN * 0)
-        acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, Q, kt0, v0, vis0, scale_log2, F32_DOT)
-        acc, l_i, m_i = _attn_blocks(
-            acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo + num_splits * BLOCK_N, hi,
-            kv_len, lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d,
-            d_ok, PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS,
-            num_splits * BLOCK_N, True)
-    else:
-        acc, l_i, m_i = _attn_blocks(
-            acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, tl.minimum(hi, full),
-            kv_len, lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d,
-            d_ok, PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS)
-        acc, l_i, m_i = _attn_blocks(
-            acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, tl.maximum(lo, full), hi,
-            kv_len, lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d,
-            d_ok, PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS)
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, tl.minimum(hi, full), kv_len,
+        lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+        PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS)
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, tl.maximum(lo, full), hi, kv_len,
+        lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+        PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
