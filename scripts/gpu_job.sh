@@ -23,7 +23,8 @@
 #              (--max-model-len 8192), alternated twice; every GPU attention test first (~6 min)
 #   onewavestep the 8B fused step graph at batch 1/4/16, one wave against two (~2 min)
 #   decodesplits  8B decode at batch 1/8 with 18 (default), 8 and 4 kv splits (~4 min)
-#   overlays   every ab_variants/NAME (changed files at their repo paths; ignored by git, carry it)
+#   overlays   every ab_variants/NAME (changed files at their repo paths; ignored by git, carry it;
+#              `python scripts/ab_overlays.py NAME...` writes the named recipes there)
 #              against the default code, 8B decode at batch 1/8, alternated twice (~1 min each);
 #              OV_ENVS="VAR=VAL[,VAR=VAL] ..." adds one run per setting; OV_TESTS: pytest arguments
 #              for a GPU test run first

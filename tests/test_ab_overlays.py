@@ -1,0 +1,34 @@
+"""scripts/ab_overlays.py: every A/B recipe still applies to the current engine sources (a refactor
+that moves a recipe's text fails here, not silently on the GPU), and its output is valid Python
+that differs from the source."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("ab_overlays", ROOT / "scripts" / "ab_overlays.py")
+assert _spec is not None and _spec.loader is not None
+ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab)
+
+
+@pytest.mark.parametrize("name", sorted(ab.RECIPES))
+def test_recipe_applies_to_current_sources(name: str, tmp_path: Path) -> None:
+    files = ab.write(name, tmp_path)
+    assert files
+    for rel in files:
+        text = (tmp_path / name / rel).read_text()
+        assert text != (ROOT / rel).read_text()
+        compile(text, rel, "exec")
+
+
+def test_stale_or_unknown_recipes_stop_with_their_name(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(ab.RECIPES, "stale", [(ab.KERNELS, "text that is not there", "x")])
+    with pytest.raises(SystemExit, match="recipe stale: its text is not in"):
+        ab.write("stale", tmp_path)
+    with pytest.raises(SystemExit, match="unknown recipe"):
+        ab.main(["nope", "--out", str(tmp_path)])
