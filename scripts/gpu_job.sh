@@ -22,14 +22,13 @@
 #              session 14) against two (HOTSPEC_ATTN_ROW_SPLITS=64), at a server's static bound
 #              (--max-model-len 8192), alternated twice; every GPU attention test first (~6 min)
 #   onewavestep the 8B fused step graph at batch 1/4/16, one wave against two (~2 min)
-#   decodesplits  8B decode at batch 1/8 with 18 (default), 8 and 4 kv splits (~4 min)
 #   overlays   every ab_variants/NAME (changed files at their repo paths; ignored by git, carry it;
 #              `python scripts/ab_overlays.py NAME...` writes the named recipes there)
 #              against the default code, 8B decode at batch 1/8, alternated twice (~1 min each);
 #              OV_ENVS="VAR=VAL[,VAR=VAL] ..." adds one run per setting; OV_TESTS: pytest arguments
 #              for a GPU test run first
 #   ncu8b      Nsight Compute on the 8B decode graph's attention, combine and GEMV kernels (batch 1,
-#              4 layers): own duration, occupancy, warp stalls (~3 min); decodesplits+ncu: both
+#              4 layers): own duration, occupancy, warp stalls (~3 min)
 #   tails      the graph-tail rule beyond decode at batch 1: idle time between kernels in the
 #              speculative graphs (fused step and each phase, SmolLM2 and 8B shapes), and the 8B LM
 #              head on the PDL-launched Triton GEMV against cuBLAS, with timelines (~5 min)
@@ -58,7 +57,8 @@
 # s8a ... s8f, ...), `git show bdefcb4:scripts/gpu_job.sh` session 9's (s10a, s10b, s10c),
 # `git show 9320627:scripts/gpu_job.sh` session 10's (s11a, s12a ... s12g), `git show
 # 4986c25:scripts/gpu_job.sh` the s13a / s13b and `git show 5eb5455:scripts/gpu_job.sh` the s14
-# that session 11 ran, `git show ed47cb5:scripts/gpu_job.sh` session 12's s15, s16 and s18.
+# that session 11 ran, `git show ed47cb5:scripts/gpu_job.sh` session 12's s15, s16 and s18,
+# `git show 27dec25:scripts/gpu_job.sh` session 14-15's decodesplits and decodesplits+ncu.
 # A chain for SmolLM2 work: `bash scripts/device_carry.sh hide`, call 1 (e.g. stash)
 # carrying .whl .models/p1, `bash scripts/device_carry.sh restore`, call 2 (e.g. sweep) carrying
 # .models/p2 .data/spec_bench_dev.jsonl at once (the machine goes back 30 s after a call).
@@ -233,15 +233,7 @@ if [ "$stage" = onewavestep ]; then  # the fused 8B step at batch 1/4/16, one wa
     --batch-sizes 1,4,16 --max-model-len 8192
   collect onewavestep_ "graphed |Error"
 fi
-if [ "$stage" = decodesplits ] || [ "$stage" = decodesplits+ncu ]; then  # decode's kv split count at the 8B shape, batch 1/8 (~4 min)
-  # decode_bench's static bound is 4608 tokens at batches 1,8, so HOTSPEC_ATTN_SPLIT_BLOCKS=4 (the
-  # default) gives 18 splits at batch 1, 9 gives 8 (at context 512: 8 live splits of one tile, none
-  # dead), 18 gives 4; attn_bench at the 8B heads (session 9): s8 7.17 against auto 7.72 us
-  alternate decodesplits HOTSPEC_ATTN_SPLIT_BLOCKS "4 9 18" 90 python3 benchmarks/decode_bench.py \
-    --model llama8b-shape --mode graphed --context 512 --tokens 32 --batch-sizes 1,8
-  collect decodesplits_ "^ +(1|8) +[0-9.]+ "
-fi
-if [ "$stage" = ncu8b ] || [ "$stage" = decodesplits+ncu ]; then  # Nsight Compute on the 8B decode graph's kernels
+if [ "$stage" = ncu8b ]; then  # Nsight Compute on the 8B decode graph's kernels
   # (batch 1, 4 layers, graph nodes profiled one at a time: each kernel's own duration, without PDL
   # overlap, its occupancy and where its warps stall; ~3 min)
   NC=(ncu --clock-control none --graph-profiling node --target-processes all)

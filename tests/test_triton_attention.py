@@ -491,6 +491,17 @@ def test_gpu_cuda_graph_replay(kind, splits) -> None:
         assert rel <= 2e-2, f"{kind} replay seed {seed}: rel L2 {rel:.3g}"
 
 
+def _launch_rule_case(monkeypatch):
+    """A default backend that sees 132 SMs, a CUDA device to ask it about, and a decode and a
+    verify batch (only their plans are used: nothing is launched)."""
+    backend = TritonBackend(PAGE)
+    monkeypatch.setattr(backend, "_sms", lambda dev: 132)
+    decode = make_case(q_lens=[1], kv_lens=[9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
+    verify = make_case(q_lens=[2], kv_lens=[9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
+                       masks=[tree_mask(2)])[0]
+    return backend, torch.device("cuda", 0), decode, verify
+
+
 def test_split_counts_one_wave_for_multi_row_phases(monkeypatch) -> None:
     """kv splits at a server's static bound (8192) with 8 programs before splitting, on 132 SMs:
     decode aims at two waves (32 splits, the bound's limit); verify, draft and draft_extend (more
@@ -503,12 +514,7 @@ def test_split_counts_one_wave_for_multi_row_phases(monkeypatch) -> None:
     monkeypatch.setenv("HOTSPEC_ATTN_ROW_SPLITS", "-1")
     with pytest.raises(ValueError, match=r"HOTSPEC_ATTN_ROW_SPLITS='-1': use 0"):
         triton_backend._row_splits_switch()
-    backend = TritonBackend(PAGE)
-    monkeypatch.setattr(backend, "_sms", lambda dev: 132)
-    cuda = torch.device("cuda", 0)
-    decode = make_case(q_lens=[1], kv_lens=[9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
-    verify = make_case(q_lens=[2], kv_lens=[9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
-                       masks=[tree_mask(2)])[0]
+    backend, cuda, decode, verify = _launch_rule_case(monkeypatch)
     counts = {}
     for cap in (0, 8, 64):
         backend.row_splits = cap
@@ -532,12 +538,7 @@ def test_tile_rows_32_for_decode_of_few_programs(monkeypatch) -> None:
     """kv rows per tile on 132 SMs: 16-bit decode with at most 8 programs before splitting (the
     8B heads at batch 1) takes 32, more takes 64, as do the other phases; fp32 always 32; an
     explicit block_n always wins."""
-    backend = TritonBackend(PAGE)
-    monkeypatch.setattr(backend, "_sms", lambda dev: 132)
-    cuda = torch.device("cuda", 0)
-    decode = make_case(q_lens=[1], kv_lens=[9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
-    verify = make_case(q_lens=[2], kv_lens=[9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
-                       masks=[tree_mask(2)])[0]
+    backend, cuda, decode, verify = _launch_rule_case(monkeypatch)
     for fb in (decode, verify):
         backend.plan(fb)
     assert backend._block_n(decode.attn_meta, False, 8, cuda) == 32
