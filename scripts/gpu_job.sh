@@ -26,7 +26,7 @@
 #              `python scripts/ab_overlays.py NAME...` writes the named recipes there)
 #              against the default code, 8B decode at batch 1/8, alternated twice (~1 min each);
 #              OV_ENVS="VAR=VAL[,VAR=VAL] ..." adds one run per setting; OV_TESTS: pytest arguments
-#              for a GPU test run first
+#              for a GPU test run first; OV_RUNS: rounds (2; 1 for a first screening)
 #   ncu8b      Nsight Compute on the 8B decode graph's attention, combine and GEMV kernels (batch 1,
 #              4 layers): own duration, occupancy, warp stalls (~3 min)
 #   tails      the graph-tail rule beyond decode at batch 1: idle time between kernels in the
@@ -258,7 +258,7 @@ if [ "$stage" = overlays ]; then  # each ab_variants/NAME (files at repo paths, 
   done
   DA=(python3 benchmarks/decode_bench.py --model "${OV_MODEL:-llama8b-shape}" --mode graphed --context 512
     --tokens 32 --batch-sizes "${OV_BATCH:-1,8}")
-  for i in 1 2; do
+  for i in $(seq 1 "${OV_RUNS:-2}"); do
     step "ov_default_$i" 90 "${DA[@]}"
     for name in $OVS; do step "ov_${name}_$i" 90 env "PYTHONPATH=/tmp/ov_$name:/tmp/site" "${DA[@]}"; done
     for e in ${OV_ENVS:-}; do step "ov_env_${e//[^A-Za-z0-9_]/_}_$i" 90 env ${e//,/ } "${DA[@]}"; done
