@@ -255,8 +255,8 @@ def paged_attn_fwd(
             cnt = CNT + (b * tl.num_programs(2) + h)
             arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
             if arrived == num_splits - 1:
-                for g in tl.static_range(GROUP):
-                    merge_row(OPART, LSE, OUT, q_base, h * GROUP + g, stride_ps, stride_pt,
+                for gh in tl.static_range(GROUP):
+                    merge_row(OPART, LSE, OUT, q_base, h * GROUP + gh, stride_ps, stride_pt,
                               stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, num_splits,
                               HEAD_DIM, BLOCK_S, BLOCK_D, True)
                 tl.atomic_xchg(cnt, 0)
