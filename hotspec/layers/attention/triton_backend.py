@@ -105,15 +105,17 @@ _FOLD_ROPE = _rope_switch()
 
 
 def _fused_combine_switch() -> bool:
-    return on_off("HOTSPEC_ATTN_FUSED_COMBINE", True)
+    return on_off("HOTSPEC_ATTN_FUSED_COMBINE", False)
 
 
-# The fused split combine (HOTSPEC_ATTN_FUSED_COMBINE, on by default; 0 turns it off): at decode
-# (one row per request) the attention program that finishes a (request, kv head) last merges the
-# splits itself (triton_kernels.paged_attn_fwd, FUSE) instead of a combine_splits kernel after
-# it, which saves a kernel boundary per layer. On the H200 (RESULTS "Session 16"), 8B shape at
-# batch 1: with the combine kernel not launched at all (a knockout, wrong results) the step was
-# 3.92 against 3.98 ms, the bound of what fusing can give.
+# The fused split combine (HOTSPEC_ATTN_FUSED_COMBINE=1; off by default): at decode (one row per
+# request) the attention program that finishes a (request, kv head) last merges the splits
+# itself (triton_kernels.paged_attn_fwd, FUSE) instead of a combine_splits kernel after it, which
+# saves a kernel boundary per layer; its splits are capped so that the merge's partials fit in
+# registers (16 at the 8B heads). On the H200 (RESULTS "Session 16"), 8B shape: with the combine
+# kernel not launched at all (a knockout, wrong results) batch 1 ran 3.92 against 3.98 ms, the
+# bound of what fusing can give; the first fused version (every split count, one merge per query
+# head in turn) ran 4.15 against 3.98 ms at batch 1 and 4.87 against 4.75 at batch 8.
 _FUSED_COMBINE = _fused_combine_switch()
 
 
@@ -122,7 +124,7 @@ def describe() -> str:
     line = ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
             if _FOLD_ROPE else "RoPE and the KV store in their own kernel (HOTSPEC_ATTN_ROPE=0)")
     if _FUSED_COMBINE:
-        line += "; decode's kv splits merged by their last program (HOTSPEC_ATTN_FUSED_COMBINE=0)"
+        line += "; decode's kv splits merged by their last program (HOTSPEC_ATTN_FUSED_COMBINE=1)"
     if _ROW_SPLITS:
         line += (f"; at most {_ROW_SPLITS} kv splits with several rows per request, not one wave "
                  "(HOTSPEC_ATTN_ROW_SPLITS)")
@@ -154,7 +156,7 @@ class TritonBackend(AttentionBackend):
         HOTSPEC_ATTN_MASK_BITS switch, on by default); fold_rope lets decode batches pass RoPE
         and the KV store to the kernel (`folds_rope`; None: the HOTSPEC_ATTN_ROPE switch, on by
         default); fused_combine merges decode's kv splits in the attention kernel (None: the
-        HOTSPEC_ATTN_FUSED_COMBINE switch, on by default)."""
+        HOTSPEC_ATTN_FUSED_COMBINE switch, off by default)."""
         self.fused_combine = _FUSED_COMBINE if fused_combine is None else fused_combine
         self._counters: dict[torch.device, torch.Tensor] = {}
         self._retired: list[torch.Tensor] = []  # outgrown counters a captured graph may still use
@@ -299,6 +301,13 @@ class TritonBackend(AttentionBackend):
         q_blocks = triton.cdiv(max(rows, 1), block_q)
         block_n = self._block_n(p, is_fp32, q_blocks * b * hkv, q.device)
         splits = self._splits(p, q_blocks * b * hkv, block_n, q.device)
+        # the fused combine holds [group, splits, head_dim] fp32 partials in registers: at most
+        # 8192 (64 per thread), so decode's splits are capped there when it fuses
+        fuse_cap = 8192 // (gp * _pow2(d))
+        fuse = (self.fused_combine and p.width == 1 and q_blocks == 1 and fuse_cap >= 2
+                and splits > 1)
+        if fuse:
+            splits = min(splits, fuse_cap)
 
         if out is None:
             out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
@@ -330,7 +339,6 @@ class TritonBackend(AttentionBackend):
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
         launch = pdl.launch_kwargs(q.device, t)
         grid = (q_blocks * splits, b, hkv)
-        fuse = splits > 1 and self.fused_combine and p.width == 1 and q_blocks == 1
         fused: dict[str, object] = {}
         if fuse:
             fused = dict(CNT=self._split_counters(q.device, b * hkv), FUSE=True,

@@ -16,8 +16,8 @@ the device from kv_len), each program writes its normalised partial output and l
 `combine_splits` merges them (flash-decoding). With FUSE (decode only: one query row per request,
 one query block), the merge happens here instead: each split counts itself in on its (request, kv
 head)'s counter after storing its partial, and the split that arrives last merges the partials of
-the kv head's GROUP query heads (merge_kernels.merge_row, the same arithmetic as the combine
-kernel) and re-arms the counter to 0 for the next launch or graph replay; the pattern of the
+the kv head's GROUP query heads (merge_kernels.merge_group, the combine kernel's formula) and
+re-arms the counter to 0 for the next launch or graph replay; the pattern of the
 split-K GEMV (layers/gemv_kernels.py).
 
 F32_DOT: dots in fp32 with input_precision="ieee" (no tf32). Set for fp32 inputs, and for every
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (the interpreter fix)
-from hotspec.layers.attention.merge_kernels import merge_row
+from hotspec.layers.attention.merge_kernels import merge_group
 
 
 @triton.jit
@@ -255,10 +255,9 @@ def paged_attn_fwd(
             cnt = CNT + (b * tl.num_programs(2) + h)
             arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
             if arrived == num_splits - 1:
-                for gh in tl.static_range(GROUP):
-                    merge_row(OPART, LSE, OUT, q_base, h * GROUP + gh, stride_ps, stride_pt,
-                              stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, num_splits,
-                              HEAD_DIM, BLOCK_S, BLOCK_D, True)
+                merge_group(OPART, LSE, OUT, q_base, h * GROUP, stride_ps, stride_pt, stride_ph,
+                            stride_ls, stride_lt, stride_ot, stride_oh, num_splits, GROUP,
+                            GROUP_PAD, HEAD_DIM, BLOCK_S, BLOCK_D)
                 tl.atomic_xchg(cnt, 0)
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
