@@ -43,7 +43,7 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
     "ko_attn": [_ATTN_RETURN],
     "ko_comb": [_COMB_RETURN],
     "ko_both": [_ATTN_RETURN, _COMB_RETURN],
-    "ko_comb_launch": [(BACKEND, "        if splits > 1:\n            comb_wait",
+    "ko_comb_launch": [(BACKEND, "        if splits > 1 and not fuse:\n            comb_wait",
                         "        if splits > 1 and splits < 0:  # KNOCKOUT: no combine launch\n"
                         "            comb_wait")],
     "kb_noloop": [(KERNELS, '    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)',
