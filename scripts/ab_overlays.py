@@ -35,15 +35,12 @@ _PDL_ATTN = (BACKEND, "        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.ch
              "        launch = {\"launch_pdl\": True} if use_pdl else {}")
 _WARPS = "        num_warps = self.num_warps or 4"
 
-_FUSED_ON = (BACKEND, 'on_off("HOTSPEC_ATTN_FUSED_COMBINE", False)',
-             'on_off("HOTSPEC_ATTN_FUSED_COMBINE", True)  # VARIANT')
-
 # name -> [(file, old text, new text), ...]
 RECIPES: dict[str, list[tuple[str, str, str]]] = {
     "ko_attn": [_ATTN_RETURN],
     "ko_comb": [_COMB_RETURN],
     "ko_both": [_ATTN_RETURN, _COMB_RETURN],
-    "ko_comb_launch": [(BACKEND, "        if splits > 1 and not fuse:\n            comb_wait",
+    "ko_comb_launch": [(BACKEND, "        if splits > 1:\n            comb_wait",
                         "        if splits > 1 and splits < 0:  # KNOCKOUT: no combine launch\n"
                         "            comb_wait")],
     "kb_noloop": [(KERNELS, '    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)',
@@ -58,9 +55,6 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
     "kb_deadexit": [(KERNELS, "    if ROPE:  # decode: the program whose kv range holds",
                      "    if hi <= lo:  # KNOCKOUT: dead splits exit\n        return\n"
                      "    if ROPE:  # decode: the program whose kv range holds")],
-    # the fused split combine, with the attention letting o_proj's GEMV launch only at its end
-    "fc_late": [_FUSED_ON, (KERNELS, _LAUNCHED + "    pid0 = tl.program_id(0)",
-                            "    pid0 = tl.program_id(0)  # VARIANT: no early launch of o_proj")],
     "pdl_attn": [_PDL_ATTN],
     "pdl_both": [_PDL_ATTN, (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
                              "            comb_wait = use_pdl  # VARIANT")],

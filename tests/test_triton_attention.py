@@ -277,63 +277,6 @@ def test_split_kv_verify_and_padding() -> None:
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=4, block_n=16))
 
 
-def _fused_vs_kernel(monkeypatch, fb, q, kc, vc, splits: int | None, block_n: int | None = None
-                     ) -> None:
-    """Decode's kv splits merged by their last program (the fused combine) give the combine
-    kernel's result (same splits, same formula; the sums may round apart), launch no combine
-    kernel, and leave the counters at 0, so a second launch (a graph replay) merges again."""
-    scale = q.shape[-1] ** -0.5
-    base = TritonBackend(PAGE, num_splits=splits, block_n=block_n, fused_combine=False)
-    base.plan(fb)
-    want = base.forward(fb, q, kc, vc, scale)
-    monkeypatch.setattr(triton_backend, "combine_splits", None)  # a combine launch would fail
-    fused = TritonBackend(PAGE, num_splits=splits, block_n=block_n, fused_combine=True)
-    fused.plan(fb)
-    for _ in range(2):
-        got = fused.forward(fb, q, kc, vc, scale)
-        ulps = (got.float() - want.float()).abs() / (torch.finfo(want.dtype).eps
-                                                     * want.float().abs().clamp_min(1e-6))
-        assert ulps.max().item() <= 2, f"fused and kernel merges {ulps.max().item():.1f} ulps apart"
-        assert not fused._counters[q.device].any(), "a split counter was left armed"
-
-
-@pytest.mark.parametrize("case", ["g4-bf16", "g3-f32"])
-@pytest.mark.parametrize("splits", [2, 5])
-def test_fused_split_combine_matches_the_combine_kernel(monkeypatch, case: str, splits: int) -> None:
-    group, dtype = {"g4-bf16": (4, BF16), "g3-f32": (3, F32)}[case]
-    fb, q, kc, vc = make_case(q_lens=[1, 1, 1], kv_lens=[1, 40, 170], width=1, hq=group * HKV,
-                              hkv=HKV, d=64, dtype=dtype, seed=11)
-    _fused_vs_kernel(monkeypatch, fb, q, kc, vc, splits, block_n=16)
-
-
-def test_fused_split_combine_only_at_decode_and_with_the_switch(monkeypatch) -> None:
-    """Verify (several rows per request) keeps the combine kernel, even with the switch on; so
-    does decode with it off (HOTSPEC_ATTN_FUSED_COMBINE, read at import; off by default)."""
-    n = 4
-    fb, q, kc, vc = make_case(q_lens=[n, n], kv_lens=[n, 90 + n], width=n, hq=4, hkv=2, d=64,
-                              dtype=BF16, seed=12, masks=[tree_mask(n), tree_mask(n)])
-    launched = []
-    real = triton_backend.combine_splits
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(triton_backend, "combine_splits", Spy())
-    monkeypatch.setattr(triton_backend, "_FUSED_COMBINE", True)
-    check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=3, block_n=16))
-    assert len(launched) == 1
-    monkeypatch.setattr(triton_backend, "_FUSED_COMBINE", False)
-    fb, q, kc, vc = make_case(q_lens=[1], kv_lens=[70], width=1, hq=4, hkv=2, d=64, dtype=BF16,
-                              seed=13)
-    check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=3, block_n=16))
-    assert len(launched) == 2
-    monkeypatch.setenv("HOTSPEC_ATTN_FUSED_COMBINE", "2")
-    with pytest.raises(ValueError, match="HOTSPEC_ATTN_FUSED_COMBINE"):
-        triton_backend._fused_combine_switch()
-
-
 def _rope_case(group: int, dtype: torch.dtype, seed: int, kv_lens: list[int], d: int = 64,
                device: torch.device = DEV):
     """A decode batch with the step's raw k, v, the positions and cache slots of its new tokens
@@ -436,18 +379,6 @@ def test_gpu_decode(shape, batch, splits) -> None:
     fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, dtype=BF16, seed=101,
                               **shape)
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
-@pytest.mark.parametrize("batch", [1, 8])
-def test_gpu_fused_split_combine(monkeypatch, shape, batch) -> None:
-    kv = [530] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
-    fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, dtype=BF16, seed=102,
-                              **shape)
-    fb.max_kv = 8192  # the split count of a graph's static bound (capped when fused)
-    check(fb, q, kc, vc, backend=TritonBackend(PAGE, fused_combine=True))
-    _fused_vs_kernel(monkeypatch, fb, q, kc, vc, 16)
 
 
 @pytest.mark.gpu

@@ -15,9 +15,7 @@ Design
     padding rows (i >= q_len) see kv index 0 only.
   * split-KV (flash-decoding) for uniform phases that launch too few programs to fill the GPU
     (e.g. decode / verify at small batch): each split covers 1/num_splits of the tile's kv range
-    (chunk computed on the device) and `combine_splits` merges partial outputs by log-sum-exp;
-    at decode the split that finishes last merges them instead (the fused combine, a counter per
-    (request, kv head) that the kernel leaves at 0).
+    (chunk computed on the device) and `combine_splits` merges partial outputs by log-sum-exp.
   * fp32 / fp16 / bf16; fp32 accumulation; output in q's dtype. fp32 dots use
     input_precision="ieee" (no tf32), so fp32 results match the reference closely.
 
@@ -104,27 +102,10 @@ def _rope_switch() -> bool:
 _FOLD_ROPE = _rope_switch()
 
 
-def _fused_combine_switch() -> bool:
-    return on_off("HOTSPEC_ATTN_FUSED_COMBINE", False)
-
-
-# The fused split combine (HOTSPEC_ATTN_FUSED_COMBINE=1; off by default): at decode (one row per
-# request) the attention program that finishes a (request, kv head) last merges the splits
-# itself (triton_kernels.paged_attn_fwd, FUSE) instead of a combine_splits kernel after it, which
-# saves a kernel boundary per layer; its splits are capped so that the merge's partials fit in
-# registers (16 at the 8B heads). On the H200 (RESULTS "Session 16"), 8B shape: with the combine
-# kernel not launched at all (a knockout, wrong results) batch 1 ran 3.92 against 3.98 ms, the
-# bound of what fusing can give; the first fused version (every split count, one merge per query
-# head in turn) ran 4.15 against 3.98 ms at batch 1 and 4.87 against 4.75 at batch 8.
-_FUSED_COMBINE = _fused_combine_switch()
-
-
 def describe() -> str:
     """The attention's RoPE fold and split cap, for the start-up log."""
     line = ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
             if _FOLD_ROPE else "RoPE and the KV store in their own kernel (HOTSPEC_ATTN_ROPE=0)")
-    if _FUSED_COMBINE:
-        line += "; decode's kv splits merged by their last program (HOTSPEC_ATTN_FUSED_COMBINE=1)"
     if _ROW_SPLITS:
         line += (f"; at most {_ROW_SPLITS} kv splits with several rows per request, not one wave "
                  "(HOTSPEC_ATTN_ROW_SPLITS)")
@@ -149,17 +130,13 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
                  num_stages: int = 2, mask_bits: bool | None = None,
-                 fold_rope: bool | None = None, fused_combine: bool | None = None) -> None:
+                 fold_rope: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
         HOTSPEC_ATTN_MASK_BITS switch, on by default); fold_rope lets decode batches pass RoPE
         and the KV store to the kernel (`folds_rope`; None: the HOTSPEC_ATTN_ROPE switch, on by
-        default); fused_combine merges decode's kv splits in the attention kernel (None: the
-        HOTSPEC_ATTN_FUSED_COMBINE switch, off by default)."""
-        self.fused_combine = _FUSED_COMBINE if fused_combine is None else fused_combine
-        self._counters: dict[torch.device, torch.Tensor] = {}
-        self._retired: list[torch.Tensor] = []  # outgrown counters a captured graph may still use
+        default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
         self.block_size = block_size
@@ -244,21 +221,6 @@ class TritonBackend(AttentionBackend):
         by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
         return max(1, min(want, by_len, cap))
 
-    def _split_counters(self, dev: torch.device, n: int) -> torch.Tensor:
-        """At least n zeroed int32 counters on `dev` for the fused combine: allocated once (and
-        grown) outside CUDA-graph capture; each launch leaves them at 0 again."""
-        c = self._counters.get(dev)
-        if c is None or c.numel() < n:
-            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    "attention's split counters are allocated on first use, which must not be "
-                    "under CUDA-graph capture: run the batch size once eagerly first (warm-up)")
-            if c is not None:
-                self._retired.append(c)
-            c = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
-            self._counters[dev] = c
-        return c
-
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: the
         switch (HOTSPEC_ATTN_ROPE, or the constructor's fold_rope), and a decode-like batch (one
@@ -301,13 +263,6 @@ class TritonBackend(AttentionBackend):
         q_blocks = triton.cdiv(max(rows, 1), block_q)
         block_n = self._block_n(p, is_fp32, q_blocks * b * hkv, q.device)
         splits = self._splits(p, q_blocks * b * hkv, block_n, q.device)
-        # the fused combine holds [group, splits, head_dim] fp32 partials in registers: at most
-        # 8192 (64 per thread), so decode's splits are capped there when it fuses
-        fuse_cap = 8192 // (gp * _pow2(d))
-        fuse = (self.fused_combine and p.width == 1 and q_blocks == 1 and fuse_cap >= 2
-                and splits > 1)
-        if fuse:
-            splits = min(splits, fuse_cap)
 
         if out is None:
             out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
@@ -339,10 +294,6 @@ class TritonBackend(AttentionBackend):
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
         launch = pdl.launch_kwargs(q.device, t)
         grid = (q_blocks * splits, b, hkv)
-        fused: dict[str, object] = {}
-        if fuse:
-            fused = dict(CNT=self._split_counters(q.device, b * hkv), FUSE=True,
-                         BLOCK_S=_pow2(splits))
         paged_attn_fwd[grid](
             q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
@@ -354,10 +305,10 @@ class TritonBackend(AttentionBackend):
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
-            **_rope_kwargs(rope, k_cache), **fused,
+            **_rope_kwargs(rope, k_cache),
             num_warps=num_warps, num_stages=self.num_stages, **launch,
         )
-        if splits > 1 and not fuse:
+        if splits > 1:
             comb_wait = pdl.chained(q.device, t)
             combine_splits[(t, hq)](
                 opart, lse, out,

@@ -13,12 +13,7 @@ kv_lens on the device, so the grid never depends on kv lengths (CUDA-graph safe)
 
 With SPLIT, the kv range of a tile is cut into `num_splits` equal chunks (chunk size computed on
 the device from kv_len), each program writes its normalised partial output and log2-sum-exp, and
-`combine_splits` merges them (flash-decoding). With FUSE (decode only: one query row per request,
-one query block), the merge happens here instead: each split counts itself in on its (request, kv
-head)'s counter after storing its partial, and the split that arrives last merges the partials of
-the kv head's GROUP query heads (merge_kernels.merge_group, the combine kernel's formula) and
-re-arms the counter to 0 for the next launch or graph replay; the pattern of the
-split-K GEMV (layers/gemv_kernels.py).
+`combine_splits` merges them (flash-decoding).
 
 F32_DOT: dots in fp32 with input_precision="ieee" (no tf32). Set for fp32 inputs, and for every
 dtype under TRITON_INTERPRET, whose tl.dot multiplies the raw uint16 bit patterns of bf16 tensors;
@@ -31,7 +26,6 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (the interpreter fix)
-from hotspec.layers.attention.merge_kernels import merge_group
 
 
 @triton.jit
@@ -138,7 +132,6 @@ def paged_attn_fwd(
     ROPE: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
-    CNT=None, FUSE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pid0 = tl.program_id(0)
@@ -250,15 +243,6 @@ def paged_attn_fwd(
         p_ptrs = OPART + sp * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
         tl.store(p_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE + sp * stride_ls + tok * stride_lt + head, lse, mask=row_ok)
-        if FUSE:  # decode (width 1, qb 0): the split that arrives last merges the kv head's rows
-            tl.debug_barrier()  # every thread's partial is stored before the counter moves
-            cnt = CNT + (b * tl.num_programs(2) + h)
-            arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
-            if arrived == num_splits - 1:
-                merge_group(OPART, LSE, OUT, q_base, h * GROUP, stride_ps, stride_pt, stride_ph,
-                            stride_ls, stride_lt, stride_ot, stride_oh, num_splits, GROUP,
-                            GROUP_PAD, HEAD_DIM, BLOCK_S, BLOCK_D)
-                tl.atomic_xchg(cnt, 0)
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
