@@ -200,7 +200,7 @@ fi
 if [ "$stage" = gemvsweep ]; then  # the 8B one-row GEMV table, A/B inside the graphed decode step
   GV=(python3 benchmarks/decode_bench.py --model llama8b-shape --mode graphed --context 512 --tokens 32
     --batch-sizes 1)
-  step gemv_tests 120 python3 -m pytest -q tests/test_gemv.py -k overrides
+  step gemv_tests 120 python3 -m pytest -q tests/test_gemv.py -k "overrides or pipelined"
   step gemv_default_1 60 "${GV[@]}"
   i=0
   for v in ${GEMV_VARIANTS:-"1,4096,14336,silu=16,512,1,4,2" "1,4096,14336,silu=16,512,4,4,2" \

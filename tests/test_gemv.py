@@ -79,6 +79,62 @@ def test_split_k_matches_and_rearms_its_counters(m, split):
     assert not cnt.any(), "the last program of each tile resets its counter"
 
 
+@pytest.mark.parametrize("silu,split", [(False, 1), (True, 1), (True, 2), (False, 3)])
+def test_pipelined_row_loop_same_bits(silu, split):
+    """PIPE=2 (the next weight tile's loads issued before the current tile's products) sums the
+    same products in the same order as PIPE=1: equal bits, with ragged K slices and N."""
+    x, w = _inputs(1, N, K, silu, seed=50 + split)
+    one = gk.gemv(x, w, silu_mul=silu, config=gk.GemvConfig(16, 32, split, 4, 1))
+    two = gk.gemv(x, w, silu_mul=silu, config=gk.GemvConfig(16, 32, split, 4, 1, PIPE=2))
+    _check(two, x, w, silu)
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("res", [True, False], ids=["add+norm", "norm"])
+def test_norm_gemv_pipelined_same_bits(res):
+    x, w = _inputs(1, N, K, False, seed=52)
+    g = torch.Generator(device=DEV).manual_seed(53)
+    r = (torch.randn(1, K, generator=g, device=DEV) * 2).to(BF16) if res else None
+    nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(BF16)
+    y1, s1 = ng.norm_gemv(x, r, nw, 1e-5, w, gk.GemvConfig(16, 32, 1, 4, 1))
+    y2, s2 = ng.norm_gemv(x, r, nw, 1e-5, w, gk.GemvConfig(16, 32, 1, 4, 1, PIPE=2))
+    assert torch.equal(y1, y2) and torch.equal(s1, s2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,silu,cfg", [
+    (4096, 4096, False, gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2)),
+    (4096, 14336, True, gk.GemvConfig(4, 1024, 2, 4, 1, PIPE=2)),
+    (4096, 14336, True, gk.GemvConfig(8, 1024, 1, 4, 1, PIPE=2)),
+    (576, 1536, True, gk.GemvConfig(8, 512, 1, 4, 1, PIPE=2)),
+    (960, 576, False, gk.GemvConfig(8, 512, 1, 4, 1, PIPE=2))],
+    ids=["o", "down-split2", "down", "smol-down", "smol-qkv"])
+def test_gpu_pipelined_row_loop_same_bits(n, k, silu, cfg):
+    """At real shapes, with PDL and the preload where they apply: PIPE=2 equals PIPE=1 bit for bit."""
+    from dataclasses import replace
+
+    x, w = _inputs(1, n, k, silu, seed=n + k)
+    two = gk.gemv(x, w, silu_mul=silu, config=cfg)
+    _check(two, x, w, silu)
+    assert torch.equal(two, gk.gemv(x, w, silu_mul=silu, config=replace(cfg, PIPE=1)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,cfg", [(6144, gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2)),
+                                   (28672, gk.GemvConfig(8, 1024, 1, 4, 1, PIPE=2)),
+                                   (6144, gk.GemvConfig(8, 512, 1, 4, 1, PIPE=2))])
+def test_gpu_norm_gemv_pipelined_same_bits(n, cfg):
+    from dataclasses import replace
+
+    x, w = _inputs(1, n, 4096, False, seed=n)
+    g = torch.Generator(device=DEV).manual_seed(54)
+    r = (torch.randn(1, 4096, generator=g, device=DEV) * 2).to(BF16)
+    nw = (1 + 0.1 * torch.randn(4096, generator=g, device=DEV)).to(BF16)
+    y2, s2 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
+    y1, s1 = ng.norm_gemv(x, r, nw, 1e-5, w, replace(cfg, PIPE=1))
+    assert torch.equal(y1, y2) and torch.equal(s1, s2)
+
+
 @pytest.mark.parametrize("m", [1, 4])
 def test_row_strided_x(m):
     """x as columns of a wider tensor (a view with row stride != K): same result as a copy."""
@@ -161,19 +217,20 @@ def test_config_overrides(monkeypatch):
     """HOTSPEC_GEMV_CONFIGS replaces or adds table rows (A/B runs in the decode step); the
     overriding config runs and matches F.linear; a malformed entry is an error naming it."""
     monkeypatch.setenv("HOTSPEC_GEMV_CONFIGS", "1,4096,14336,silu=16,512,4,4,2; 1,28672,4096=16,256,1,4,4;"
-                       " 1,96,200=16,128,2,4,2")
+                       " 1,96,200=16,128,2,4,2; 1,4096,4096=4,1024,1,4,1,2")
     gk.overrides.cache_clear()
     try:
         assert gk.choose(1, 4096, 14336, silu_mul=True) == gk.GemvConfig(16, 512, 4, 4, 2)
         assert gk.choose(1, 28672, 4096) == gk.GemvConfig(16, 256, 1, 4, 4)  # was cuBLAS
-        assert gk.choose(1, 4096, 4096) == gk.CONFIGS[(1, 4096, 4096, False)]  # untouched
+        assert gk.choose(1, 4096, 4096) == gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2)
+        assert gk.choose(1, 6144, 4096) == gk.CONFIGS[(1, 6144, 4096, False)]  # untouched
         assert gk.choose(1, 28672, 4096, heuristic=False) == gk.GemvConfig(16, 256, 1, 4, 4)
         cfg = gk.choose(1, 96, 200)
         assert cfg == gk.GemvConfig(16, 128, 2, 4, 2)
         x, w = _inputs(1, 96, 200, False, seed=5)
         _check(gk.gemv(x, w, config=cfg), x, w, False)
         for bad in ("1,4096,4096=8,512,1,4", "1,4096=8,512,1,4,3", "1,4096,4096,gelu=8,512,1,4,3",
-                    "1,4096,4096=8,0,1,4,3", "x"):
+                    "1,4096,4096=8,0,1,4,3", "1,4096,4096=8,512,1,4,3,3", "x"):
             monkeypatch.setenv("HOTSPEC_GEMV_CONFIGS", bad)
             gk.overrides.cache_clear()
             with pytest.raises(ValueError, match="HOTSPEC_GEMV_CONFIGS entry"):

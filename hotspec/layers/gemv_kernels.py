@@ -47,6 +47,10 @@ class GemvConfig:
     SPLIT_K: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    # one-row kernels: weight tiles in registers per program; 2 issues the next tile's loads
+    # before the current tile's products (Triton does not pipeline this loop: num_stages does
+    # not reach it)
+    PIPE: int = 1
 
 
 # Where the kernel beat cuBLAS on the H200 (benchmarks/gemv_bench.py, 2026-11-30; RESULTS.md,
@@ -95,8 +99,8 @@ def overrides() -> dict[tuple[int, int, int, bool], GemvConfig]:
     """HOTSPEC_GEMV_CONFIGS, for A/B runs of the table inside the decode step (PDL and the
     preload included, which gemv_bench.py's isolated timings leave out): entries
     `M,N,K[,silu]=BLOCK_N,BLOCK_K,SPLIT_K,num_warps,num_stages` separated by `;`, each replacing
-    (or adding) the row for bucket(M), e.g. `1,4096,14336,silu=16,512,4,4,2`. A bad entry is an
-    error naming the variable."""
+    (or adding) the row for bucket(M), e.g. `1,4096,14336,silu=16,512,4,4,2`; a sixth value sets
+    PIPE (`...=8,1024,1,4,1,2`). A bad entry is an error naming the variable."""
     raw = os.environ.get("HOTSPEC_GEMV_CONFIGS", "").strip()
     out: dict[tuple[int, int, int, bool], GemvConfig] = {}
     for entry in filter(None, (e.strip() for e in raw.split(";"))):
@@ -107,12 +111,13 @@ def overrides() -> dict[tuple[int, int, int, bool], GemvConfig]:
                 raise ValueError
             m, n, k = (int(p) for p in parts[:3])
             vals = [int(v) for v in val.split(",")]
-            if len(vals) != 5 or min(m, n, k, *vals) < 1:
+            if len(vals) not in (5, 6) or min(m, n, k, *vals) < 1 or vals[5:] not in ([], [1], [2]):
                 raise ValueError
             cfg = GemvConfig(*vals)
         except ValueError:
             raise ValueError(f"HOTSPEC_GEMV_CONFIGS entry {entry!r}: use M,N,K[,silu]=BLOCK_N,"
-                             "BLOCK_K,SPLIT_K,num_warps,num_stages (positive integers)") from None
+                             "BLOCK_K,SPLIT_K,num_warps,num_stages[,PIPE] (positive integers; "
+                             "PIPE 1 or 2)") from None
         out[(bucket(m), n, k, len(parts) == 4)] = cfg
     return out
 
@@ -150,7 +155,7 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  F32_DOT: tl.constexpr, PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                 PRELOAD: tl.constexpr = False):
+                 PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1):
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
     PDL (layers/pdl.py): the program's first weight panel goes to L2, and with PRELOAD its first
@@ -166,7 +171,7 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
     _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
-               w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD)
+               w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD, PIPE)
 
 
 @triton.jit
@@ -196,10 +201,45 @@ def _mac(acc, w, x, BLOCK_M: tl.constexpr, F32_DOT: tl.constexpr):
 
 
 @triton.jit
+def _w_tile(w_ptr, n_ok, k_ok, EVEN_K: tl.constexpr):
+    """A [BLOCK_N, BLOCK_K] weight tile (rows past N, and columns outside the slice unless EVEN_K,
+    read as 0), streamed past L1."""
+    if EVEN_K:
+        return tl.load(w_ptr, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+    return tl.load(w_ptr, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k, K, k_lo, k_hi, SILU: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRELOAD: tl.constexpr):
+    """The one-row loop over tiles [k_lo, k_hi) with two weight tiles in registers (PIPE=2): the
+    loads of tile i + 1 are issued before tile i's products, so each program keeps a tile in
+    flight while it computes. The same products summed in the same order as the plain loop (bits
+    equal). With PRELOAD, w0 is tile 0 (loaded before the PDL wait)."""
+    if PRELOAD:
+        w_cur = w0
+    else:
+        w_cur = _w_tile(w_ptr, n_ok, (k_lo + offs_k) < k_hi, EVEN_K)
+    k_cur = k_lo
+    for k in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        w_nxt = _w_tile(w_ptr + (k - k_lo), n_ok, (k + offs_k) < k_hi, EVEN_K)
+        if EVEN_K:
+            x = _x_tile(x_ptr + (k_cur - k_lo), K, offs_k[None, :] >= 0, SILU)
+        else:
+            x = _x_tile(x_ptr + (k_cur - k_lo), K, ((k_cur + offs_k) < k_hi)[None, :], SILU)
+        acc += w_cur.to(tl.float32) * x.to(tl.float32)
+        w_cur = w_nxt
+        k_cur = k
+    x = _x_tile(x_ptr + (k_cur - k_lo), K, ((k_cur + offs_k) < k_hi)[None, :], SILU)
+    return acc + w_cur.to(tl.float32) * x.to(tl.float32)
+
+
+@triton.jit
 def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
                w0, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-               F32_DOT: tl.constexpr, PRELOAD: tl.constexpr):
+               F32_DOT: tl.constexpr, PRELOAD: tl.constexpr, PIPE: tl.constexpr = 1):
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -214,7 +254,11 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = k_lo
-    if PRELOAD:  # the first tile, loaded before the wait (whole): the loop's first step
+    if BLOCK_M == 1 and PIPE == 2:  # the next tile's loads in flight during this tile's products
+        acc = _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k, K, k_lo, k_hi, SILU, BLOCK_K,
+                             EVEN_K, PRELOAD)
+        k_start = k_hi  # (the loop below runs no step)
+    elif PRELOAD:  # the first tile, loaded before the wait (whole): the loop's first step
         acc = _mac(acc, w0, _x_tile(x_ptr, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)
         k_start = k_lo + BLOCK_K
         w_ptr += BLOCK_K
@@ -312,6 +356,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         PF_COLS=pdl.prefetch_cols(w),
         PRELOAD=pdl.preloads(use_pdl, m == 1, k - (cfg.SPLIT_K - 1) * k_split,
                              cfg.BLOCK_K),
+        PIPE=cfg.PIPE if m == 1 else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 

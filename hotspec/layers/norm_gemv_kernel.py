@@ -60,7 +60,7 @@ def normed_tile(X, R, G, kk, k_ok, inv, HAS_RES: tl.constexpr):
 def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr,
                       PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                      PRELOAD: tl.constexpr = False):
+                      PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1):
     pid = tl.program_id(0)
     offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:  # weights to L2 (and with PRELOAD a tile to registers) before the wait (layers/pdl.py)
@@ -74,7 +74,28 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
     n_ok = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     k_start = 0
-    if PRELOAD:  # the first tile (whole), loaded before the wait: the loop's first step
+    if PIPE == 2:  # the next tile's loads in flight during this tile's products (gemv_kernels)
+        if PRELOAD:
+            w_cur = w0
+        else:
+            w_cur = tl.load(W + offs_n[:, None] * stride_wn + offs_k[None, :],
+                            mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0,
+                            eviction_policy="evict_first")
+        k_cur = 0
+        k2 = offs_k[None, :]  # the input as [1, BLOCK_K] tiles: the weight tile's layout
+        for k in range(BLOCK_K, K, BLOCK_K):
+            kk = k + offs_k
+            w_nxt = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :],
+                            mask=n_ok[:, None] & (kk < K)[None, :], other=0.0,
+                            eviction_policy="evict_first")
+            kc = k_cur + k2
+            acc += w_cur.to(tl.float32) * normed_tile(X, R, G, kc, kc < K, inv, HAS_RES)
+            w_cur = w_nxt
+            k_cur = k
+        kc = k_cur + k2
+        acc += w_cur.to(tl.float32) * normed_tile(X, R, G, kc, kc < K, inv, HAS_RES)
+        k_start = K  # (the loop below runs no step)
+    elif PRELOAD:  # the first tile (whole), loaded before the wait: the loop's first step
         acc += w0.to(tl.float32) * normed_tile(X, R, G, offs_k, offs_k < K, inv, HAS_RES)[None, :]
         k_start = BLOCK_K
     for k in range(k_start, K, BLOCK_K):
@@ -108,7 +129,7 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         x, r, norm_weight, w, y, s, n, k, eps, w.stride(0), HAS_RES=residual is not None,
         BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_ROW=triton.next_power_of_2(k),
         PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K),
+        PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K), PIPE=config.PIPE,
         num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s
