@@ -6,6 +6,11 @@ SPLIT_K slices of K) and streams its [BLOCK_N, K/SPLIT_K] weight panel in [BLOCK
 
   M == 1   the products w * x accumulate elementwise into a [BLOCK_N, BLOCK_K] fp32 tile that is
            reduced over K once, after the loop (no tensor cores, no per-tile reductions).
+           Triton does not software-pipeline this loop (num_stages does not reach it: each tile
+           is loaded into registers, then used), so PIPE=2 does it by hand: the next tile's
+           loads are issued before the current tile's products. With BLOCK_K = 8 * 32 *
+           num_warps (1024 at 4 warps) the weight tile and x get the same register layout, so no
+           tile goes through shared memory to change layout (at 512 every tile does).
   M > 1    x is padded to 16 rows (masked loads) and the tiles go through tl.dot, fp32 accumulate.
 
 silu_mul=True: x is a fused gate_up output [M, 2K] = [gate | up]; the kernel reads both halves and
