@@ -34,6 +34,8 @@ _PDL_ATTN = (BACKEND, "        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.ch
              "        use_pdl = pdl.enabled(q.device)\n        pdl_wait = use_pdl  # VARIANT\n"
              "        launch = {\"launch_pdl\": True} if use_pdl else {}")
 _WARPS = "        num_warps = self.num_warps or 4"
+_ST1 = (BACKEND, "num_warps=num_warps, num_stages=self.num_stages, **launch,",
+        "num_warps=num_warps, num_stages=1 if p.width == 1 else self.num_stages, **launch,")
 
 # name -> [(file, old text, new text), ...]
 RECIPES: dict[str, list[tuple[str, str, str]]] = {
@@ -55,11 +57,26 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
     "kb_deadexit": [(KERNELS, "    if ROPE:  # decode: the program whose kv range holds",
                      "    if hi <= lo:  # KNOCKOUT: dead splits exit\n        return\n"
                      "    if ROPE:  # decode: the program whose kv range holds")],
+    # K/V tiles read with L2 evict_last (the weights stream with evict_first), so that the
+    # context's K/V may stay in L2 from one step to the next (unmeasured). Decode with one stage:
+    # the pipelined cp.async loads (LDGSTS) drop the hint, plain loads keep it (LDG.E.EL.128)
+    "kv_evict_last": [_ST1,
+        (KERNELS, "                         mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, N]",
+         "                         mask=n_ok[None, :] & d_ok[:, None], other=0.0,\n"
+         "                         eviction_policy=\"evict_last\")  # VARIANT [D, N]"),
+        (KERNELS, "                kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None])",
+         "                kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],\n"
+         "                             eviction_policy=\"evict_last\")  # VARIANT"),
+        (KERNELS, "                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [N, D]",
+         "                        mask=n_ok[:, None] & d_ok[None, :], other=0.0,\n"
+         "                        eviction_policy=\"evict_last\")  # VARIANT [N, D]"),
+        (KERNELS, "            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :])",
+         "            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],\n"
+         "                        eviction_policy=\"evict_last\")  # VARIANT")],
     "pdl_attn": [_PDL_ATTN],
     "pdl_both": [_PDL_ATTN, (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
                              "            comb_wait = use_pdl  # VARIANT")],
-    "st1": [(BACKEND, "num_warps=num_warps, num_stages=self.num_stages, **launch,",
-             "num_warps=num_warps, num_stages=1 if p.width == 1 else self.num_stages, **launch,")],
+    "st1": [_ST1],
     **{f"w{w}": [(BACKEND, _WARPS, f"        num_warps = self.num_warps or ({w} if p.width == 1 else 4)")]
        for w in (1, 2, 8)},
 }
