@@ -32,6 +32,9 @@
 #   tails      the graph-tail rule beyond decode at batch 1: idle time between kernels in the
 #              speculative graphs (fused step and each phase, SmolLM2 and 8B shapes), and the 8B LM
 #              head on the PDL-launched Triton GEMV against cuBLAS, with timelines (~5 min)
+#   persist    benchmarks/persistent_chain_bench.py: an 8B layer's four GEMV streams as one
+#              persistent kernel with grid barriers against the four PDL-launched GEMV kernels
+#              (PERSIST_PPS: programs per SM, 1,2,3,4; three tile shapes; ~2 min; unmeasured)
 #   gemvsweep  8B decode at batch 1 with each of GEMV_VARIANTS (HOTSPEC_GEMV_CONFIGS entries; a
 #              default list of down / o / qkv / gate_up configs) between two default runs (~5 min;
 #              session 13: every one of the default list slower than the table)
@@ -213,6 +216,17 @@ if [ "$stage" = gemvsweep ]; then  # the 8B one-row GEMV table, A/B inside the g
     echo "gemv_v$i = $v" >> "$OUT/status.txt"
   done
   step gemv_default_2 60 "${GV[@]}"
+fi
+if [ "$stage" = persist ]; then  # issue 5: a persistent kernel against the chain of PDL GEMVs (~2 min)
+  step persist_tests 300 python3 -m pytest -q tests/test_persistent_chain_bench.py
+  for tile in "8 512" "4 1024" "16 256"; do
+    read -r bn bk <<< "$tile"
+    step "persist_${bn}x$bk" 120 python3 benchmarks/persistent_chain_bench.py --layers 8 \
+      --programs-per-sm "${PERSIST_PPS:-1,2,3,4}" --block-n "$bn" --block-k "$bk"
+  done
+  for f in "$OUT"/persist_[0-9]*.log; do
+    grep -E "us/layer|^chain|^persistent" "$f" | sed "s|^|$(basename "$f" .log): |"
+  done >> "$OUT/status.txt"
 fi
 if [ "$stage" = onewave ]; then  # the multi-row phases' one-wave split count against two waves (~5 min)
   step onewave_tests 300 python3 -m pytest -q -m gpu tests/test_triton_attention.py
