@@ -55,37 +55,58 @@ def _first_tile(W, pid, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.cons
 
 
 @triton.jit
+def _w(W, offs_n, n_ok, kk, K, stride_wn):
+    return tl.load(W + offs_n[:, None] * stride_wn + kk[None, :],
+                   mask=n_ok[:, None] & (kk < K)[None, :], other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _x(X, kk, K):
+    """Columns kk of the phase's input, written by other programs of this kernel: past L1."""
+    return tl.load(X + kk, mask=kk < K, other=0.0, cache_modifier=".cg").to(tl.float32)[None, :]
+
+
+@triton.jit
 def _rows(W, X, Y, nb, N, K, stride_wn, w0, PRELOADED: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr):
-    """Y[nb * BLOCK_N + i] = sum_k W[., k] * X[k], fp32 accumulation, rounded to Y's dtype. X was
-    written by other programs of this kernel: read past L1."""
+          BLOCK_K: tl.constexpr, PIPE: tl.constexpr):
+    """Y[nb * BLOCK_N + i] = sum_k W[., k] * X[k], fp32 accumulation, rounded to Y's dtype.
+    PIPE=2: the next weight tile's loads are issued before this tile's products (as
+    layers/gemv_kernels' PIPE)."""
     offs_n = (nb * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    k_start = 0
-    if PRELOADED:
-        x = tl.load(X + offs_k, mask=offs_k < K, other=0.0, cache_modifier=".cg")
-        acc += w0.to(tl.float32) * x.to(tl.float32)[None, :]
-        k_start = BLOCK_K
-    for k in range(k_start, K, BLOCK_K):
-        kk = k + offs_k
-        w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :],
-                    mask=n_ok[:, None] & (kk < K)[None, :], other=0.0,
-                    eviction_policy="evict_first")
-        x = tl.load(X + kk, mask=kk < K, other=0.0, cache_modifier=".cg")
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    if PIPE == 2:
+        if PRELOADED:
+            w_cur = w0
+        else:
+            w_cur = _w(W, offs_n, n_ok, offs_k, K, stride_wn)
+        k_cur = 0
+        for k in range(BLOCK_K, K, BLOCK_K):
+            w_nxt = _w(W, offs_n, n_ok, k + offs_k, K, stride_wn)
+            acc += w_cur.to(tl.float32) * _x(X, k_cur + offs_k, K)
+            w_cur = w_nxt
+            k_cur = k
+        acc += w_cur.to(tl.float32) * _x(X, k_cur + offs_k, K)
+    else:
+        k_start = 0
+        if PRELOADED:
+            acc += w0.to(tl.float32) * _x(X, offs_k, K)
+            k_start = BLOCK_K
+        for k in range(k_start, K, BLOCK_K):
+            acc += _w(W, offs_n, n_ok, k + offs_k, K, stride_wn).to(tl.float32) * _x(X, k + offs_k, K)
     tl.store(Y + offs_n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
-def _phase(W, X, Y, N, K, stride_wn, pid, P, w0, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _phase(W, X, Y, N, K, stride_wn, pid, P, w0, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+           PIPE: tl.constexpr):
     """Row blocks pid, pid + P, ... of one phase; the first with the preloaded tile w0."""
     blocks = tl.cdiv(N, BLOCK_N)
     if pid < blocks:
-        _rows(W, X, Y, pid, N, K, stride_wn, w0, True, BLOCK_N, BLOCK_K)
+        _rows(W, X, Y, pid, N, K, stride_wn, w0, True, BLOCK_N, BLOCK_K, PIPE)
     for nb in range(pid + P, blocks, P):
-        _rows(W, X, Y, nb, N, K, stride_wn, w0, False, BLOCK_N, BLOCK_K)
+        _rows(W, X, Y, nb, N, K, stride_wn, w0, False, BLOCK_N, BLOCK_K, PIPE)
 
 
 @triton.jit
@@ -103,28 +124,29 @@ def _grid_sync(CNT, P):
 @triton.jit
 def _chain_kernel(X0, W1, W2, W3, W4, Y1, Y2, Y3, Y4, CNT, P,
                   N1, K1, N2, K2, N3, K3, N4, K4, s1, s2, s3, s4,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PIPE: tl.constexpr = 1):
     pid = tl.program_id(0)
     w0 = _first_tile(W1, pid, N1, K1, s1, BLOCK_N, BLOCK_K)
-    _phase(W1, X0, Y1, N1, K1, s1, pid, P, w0, BLOCK_N, BLOCK_K)
+    _phase(W1, X0, Y1, N1, K1, s1, pid, P, w0, BLOCK_N, BLOCK_K, PIPE)
     w0 = _first_tile(W2, pid, N2, K2, s2, BLOCK_N, BLOCK_K)  # before the barrier: weights only
     _grid_sync(CNT + 0, P)
-    _phase(W2, Y1, Y2, N2, K2, s2, pid, P, w0, BLOCK_N, BLOCK_K)
+    _phase(W2, Y1, Y2, N2, K2, s2, pid, P, w0, BLOCK_N, BLOCK_K, PIPE)
     w0 = _first_tile(W3, pid, N3, K3, s3, BLOCK_N, BLOCK_K)
     _grid_sync(CNT + 1, P)
-    _phase(W3, Y2, Y3, N3, K3, s3, pid, P, w0, BLOCK_N, BLOCK_K)
+    _phase(W3, Y2, Y3, N3, K3, s3, pid, P, w0, BLOCK_N, BLOCK_K, PIPE)
     w0 = _first_tile(W4, pid, N4, K4, s4, BLOCK_N, BLOCK_K)
     _grid_sync(CNT + 2, P)
-    _phase(W4, Y3, Y4, N4, K4, s4, pid, P, w0, BLOCK_N, BLOCK_K)
+    _phase(W4, Y3, Y4, N4, K4, s4, pid, P, w0, BLOCK_N, BLOCK_K, PIPE)
 
 
 def persistent_layer(x: torch.Tensor, ws: list[torch.Tensor], outs: list[torch.Tensor],
-                     cnt: torch.Tensor, programs: int, block_n: int, block_k: int) -> None:
+                     cnt: torch.Tensor, programs: int, block_n: int, block_k: int,
+                     pipe: int = 1) -> None:
     """One layer's four phases in one launch; cnt: 3 zeroed int32 counters (left at `programs`)."""
     (n1, k1), (n2, k2), (n3, k3), (n4, k4) = [(w.shape[0], w.shape[1]) for w in ws]
     _chain_kernel[(programs,)](x, *ws, *outs, cnt, programs, n1, k1, n2, k2, n3, k3, n4, k4,
                                *(w.stride(0) for w in ws), BLOCK_N=block_n, BLOCK_K=block_k,
-                               num_warps=4)
+                               PIPE=pipe, num_warps=4)
 
 
 def chain_layer(x: torch.Tensor, ws: list[torch.Tensor]) -> torch.Tensor:
@@ -141,14 +163,15 @@ def reference_layer(x: torch.Tensor, ws: list[torch.Tensor]) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-def resident_per_sm(block_n: int, block_k: int, dev: torch.device) -> tuple[int, str]:
+def resident_per_sm(block_n: int, block_k: int, pipe: int, dev: torch.device) -> tuple[int, str]:
     """How many programs of the compiled persistent kernel fit on one SM (registers, shared
     memory, threads), and what the kernel uses. A grid larger than that would never open its
     barriers."""
     props = torch.cuda.get_device_properties(dev)
     args = [torch.empty(1, dtype=torch.bfloat16, device=dev)] * 9 + \
         [torch.empty(1, dtype=torch.int32, device=dev)] + [17] * 13  # (1 would specialise)
-    k = _chain_kernel.warmup(*args, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, grid=(1,))
+    k = _chain_kernel.warmup(*args, BLOCK_N=block_n, BLOCK_K=block_k, PIPE=pipe, num_warps=4,
+                             grid=(1,))
     k._init_handles()
     regs = max(1, k.n_regs) * 128
     by_regs = getattr(props, "regs_per_multiprocessor", 65536) // regs  # (64K on sm_80-sm_90)
@@ -164,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--programs-per-sm", default="2,4", help="comma-separated; persistent grid")
     p.add_argument("--block-n", type=int, default=8)
     p.add_argument("--block-k", type=int, default=512)
+    p.add_argument("--pipe", type=int, choices=(1, 2), default=1,
+                   help="2: the next weight tile's loads issued before this tile's products")
     p.add_argument("--iters", type=int, default=20)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -192,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         cnt.zero_()
         y = x
         for ws, o, c in zip(layers, outs, cnt):
-            persistent_layer(y, ws, o, c, programs, args.block_n, args.block_k)
+            persistent_layer(y, ws, o, c, programs, args.block_n, args.block_k, args.pipe)
             y = o[3][:, :4096]
         return outs[-1][3]
 
@@ -212,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         return graph_replay_ms(g, args.iters) * 1e3 / args.layers, out
 
     rows = [("chain (4 PDL GEMV kernels)", *timed(run_chain))]
-    cap, uses = resident_per_sm(args.block_n, args.block_k, dev)
+    cap, uses = resident_per_sm(args.block_n, args.block_k, args.pipe, dev)
     for pps in (int(v) for v in args.programs_per_sm.split(",")):
         if pps > cap:  # said in the output: the barrier would hang
             print(f"persistent, {pps} programs per SM: not run, the kernel fits {cap} per SM",
@@ -220,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append((f"persistent, {pps} x {sms} programs", *timed(lambda n=pps * sms: run_persistent(n))))
     print(f"{device_name(dev)}; {args.layers} layers of {layer_bytes / 1e6:.1f} MB, one row, "
-          f"bf16; persistent: BLOCK_N {args.block_n}, BLOCK_K {args.block_k}, {uses}, fits {cap}/SM")
+          f"bf16; persistent: BLOCK_N {args.block_n}, BLOCK_K {args.block_k}, PIPE {args.pipe}, "
+          f"{uses}, fits {cap}/SM")
     print(f"{'variant':<52} {'us/layer':>9} {'of 4.37 TB/s':>12}")
     for label, us, _ in rows:
         print(f"{label:<52} {us:>9.1f} {ideal_us / us:>12.1%}")

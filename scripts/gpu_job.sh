@@ -34,7 +34,7 @@
 #              head on the PDL-launched Triton GEMV against cuBLAS, with timelines (~5 min)
 #   persist    benchmarks/persistent_chain_bench.py: an 8B layer's four GEMV streams as one
 #              persistent kernel with grid barriers against the four PDL-launched GEMV kernels
-#              (PERSIST_PPS: programs per SM, 1,2,3,4; three tile shapes; ~2 min; unmeasured)
+#              (PERSIST_PPS: programs per SM, 1,2,3,4; four tile / PIPE shapes; ~3 min; unmeasured)
 #   gemvsweep  8B decode at batch 1 with each of GEMV_VARIANTS (HOTSPEC_GEMV_CONFIGS entries; a
 #              default list of down / o / qkv / gate_up configs) between two default runs (~5 min;
 #              session 13: every one of the default list slower than the table)
@@ -219,10 +219,10 @@ if [ "$stage" = gemvsweep ]; then  # the 8B one-row GEMV table, A/B inside the g
 fi
 if [ "$stage" = persist ]; then  # issue 5: a persistent kernel against the chain of PDL GEMVs (~2 min)
   step persist_tests 300 python3 -m pytest -q tests/test_persistent_chain_bench.py
-  for tile in "8 512" "4 1024" "16 256"; do
-    read -r bn bk <<< "$tile"
-    step "persist_${bn}x$bk" 120 python3 benchmarks/persistent_chain_bench.py --layers 8 \
-      --programs-per-sm "${PERSIST_PPS:-1,2,3,4}" --block-n "$bn" --block-k "$bk"
+  for tile in "8 512 1" "8 512 2" "4 1024 2" "16 256 1"; do
+    read -r bn bk pipe <<< "$tile"
+    step "persist_${bn}x${bk}p$pipe" 120 python3 benchmarks/persistent_chain_bench.py --layers 8 \
+      --programs-per-sm "${PERSIST_PPS:-1,2,3,4}" --block-n "$bn" --block-k "$bk" --pipe "$pipe"
   done
   for f in "$OUT"/persist_[0-9]*.log; do
     grep -E "us/layer|^chain|^persistent" "$f" | sed "s|^|$(basename "$f" .log): |"

@@ -24,7 +24,8 @@ _spec.loader.exec_module(pcb)
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def test_persistent_layer_matches_the_reference_chain() -> None:
+@pytest.mark.parametrize("pipe", [1, 2])
+def test_persistent_layer_matches_the_reference_chain(pipe: int) -> None:
     """Small phases with ragged row blocks and K tails; each phase reads the first K of the one
     before; the three barrier counters end at the program count."""
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -34,7 +35,7 @@ def test_persistent_layer_matches_the_reference_chain() -> None:
     outs = [torch.empty(1, n, dtype=torch.bfloat16, device=DEV) for n, _ in shapes]
     cnt = torch.zeros(3, dtype=torch.int32, device=DEV)
     programs = 1 if DEV.type == "cpu" else 3  # the interpreter runs programs one after another
-    pcb.persistent_layer(x, ws, outs, cnt, programs, block_n=16, block_k=32)
+    pcb.persistent_layer(x, ws, outs, cnt, programs, block_n=16, block_k=32, pipe=pipe)
     want = pcb.reference_layer(x, ws)
     torch.testing.assert_close(outs[3].float(), want.float(), rtol=2e-2, atol=2e-2)
     assert cnt.tolist() == [programs] * 3
@@ -43,7 +44,7 @@ def test_persistent_layer_matches_the_reference_chain() -> None:
 @pytest.mark.gpu
 def test_gpu_persistent_chain_bench_runs() -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "persistent_chain_bench.py"),
-                          "--layers", "2", "--programs-per-sm", "2", "--iters", "3"],
+                          "--layers", "2", "--programs-per-sm", "2", "--iters", "3", "--pipe", "2"],
                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = out.stdout.splitlines()[2:]
