@@ -139,14 +139,19 @@ def _chain_kernel(X0, W1, W2, W3, W4, Y1, Y2, Y3, Y4, CNT, P,
     _phase(W4, Y3, Y4, N4, K4, s4, pid, P, w0, BLOCK_N, BLOCK_K, PIPE)
 
 
+def _launch_args(x: torch.Tensor, ws: list[torch.Tensor], outs: list[torch.Tensor],
+                 cnt: torch.Tensor, programs: int) -> list[object]:
+    dims = [d for w in ws for d in (w.shape[0], w.shape[1])]
+    return [x, *ws, *outs, cnt, programs, *dims, *(w.stride(0) for w in ws)]
+
+
 def persistent_layer(x: torch.Tensor, ws: list[torch.Tensor], outs: list[torch.Tensor],
                      cnt: torch.Tensor, programs: int, block_n: int, block_k: int,
                      pipe: int = 1) -> None:
-    """One layer's four phases in one launch; cnt: 3 zeroed int32 counters (left at `programs`)."""
-    (n1, k1), (n2, k2), (n3, k3), (n4, k4) = [(w.shape[0], w.shape[1]) for w in ws]
-    _chain_kernel[(programs,)](x, *ws, *outs, cnt, programs, n1, k1, n2, k2, n3, k3, n4, k4,
-                               *(w.stride(0) for w in ws), BLOCK_N=block_n, BLOCK_K=block_k,
-                               PIPE=pipe, num_warps=4)
+    """One layer's four phases in one launch; cnt: 3 zeroed int32 counters (left at `programs`).
+    On a GPU every one of the `programs` must be resident at once (`resident_per_sm`)."""
+    _chain_kernel[(programs,)](*_launch_args(x, ws, outs, cnt, programs), BLOCK_N=block_n,
+                               BLOCK_K=block_k, PIPE=pipe, num_warps=4)
 
 
 def chain_layer(x: torch.Tensor, ws: list[torch.Tensor]) -> torch.Tensor:
@@ -163,15 +168,14 @@ def reference_layer(x: torch.Tensor, ws: list[torch.Tensor]) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-def resident_per_sm(block_n: int, block_k: int, pipe: int, dev: torch.device) -> tuple[int, str]:
-    """How many programs of the compiled persistent kernel fit on one SM (registers, shared
-    memory, threads), and what the kernel uses. A grid larger than that would never open its
-    barriers."""
+def resident_per_sm(launch_args: list[object], block_n: int, block_k: int, pipe: int,
+                    dev: torch.device) -> tuple[int, str]:
+    """How many programs of the persistent kernel, compiled for `launch_args` (the real ones:
+    Triton specialises on them) but not launched, fit on one SM (registers, shared memory,
+    threads), and what the kernel uses. A grid larger than that would never open its barriers."""
     props = torch.cuda.get_device_properties(dev)
-    args = [torch.empty(1, dtype=torch.bfloat16, device=dev)] * 9 + \
-        [torch.empty(1, dtype=torch.int32, device=dev)] + [17] * 13  # (1 would specialise)
-    k = _chain_kernel.warmup(*args, BLOCK_N=block_n, BLOCK_K=block_k, PIPE=pipe, num_warps=4,
-                             grid=(1,))
+    k = _chain_kernel.warmup(*launch_args, BLOCK_N=block_n, BLOCK_K=block_k, PIPE=pipe,
+                             num_warps=4, grid=(1,))
     k._init_handles()
     regs = max(1, k.n_regs) * 128
     by_regs = getattr(props, "regs_per_multiprocessor", 65536) // regs  # (64K on sm_80-sm_90)
@@ -225,28 +229,31 @@ def main(argv: list[str] | None = None) -> int:
     for ws in layers:
         want = reference_layer(want[:, :4096], ws)
 
-    def timed(fn) -> tuple[float, torch.Tensor]:
+    def timed(label: str, fn) -> tuple[str, float, torch.Tensor]:
         out = fn()  # warm-up: compile, allocate
         torch.cuda.synchronize()
         err = ((out.float() - want.float()).norm() / want.float().norm()).item()
         if not err < 2e-2:  # bf16 rounding after each of 4 x layers phases: ~1e-2 at most
-            raise SystemExit(f"{fn.__name__}: relative error {err:.3g} against torch")
+            raise SystemExit(f"{label}: relative error {err:.3g} against torch")
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             out = fn()
-        return graph_replay_ms(g, args.iters) * 1e3 / args.layers, out
+        return label, graph_replay_ms(g, args.iters) * 1e3 / args.layers, out
 
-    rows = [("chain (4 PDL GEMV kernels)", *timed(run_chain))]
-    cap, uses = resident_per_sm(args.block_n, args.block_k, args.pipe, dev)
+    rows = [timed("chain (4 PDL GEMV kernels)", run_chain)]
+    uses = ""
     for pps in (int(v) for v in args.programs_per_sm.split(",")):
+        cap, uses = resident_per_sm(_launch_args(x, layers[0], outs[0], cnt[0], pps * sms),
+                                    args.block_n, args.block_k, args.pipe, dev)
         if pps > cap:  # said in the output: the barrier would hang
-            print(f"persistent, {pps} programs per SM: not run, the kernel fits {cap} per SM",
-                  file=sys.stderr)
+            print(f"persistent, {pps} programs per SM: not run, the kernel ({uses}) fits {cap} "
+                  "per SM", file=sys.stderr)
             continue
-        rows.append((f"persistent, {pps} x {sms} programs", *timed(lambda n=pps * sms: run_persistent(n))))
+        rows.append(timed(f"persistent, {pps} x {sms} programs",
+                          lambda n=pps * sms: run_persistent(n)))
     print(f"{device_name(dev)}; {args.layers} layers of {layer_bytes / 1e6:.1f} MB, one row, "
           f"bf16; persistent: BLOCK_N {args.block_n}, BLOCK_K {args.block_k}, PIPE {args.pipe}, "
-          f"{uses}, fits {cap}/SM")
+          f"{uses}")
     print(f"{'variant':<52} {'us/layer':>9} {'of 4.37 TB/s':>12}")
     for label, us, _ in rows:
         print(f"{label:<52} {us:>9.1f} {ideal_us / us:>12.1%}")
