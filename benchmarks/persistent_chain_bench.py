@@ -9,10 +9,10 @@ distinct weight sets (so L2 never holds the next one):
   chain       hotspec's one-row GEMV kernels (layers/gemv_kernels.py) with their table configs,
               PDL-launched as in the decode step: four kernels per layer;
   persistent  one kernel per layer, `programs-per-sm` x SMs programs, all resident at once: each
-              program streams its share of a phase's rows, loads its first tile of the next
-              phase's weight into registers, then waits at a grid barrier (a counter per phase;
-              the release / acquire pattern of the split-K GEMV) for every program to finish the
-              phase. No kernel boundary between the phases.
+              program streams its share of a phase's rows, counts itself in on the phase's
+              counter (a release add), loads its first tile of the next phase's weight into
+              registers, then waits (acquire loads) until every program has counted itself in.
+              No kernel boundary between the phases.
 
 Both compute y = W4 (W3 (W2 (W1 x))[:14336])[:4096] rounded to bf16 after each phase (no norm or
 SiLU: only the streams and boundaries are compared) and are checked against torch before timing.
@@ -110,13 +110,20 @@ def _phase(W, X, Y, N, K, stride_wn, pid, P, w0, BLOCK_N: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
-def _grid_sync(CNT, P):
-    """Every one of the P programs arrives here before any leaves: a release add on the counter,
-    then a spin on an acquire add of 0, which Triton lowers to an acquire load (no read-modify-
-    write, so P programs polling one address do not serialise)."""
-    tl.debug_barrier()  # this program's stores are done before it counts itself in
+def _arrive(CNT):
+    """This program has finished the phase: a release add on the phase's counter (after the CTA
+    barrier, so every thread's stores are done). The release is a MEMBAR that waits for the
+    thread's loads in flight too, so the next phase's tile is loaded after it, not before."""
+    tl.debug_barrier()
     tl.atomic_add(CNT, 1, sem="release")
-    while tl.atomic_add(CNT, 0, sem="acquire") < P:  # (Triton 3.6 emits ld.global.gpu.acquire)
+
+
+@triton.jit
+def _wait(CNT, P):
+    """Until all P programs have arrived: a spin on an acquire add of 0, which Triton lowers to
+    an acquire load (no read-modify-write, so P programs polling one address do not
+    serialise)."""
+    while tl.atomic_add(CNT, 0, sem="acquire") < P:  # (Triton 3.6: ld.global.gpu.acquire)
         pass
     tl.debug_barrier()
 
@@ -128,14 +135,17 @@ def _chain_kernel(X0, W1, W2, W3, W4, Y1, Y2, Y3, Y4, CNT, P,
     pid = tl.program_id(0)
     w0 = _first_tile(W1, pid, N1, K1, s1, BLOCK_N, BLOCK_K)
     _phase(W1, X0, Y1, N1, K1, s1, pid, P, w0, BLOCK_N, BLOCK_K, PIPE)
-    w0 = _first_tile(W2, pid, N2, K2, s2, BLOCK_N, BLOCK_K)  # before the barrier: weights only
-    _grid_sync(CNT + 0, P)
+    _arrive(CNT + 0)
+    w0 = _first_tile(W2, pid, N2, K2, s2, BLOCK_N, BLOCK_K)  # in flight while it waits: weights only
+    _wait(CNT + 0, P)
     _phase(W2, Y1, Y2, N2, K2, s2, pid, P, w0, BLOCK_N, BLOCK_K, PIPE)
+    _arrive(CNT + 1)
     w0 = _first_tile(W3, pid, N3, K3, s3, BLOCK_N, BLOCK_K)
-    _grid_sync(CNT + 1, P)
+    _wait(CNT + 1, P)
     _phase(W3, Y2, Y3, N3, K3, s3, pid, P, w0, BLOCK_N, BLOCK_K, PIPE)
+    _arrive(CNT + 2)
     w0 = _first_tile(W4, pid, N4, K4, s4, BLOCK_N, BLOCK_K)
-    _grid_sync(CNT + 2, P)
+    _wait(CNT + 2, P)
     _phase(W4, Y3, Y4, N4, K4, s4, pid, P, w0, BLOCK_N, BLOCK_K, PIPE)
 
 
