@@ -112,8 +112,8 @@ def _phase(W, X, Y, N, K, stride_wn, pid, P, w0, BLOCK_N: tl.constexpr, BLOCK_K:
 @triton.jit
 def _arrive(CNT):
     """This program has finished the phase: a release add on the phase's counter (after the CTA
-    barrier, so every thread's stores are done). The release is a MEMBAR that waits for the
-    thread's loads in flight too, so the next phase's tile is loaded after it, not before."""
+    barrier, so every thread's stores are done). The release is a MEMBAR.ALL.GPU, which may
+    also wait for the thread's loads in flight, so the next phase's tile is loaded after it."""
     tl.debug_barrier()
     tl.atomic_add(CNT, 1, sem="release")
 
