@@ -4,8 +4,9 @@ A decode step at batch 1 runs two add+RMSNorm kernels per layer, each a few micr
 launch and ramp-up for a few KB of data. Here every program of the GEMV computes the norm of the
 one row itself (the row is a few KB, read from L2) and program 0 stores the new residual, so the
 norm costs no kernel of its own. Rounded where layers/fused_kernels._rms_norm_kernel rounds, and
-tiled like layers/gemv_kernels' M == 1 path (its GemvConfig, without split-K, PIPE included). On by default where
-a GEMV config exists (layers/fused.norm_gemv_config); HOTSPEC_NORM_GEMV=0 turns it off.
+tiled like layers/gemv_kernels' M == 1 path (its GemvConfig, without split-K, PIPE included). On
+by default where a GEMV config exists (layers/fused.norm_gemv_config); HOTSPEC_NORM_GEMV=0 turns
+it off.
 
 A 2..16-row version (tl.dot, for verify's rows at batch 1) was built and measured in session 9:
 the speculative step at batch 1 was slower with it (SmolLM2 4/8/12 1382 against 1482 tok/s,
