@@ -164,6 +164,8 @@ def test_rejects_what_it_does_not_handle():
         gk.gemv(x, w, silu_mul=True)
     with pytest.raises(ValueError, match="unit stride"):
         gk.gemv(torch.zeros(K, 2, dtype=BF16, device=DEV)[:, :1].t(), w)
+    with pytest.raises(ValueError, match="PIPE is 1 or 2"):
+        gk.gemv(x, w, config=gk.GemvConfig(16, 32, 1, 4, 1, PIPE=3))
     with pytest.raises(ValueError, match="BLOCK_N >= 16"):
         gk.gemv(torch.zeros(2, K, dtype=BF16, device=DEV), w, config=gk.GemvConfig(8, 32))
 
@@ -287,6 +289,8 @@ def test_norm_gemv_rejects_what_it_does_not_handle():
         ng.norm_gemv(x[:1], None, nw, 1e-5, w, gk.GemvConfig(16, 32, 2, 4, 2))
     with pytest.raises(ValueError, match="dtype"):
         ng.norm_gemv(x[:1], None, nw.float(), 1e-5, w, SMALL)
+    with pytest.raises(ValueError, match="PIPE is 1 or 2"):
+        ng.norm_gemv(x[:1], None, nw, 1e-5, w, gk.GemvConfig(16, 32, 1, 4, 1, PIPE=0))
 
 
 @pytest.mark.gpu

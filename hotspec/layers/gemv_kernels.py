@@ -347,6 +347,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("gemv: x and w need unit stride along K")
     cfg = config or default_config(m, n, k)
+    if cfg.PIPE not in (1, 2):
+        raise ValueError(f"gemv: PIPE is 1 or 2 (weight tiles in registers), got {cfg.PIPE}")
     if m > 1 and cfg.BLOCK_N < 16:
         raise ValueError(f"gemv: M > 1 uses tl.dot, which needs BLOCK_N >= 16 (got {cfg.BLOCK_N})")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)

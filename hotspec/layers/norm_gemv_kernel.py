@@ -119,6 +119,8 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         raise ValueError("norm_gemv: bf16/fp16 x, w and norm weight of one dtype only")
     if config.SPLIT_K != 1:
         raise ValueError("norm_gemv: split-K configs are not supported")
+    if config.PIPE not in (1, 2):
+        raise ValueError(f"norm_gemv: PIPE is 1 or 2 (weight tiles in registers), got {config.PIPE}")
     if x.stride(1) != 1 or w.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
         raise ValueError("norm_gemv: unit stride along K")
     n, k = w.shape
