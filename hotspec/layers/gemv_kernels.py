@@ -63,7 +63,7 @@ class GemvConfig:
 # 4 rows x 1024 columns (with 4 warps, the weight tile's layout is the input's: no shared-memory
 # layout change per tile) and PIPE=2, the 8B decode step at batch 1 3.95 against 3.98 ms with
 # the old 8 x 512 row (RESULTS "Session 16"; three alternated runs); PIPE=2 on the 8B qkv, down
-# and gate_up rows made the step slower (4.03-4.28 ms). Bucket 1 runs the multiply-reduce
+# and gate_up rows made the step slower (4.01-4.28 ms). Bucket 1 runs the multiply-reduce
 # kernel, 8 and 16 the tl.dot one. Measured and absent (cuBLAS was as fast or faster): the 8B
 # gate_up (28672 x 4096) at every M, every silu_mul down projection at M > 1 (each program
 # recomputes silu for 16 padded rows), and wins under 3 %.
