@@ -330,8 +330,16 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
             tl.atomic_xchg(CNT + pid_n, 0)
 
 
-def _tiled_switch() -> bool:
-    return os.environ.get("HOTSPEC_GEMV_TILED", "0") not in ("", "0")
+def _tiled_switch() -> bool | set[tuple[int, int]]:
+    """HOTSPEC_GEMV_TILED: 1 (every one-row GEMV of whole tiles), 0 / unset (none), or NxK,...
+    (those weight shapes only)."""
+    v = os.environ.get("HOTSPEC_GEMV_TILED", "0")
+    if v in ("", "0", "1"):
+        return v == "1"
+    try:
+        return {(int(a), int(b)) for a, b in (t.split("x") for t in v.split(","))}
+    except ValueError:
+        raise ValueError(f"HOTSPEC_GEMV_TILED={v!r}: use 1, 0 or weight shapes NxK,...") from None
 
 
 _TILED_ON = _tiled_switch()
@@ -369,7 +377,8 @@ def _tiled_copy(w: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
 def tiles(m: int, n: int, k: int, cfg: GemvConfig) -> bool:
     """Whether a GEMV of m rows reads the tiled copy (HOTSPEC_GEMV_TILED): one row, whole tiles."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.SPLIT_K), cfg.BLOCK_K) * cfg.BLOCK_K
-    return (_TILED_ON and m == 1 and n % cfg.BLOCK_N == 0 and k % cfg.BLOCK_K == 0
+    on = _TILED_ON if isinstance(_TILED_ON, bool) else (n, k) in _TILED_ON
+    return (on and m == 1 and n % cfg.BLOCK_N == 0 and k % cfg.BLOCK_K == 0
             and k_split * cfg.SPLIT_K == k)
 
 
