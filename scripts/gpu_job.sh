@@ -34,7 +34,10 @@
 #              head on the PDL-launched Triton GEMV against cuBLAS, with timelines (~5 min)
 #   persist    benchmarks/persistent_chain_bench.py: an 8B layer's four GEMV streams as one
 #              persistent kernel with grid barriers against the four PDL-launched GEMV kernels
-#              (PERSIST_PPS: programs per SM, 1,2,3,4; four tile / PIPE shapes; ~3 min; unmeasured)
+#              (PERSIST_PPS: programs per SM, 1,2,3,4; four tile / PIPE shapes; ~2 min; RESULTS
+#              "Session 17": the persistent kernel loses)
+#   layout     benchmarks/weight_layout_bench.py: one GEMV kernel over row-major and tiled weights,
+#              the 8B gate_up and down shapes (~1 min; RESULTS "Session 17")
 #   gemvsweep  8B decode at batch 1 with each of GEMV_VARIANTS (HOTSPEC_GEMV_CONFIGS entries; a
 #              default list of down / o / qkv / gate_up configs) between two default runs (~5 min;
 #              session 13: every one of the default list slower than the table)
@@ -227,6 +230,12 @@ if [ "$stage" = persist ]; then  # issue 5: a persistent kernel against the chai
   for f in "$OUT"/persist_[0-9]*.log; do
     grep -E "us/layer|^chain|^persistent" "$f" | sed "s|^|$(basename "$f" .log): |"
   done >> "$OUT/status.txt"
+fi
+if [ "$stage" = layout ]; then  # issue 5: does the weight's layout limit a one-row GEMV? (~1 min)
+  step layout_tests 120 python3 -m pytest -q tests/test_weight_layout_bench.py
+  step layout_bench 120 python3 benchmarks/weight_layout_bench.py --shapes 28672x4096,4096x14336 \
+    --tiles 4x1024,8x512 --rows 4x1024,4x2048
+  grep -E "TB/s|row-major|tiled" "$OUT/layout_bench.log" >> "$OUT/status.txt"
 fi
 if [ "$stage" = onewave ]; then  # the multi-row phases' one-wave split count against two waves (~5 min)
   step onewave_tests 300 python3 -m pytest -q -m gpu tests/test_triton_attention.py

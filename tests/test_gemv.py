@@ -101,60 +101,6 @@ def test_norm_gemv_pipelined_same_bits(res):
     assert torch.equal(y1, y2) and torch.equal(s1, s2)
 
 
-@pytest.mark.parametrize("silu,split,pipe", [(False, 1, 1), (True, 2, 2), (False, 1, 2), (True, 1, 1)])
-def test_tiled_weight_same_bits(monkeypatch, silu, split, pipe):
-    """HOTSPEC_GEMV_TILED: the GEMV reading the weight's tiled copy (each tile contiguous) sums
-    the same products in the same order as over the row-major weight: equal bits, split-K and
-    SiLU included; shapes of ragged tiles keep the row-major weight."""
-    x, w = _inputs(1, 48, 128, silu, seed=60 + split + pipe)
-    cfg = gk.GemvConfig(16, 32, split, 4, 1, PIPE=pipe)
-    plain = gk.gemv(x, w, silu_mul=silu, config=cfg)
-    monkeypatch.setattr(gk, "_TILED_ON", True)
-    assert gk.tiles(1, 48, 128, cfg) and not gk.tiles(2, 48, 128, cfg)
-    assert not gk.tiles(1, N, K, cfg), "ragged N / K: row-major"
-    got = gk.gemv(x, w, silu_mul=silu, config=cfg)
-    assert torch.equal(got, plain)
-    t = gk.tile_weight(w, 16, 32)
-    assert torch.equal(t[1, 2], w[16:32, 64:96]), "tile (1, 2) holds rows 16-31, columns 64-95"
-    with pytest.raises(ValueError, match="whole 16 x 32 tiles"):
-        gk.tile_weight(w[:40], 16, 32)
-
-
-@pytest.mark.parametrize("pipe", [1, 2])
-def test_norm_gemv_tiled_weight_same_bits(monkeypatch, pipe):
-    x, w = _inputs(1, 48, 128, False, seed=62)
-    g = torch.Generator(device=DEV).manual_seed(63)
-    r = (torch.randn(1, 128, generator=g, device=DEV) * 2).to(BF16)
-    nw = (1 + 0.1 * torch.randn(128, generator=g, device=DEV)).to(BF16)
-    cfg = gk.GemvConfig(16, 32, 1, 4, 1, PIPE=pipe)
-    y1, s1 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
-    monkeypatch.setattr(gk, "_TILED_ON", True)
-    y2, s2 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
-    assert torch.equal(y1, y2) and torch.equal(s1, s2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("n,k,silu,cfg", [
-    (4096, 4096, False, gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2)),
-    (4096, 14336, True, gk.GemvConfig(16, 512, 2, 4, 2)),
-    (6144, 4096, False, gk.GemvConfig(8, 512, 1, 4, 2))], ids=["o", "down", "qkv"])
-def test_gpu_tiled_weight_same_bits(monkeypatch, n, k, silu, cfg):
-    """At the 8B shapes, with PDL and the preload: the tiled copy gives the row-major bits."""
-    x, w = _inputs(1, n, k, silu, seed=n + k + 1)
-    plain = gk.gemv(x, w, silu_mul=silu, config=cfg)
-    monkeypatch.setattr(gk, "_TILED_ON", True)
-    assert torch.equal(gk.gemv(x, w, silu_mul=silu, config=cfg), plain)
-    if not silu:
-        g = torch.Generator(device=DEV).manual_seed(64)
-        r = (torch.randn(1, k, generator=g, device=DEV) * 2).to(BF16)
-        nw = (1 + 0.1 * torch.randn(k, generator=g, device=DEV)).to(BF16)
-        monkeypatch.setattr(gk, "_TILED_ON", False)
-        y1, s1 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
-        monkeypatch.setattr(gk, "_TILED_ON", True)
-        y2, s2 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
-        assert torch.equal(y1, y2) and torch.equal(s1, s2)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k,silu,cfg", [
     (4096, 4096, False, gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2)),

@@ -20,7 +20,7 @@ triton = pytest.importorskip("triton")
 
 from engine_utils import greedy_tokens, random_engine  # noqa: E402
 
-from hotspec.layers.attention import decode_kernel, triton_backend, triton_kernels  # noqa: E402
+from hotspec.layers.attention import triton_backend, triton_kernels  # noqa: E402
 from hotspec.layers.attention.torch_ref import TorchRefBackend  # noqa: E402
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 
@@ -29,7 +29,6 @@ if not torch.cuda.is_available() and not isinstance(
     # another module imported the kernels before TRITON_INTERPRET was set: rebuild them interpreted
     os.environ["TRITON_INTERPRET"] = "1"
     triton_kernels = importlib.reload(triton_kernels)
-    importlib.reload(decode_kernel)
     triton_backend = importlib.reload(triton_backend)
 
 TritonBackend = triton_backend.TritonBackend
@@ -163,13 +162,12 @@ def test_prefill_ragged_extend(combo) -> None:
     check(fb, q, kc, vc)
 
 
-@pytest.mark.parametrize("decode", ["mma", "sum"])
 @pytest.mark.parametrize("combo", COMBOS, ids=_ids)
-def test_decode(combo, decode) -> None:
+def test_decode(combo) -> None:
     group, d, dtype = combo
     fb, q, kc, vc = make_case(q_lens=[1, 1, 1], kv_lens=[1, 17, 150], width=1, hq=group * HKV,
                               hkv=HKV, d=d, dtype=dtype, seed=2)
-    check(fb, q, kc, vc, backend=TritonBackend(PAGE, decode=decode))
+    check(fb, q, kc, vc)
 
 
 @pytest.mark.parametrize("combo", COMBOS, ids=_ids)
@@ -261,31 +259,12 @@ def test_prefill_many_query_tiles() -> None:
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, block_m=16, block_n=16))
 
 
-@pytest.mark.parametrize("decode", ["mma", "sum"])
 @pytest.mark.parametrize("splits", [2, 5])
-def test_split_kv_decode(splits: int, decode: str) -> None:
+def test_split_kv_decode(splits: int) -> None:
     """Flash-decoding path (forced split count), including splits with no kv at all."""
     fb, q, kc, vc = make_case(q_lens=[1, 1, 1], kv_lens=[1, 40, 170], width=1, hq=8, hkv=2, d=64,
                               dtype=F32, seed=8)
-    check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits, block_n=16, decode=decode))
-    fb, q, kc, vc = make_case(q_lens=[1, 1], kv_lens=[33, 170], width=1, hq=8, hkv=2, d=128,
-                              dtype=BF16, seed=18)
-    check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits, block_n=32, decode=decode))
-
-
-def test_decode_kernel_switch(monkeypatch) -> None:
-    """HOTSPEC_ATTN_DECODE picks the decode kernel; a value it does not know is an error that
-    names the choices, as is a bad constructor argument."""
-    monkeypatch.setenv("HOTSPEC_ATTN_DECODE", "sum")
-    assert triton_backend._decode_switch() == "sum"
-    monkeypatch.setenv("HOTSPEC_ATTN_DECODE", "fast")
-    with pytest.raises(ValueError, match="use mma"):
-        triton_backend._decode_switch()
-    monkeypatch.setenv("HOTSPEC_ATTN_DECODE_WARPS", "3")
-    with pytest.raises(ValueError, match="1, 2, 4 or 8"):
-        triton_backend._decode_warps()
-    with pytest.raises(ValueError, match="'mma' or 'sum'"):
-        TritonBackend(PAGE, decode="fast")
+    check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits, block_n=16))
 
 
 def test_split_kv_verify_and_padding() -> None:
@@ -316,10 +295,9 @@ def _rope_case(group: int, dtype: torch.dtype, seed: int, kv_lens: list[int], d:
     return fb, q, kc, vc, RopeFold(k, v, pos, loc, cos, sin)
 
 
-@pytest.mark.parametrize("decode", ["mma", "sum"])
 @pytest.mark.parametrize("case", ["g4-bf16", "g3-f32", "g1-bf16"])
 @pytest.mark.parametrize("splits", [1, 2, 5])
-def test_rope_folded_into_decode_attention(case: str, splits: int, decode: str) -> None:
+def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
     """HOTSPEC_ATTN_ROPE: the attention kernel rotating q and storing the step's K and V itself
     gives the bits of fused_kernels.rope_store followed by attention: the output, and the caches
     (the new token's slot included, every other slot untouched)."""
@@ -331,10 +309,10 @@ def test_rope_folded_into_decode_attention(case: str, splits: int, decode: str) 
     scale = q.shape[-1] ** -0.5
     kc2, vc2 = kc.clone(), vc.clone()
     q_rot = fk.rope_store(q, rope.k, rope.v, rope.positions, rope.cos, rope.sin, kc, vc, rope.loc)
-    base = TritonBackend(PAGE, num_splits=splits, block_n=16, fold_rope=False, decode=decode)
+    base = TritonBackend(PAGE, num_splits=splits, block_n=16, fold_rope=False)
     base.plan(fb)
     want = base.forward(fb, q_rot, kc, vc, scale)
-    folded = TritonBackend(PAGE, num_splits=splits, block_n=16, fold_rope=True, decode=decode)
+    folded = TritonBackend(PAGE, num_splits=splits, block_n=16, fold_rope=True)
     assert folded.folds_rope(fb) and not base.folds_rope(fb)
     folded.plan(fb)
     got = folded.forward(fb, q, kc2, vc2, scale, rope=rope)
@@ -396,12 +374,11 @@ def test_gpu_prefill(shape, dtype) -> None:
 @pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("splits", [None, 1], ids=["auto-split", "no-split"])
-@pytest.mark.parametrize("decode", ["mma", "sum"])
-def test_gpu_decode(shape, batch, splits, decode) -> None:
+def test_gpu_decode(shape, batch, splits) -> None:
     kv = [4096] if batch == 1 else _rand_lens(batch, 1, 4096, seed=batch)
     fb, q, kc, vc = make_case(q_lens=[1] * batch, kv_lens=kv, width=1, dtype=BF16, seed=101,
                               **shape)
-    check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits, decode=decode))
+    check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits))
 
 
 @pytest.mark.gpu
@@ -653,8 +630,7 @@ def _gpu_fold_case(shape: dict, batch: int, dtype: torch.dtype, seed: int):
 @pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("decode", ["mma", "sum"])
-def test_gpu_rope_fold(shape, batch, dtype, decode) -> None:
+def test_gpu_rope_fold(shape, batch, dtype) -> None:
     """HOTSPEC_ATTN_ROPE at the real heads, automatic splits over the engine's static bound:
     rope_store + attention's caches and output, bit for bit, ten launches in a row (a race
     between the new token's store and its load would show as an occasional difference). fp32
@@ -665,11 +641,11 @@ def test_gpu_rope_fold(shape, batch, dtype, decode) -> None:
     k, v, pos, loc, cos, sin = rope.k, rope.v, rope.positions, rope.loc, rope.cos, rope.sin
     scale = shape["d"] ** -0.5
     kc0, vc0 = kc.clone(), vc.clone()
-    base = TritonBackend(PAGE, decode=decode)
+    base = TritonBackend(PAGE)
     base.plan(fb)
     q_rot = fk.rope_store(q, k, v, pos, cos, sin, kc, vc, loc)
     want = base.forward(fb, q_rot, kc, vc, scale)
-    folded = TritonBackend(PAGE, fold_rope=True, decode=decode)
+    folded = TritonBackend(PAGE, fold_rope=True)
     folded.plan(fb)
     bad = []
     for i in range(10):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import os
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -165,8 +164,7 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  F32_DOT: tl.constexpr, PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                 PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1,
-                 TILED: tl.constexpr = False):
+                 PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1):
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
     PDL (layers/pdl.py): the program's first weight panel goes to L2, and with PRELOAD its first
@@ -179,31 +177,10 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     if PDL:
         pdl.launch_dependents(PDL)
         pdl.prefetch_rows(W, offs_n, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), stride_wn, 32, PF_COLS)
-    if TILED:  # (no prefetch: PF_COLS is 0 for tiled weights)
-        w0 = pdl.preload_tile(_w_start(W, pid_n, k_lo, K, stride_wn, BLOCK_N, BLOCK_K, TILED),
-                              PRELOAD)
-    else:
-        w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD)
+    w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
     _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
-               w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD, PIPE, TILED)
-
-
-@triton.jit
-def _w_start(W, pid_n, k_lo, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             TILED: tl.constexpr):
-    """Pointers to program pid_n's first weight tile at column k_lo: rows pid_n * BLOCK_N + r of
-    a row-major W (row stride stride_wn), or tile (pid_n, k_lo / BLOCK_K) of a tiled one
-    (`tile_weight`: each [BLOCK_N, BLOCK_K] tile contiguous, a program's tiles one after
-    another). The next tile is BLOCK_K (row-major) or BLOCK_N * BLOCK_K (tiled) further."""
-    r = tl.arange(0, BLOCK_N)
-    c = tl.arange(0, BLOCK_K)
-    if TILED:
-        base = tl.cast(pid_n, tl.int64) * BLOCK_N * K + (k_lo // BLOCK_K) * (BLOCK_N * BLOCK_K)
-        return W + base + r[:, None] * BLOCK_K + c[None, :]
-    rows = tl.cast(pid_n, tl.int64) * BLOCK_N + r
-    return W + rows[:, None] * stride_wn + (k_lo + c)[None, :]
-
+               w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD, PIPE)
 
 
 @triton.jit
@@ -244,8 +221,7 @@ def _w_tile(w_ptr, n_ok, k_ok, EVEN_K: tl.constexpr):
 
 @triton.jit
 def _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k, K, k_lo, k_hi, SILU: tl.constexpr,
-                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRELOAD: tl.constexpr,
-                   STEP: tl.constexpr = 0):
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRELOAD: tl.constexpr):
     """The one-row loop over tiles [k_lo, k_hi) with two weight tiles in registers (PIPE=2): the
     loads of tile i + 1 are issued before tile i's products, so each program keeps a tile in
     flight while it computes. The same products summed in the same order as the plain loop (bits
@@ -256,7 +232,7 @@ def _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k, K, k_lo, k_hi, SILU: tl.
         w_cur = _w_tile(w_ptr, n_ok, (k_lo + offs_k) < k_hi, EVEN_K)
     k_cur = k_lo
     for k in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-        w_nxt = _w_tile(w_ptr + ((k - k_lo) // BLOCK_K) * STEP, n_ok, (k + offs_k) < k_hi, EVEN_K)
+        w_nxt = _w_tile(w_ptr + (k - k_lo), n_ok, (k + offs_k) < k_hi, EVEN_K)
         if EVEN_K:
             x = _x_tile(x_ptr + (k_cur - k_lo), K, offs_k[None, :] >= 0, SILU)
         else:
@@ -272,8 +248,7 @@ def _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k, K, k_lo, k_hi, SILU: tl.
 def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
                w0, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-               F32_DOT: tl.constexpr, PRELOAD: tl.constexpr, PIPE: tl.constexpr = 1,
-               TILED: tl.constexpr = False):
+               F32_DOT: tl.constexpr, PRELOAD: tl.constexpr, PIPE: tl.constexpr = 1):
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -281,8 +256,7 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
     m_ok = offs_m < M
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    w_ptr = _w_start(W, pid_n, k_lo, K, stride_wn, BLOCK_N, BLOCK_K, TILED)
-    step: tl.constexpr = BLOCK_N * BLOCK_K if TILED else BLOCK_K  # to the next tile
+    w_ptr = W + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
     x_ptr = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     if BLOCK_M == 1:  # elementwise products, reduced over K once after the loop
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -291,12 +265,12 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
     k_start = k_lo
     if BLOCK_M == 1 and PIPE == 2:  # the next tile's loads in flight during this tile's products
         acc = _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k, K, k_lo, k_hi, SILU, BLOCK_K,
-                             EVEN_K, PRELOAD, step)
+                             EVEN_K, PRELOAD)
         k_start = k_hi  # (the loop below runs no step)
     elif PRELOAD:  # the first tile, loaded before the wait (whole): the loop's first step
         acc = _mac(acc, w0, _x_tile(x_ptr, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)
         k_start = k_lo + BLOCK_K
-        w_ptr += step
+        w_ptr += BLOCK_K
         x_ptr += BLOCK_K
     for k in range(k_start, k_hi, BLOCK_K):
         if EVEN_K:
@@ -308,7 +282,7 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
                         eviction_policy="evict_first")
             x = _x_tile(x_ptr, K, m_ok[:, None] & k_ok[None, :], SILU)
         acc = _mac(acc, w, x, BLOCK_M, F32_DOT)
-        w_ptr += step
+        w_ptr += BLOCK_K
         x_ptr += BLOCK_K
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=1)[None, :]
@@ -328,58 +302,6 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
                 tot += tl.load(ws_ptr + s * 16 * N, mask=out_mask, other=0.0, cache_modifier=".cg")
             tl.store(y_ptr, tot.to(Y.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(CNT + pid_n, 0)
-
-
-def _tiled_switch() -> bool | set[tuple[int, int]]:
-    """HOTSPEC_GEMV_TILED: 1 (every one-row GEMV of whole tiles), 0 / unset (none), or NxK,...
-    (those weight shapes only)."""
-    v = os.environ.get("HOTSPEC_GEMV_TILED", "0")
-    if v in ("", "0", "1"):
-        return v == "1"
-    try:
-        return {(int(a), int(b)) for a, b in (t.split("x") for t in v.split(","))}
-    except ValueError:
-        raise ValueError(f"HOTSPEC_GEMV_TILED={v!r}: use 1, 0 or weight shapes NxK,...") from None
-
-
-_TILED_ON = _tiled_switch()
-# id(weight), BLOCK_N, BLOCK_K -> (the weight, its version, the tiled copy); an entry goes
-# with its weight (weakref.finalize), so a new tensor at a freed one's address is never served
-# the old copy
-_TILED: dict[tuple[int, int, int], tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
-
-
-def tile_weight(w: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
-    """W [N, K] as [N / block_n, K / block_k, block_n, block_k], contiguous: each GEMV tile one
-    contiguous run, a program's tiles one after another (the `TILED` layout)."""
-    n, k = w.shape
-    if n % block_n or k % block_k:
-        raise ValueError(f"tile_weight: {n} x {k} is not whole {block_n} x {block_k} tiles")
-    return w.view(n // block_n, block_n, k // block_k, block_k).permute(0, 2, 1, 3).contiguous()
-
-
-def _tiled_copy(w: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
-    """HOTSPEC_GEMV_TILED=1 (an A/B experiment): a tiled copy of w for cfg's tile, made once per
-    weight (outside CUDA-graph capture) and kept, so the weight is held twice."""
-    key = (id(w), cfg.BLOCK_N, cfg.BLOCK_K)
-    hit = _TILED.get(key)
-    if hit is not None and hit[0]() is w and hit[1] == w._version:
-        return hit[2]
-    if w.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("HOTSPEC_GEMV_TILED: a weight's tiled copy is made on first use, "
-                           "which must not be under CUDA-graph capture")
-    if hit is None:
-        weakref.finalize(w, _TILED.pop, key, None)
-    _TILED[key] = (weakref.ref(w), w._version, tile_weight(w, cfg.BLOCK_N, cfg.BLOCK_K))
-    return _TILED[key][2]
-
-
-def tiles(m: int, n: int, k: int, cfg: GemvConfig) -> bool:
-    """Whether a GEMV of m rows reads the tiled copy (HOTSPEC_GEMV_TILED): one row, whole tiles."""
-    k_split = triton.cdiv(triton.cdiv(k, cfg.SPLIT_K), cfg.BLOCK_K) * cfg.BLOCK_K
-    on = _TILED_ON if isinstance(_TILED_ON, bool) else (n, k) in _TILED_ON
-    return (on and m == 1 and n % cfg.BLOCK_N == 0 and k % cfg.BLOCK_K == 0
-            and k_split * cfg.SPLIT_K == k)
 
 
 _WORKSPACES: dict[tuple[torch.device, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -438,13 +360,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
     grid = (triton.cdiv(n, cfg.BLOCK_N), cfg.SPLIT_K)
     use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
     even_k = k % cfg.BLOCK_K == 0 and k_split * cfg.SPLIT_K == k
-    tiled = tiles(m, n, k, cfg)
     _gemv_kernel[grid](
-        x, _tiled_copy(w, cfg) if tiled else w, y, ws, cnt, m, n, k, k_split, x.stride(0),
-        w.stride(0), y.stride(0),
+        x, w, y, ws, cnt, m, n, k, k_split, x.stride(0), w.stride(0), y.stride(0),
         SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=cfg.SPLIT_K, EVEN_K=even_k, F32_DOT=_INTERPRET, PDL=use_pdl,
-        PF_COLS=0 if tiled else pdl.prefetch_cols(w), TILED=tiled,
+        PF_COLS=pdl.prefetch_cols(w),
         PRELOAD=pdl.preloads(use_pdl, m == 1, k - (cfg.SPLIT_K - 1) * k_split,
                              cfg.BLOCK_K),
         PIPE=cfg.PIPE if m == 1 else 1,

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import pdl
-from hotspec.layers.gemv_kernels import GemvConfig, _tiled_copy, _w_start, tiles
+from hotspec.layers.gemv_kernels import GemvConfig
 
 
 @triton.jit
@@ -61,19 +61,13 @@ def normed_tile(X, R, G, kk, k_ok, inv, HAS_RES: tl.constexpr):
 def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr,
                       PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                      PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1,
-                      TILED: tl.constexpr = False):
+                      PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1):
     pid = tl.program_id(0)
     offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:  # weights to L2 (and with PRELOAD a tile to registers) before the wait (layers/pdl.py)
         pdl.launch_dependents(PDL)
         pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
-    w_ptr = _w_start(W, pid, 0, K, stride_wn, BLOCK_N, BLOCK_K, TILED)  # tile 0's pointers
-    step: tl.constexpr = BLOCK_N * BLOCK_K if TILED else BLOCK_K  # to the next tile
-    if TILED:
-        w0 = pdl.preload_tile(w_ptr, PRELOAD)
-    else:
-        w0 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD)
+    w0 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
     inv = row_rms(X, R, S, K, eps, pid, HAS_RES, BLOCK_ROW)
     # the GEMV, its input normalised tile by tile
@@ -85,14 +79,16 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
         if PRELOAD:
             w_cur = w0
         else:
-            w_cur = tl.load(w_ptr, mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0,
+            w_cur = tl.load(W + offs_n[:, None] * stride_wn + offs_k[None, :],
+                            mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0,
                             eviction_policy="evict_first")
         k_cur = 0
         k2 = offs_k[None, :]  # the input as [1, BLOCK_K] tiles: the weight tile's layout
         for k in range(BLOCK_K, K, BLOCK_K):
             kk = k + offs_k
-            w_nxt = tl.load(w_ptr + (k // BLOCK_K) * step, mask=n_ok[:, None] & (kk < K)[None, :],
-                            other=0.0, eviction_policy="evict_first")
+            w_nxt = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :],
+                            mask=n_ok[:, None] & (kk < K)[None, :], other=0.0,
+                            eviction_policy="evict_first")
             kc = k_cur + k2
             acc += w_cur.to(tl.float32) * normed_tile(X, R, G, kc, kc < K, inv, HAS_RES)
             w_cur = w_nxt
@@ -106,8 +102,8 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
     for k in range(k_start, K, BLOCK_K):
         kk = k + offs_k
         k_ok = kk < K
-        w = tl.load(w_ptr + (k // BLOCK_K) * step, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
-                    eviction_policy="evict_first")
+        w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0, eviction_policy="evict_first")
         acc += w.to(tl.float32) * normed_tile(X, R, G, kk, k_ok, inv, HAS_RES)[None, :]
     tl.store(Y + offs_n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
 
@@ -132,12 +128,10 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     s = torch.empty_like(x) if residual is not None else x
     r = residual if residual is not None else x
-    tiled = tiles(1, n, k, config)
     _norm_gemv_kernel[(triton.cdiv(n, config.BLOCK_N),)](
-        x, r, norm_weight, _tiled_copy(w, config) if tiled else w, y, s, n, k, eps, w.stride(0),
-        HAS_RES=residual is not None,
+        x, r, norm_weight, w, y, s, n, k, eps, w.stride(0), HAS_RES=residual is not None,
         BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_ROW=triton.next_power_of_2(k),
-        PDL=use_pdl, PF_COLS=0 if tiled else pdl.prefetch_cols(w), TILED=tiled,
+        PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
         PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K), PIPE=config.PIPE,
         num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))

@@ -205,13 +205,3 @@ def preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr, ON: tl.constex
                        other=0.0, eviction_policy="evict_first")
     else:
         return 0.0
-
-
-@triton.jit
-def preload_tile(ptrs, ON: tl.constexpr):
-    """`preload` for a tile whose pointers the caller computed (a tiled weight, every row whole);
-    else a dummy scalar."""
-    if ON:
-        return tl.load(ptrs, eviction_policy="evict_first")
-    else:
-        return 0.0

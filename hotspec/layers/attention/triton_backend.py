@@ -35,7 +35,6 @@ import triton
 
 from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
-from hotspec.layers.attention.decode_kernel import paged_decode_fwd
 from hotspec.layers.attention.merge_kernels import combine_splits
 from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
 from hotspec.layers.switches import on_off
@@ -103,28 +102,6 @@ def _rope_switch() -> bool:
 _FOLD_ROPE = _rope_switch()
 
 
-def _decode_switch() -> str:
-    v = os.environ.get("HOTSPEC_ATTN_DECODE", "mma")
-    if v not in ("mma", "sum"):
-        raise ValueError(f"HOTSPEC_ATTN_DECODE={v!r}: use mma (the default: the general kernel) or "
-                         "sum (decode_kernel.py: fp32 sums, no tensor cores)")
-    return v
-
-
-def _decode_warps() -> int:
-    v = os.environ.get("HOTSPEC_ATTN_DECODE_WARPS", "4")
-    if v not in ("1", "2", "4", "8"):
-        raise ValueError(f"HOTSPEC_ATTN_DECODE_WARPS={v!r}: use 1, 2, 4 or 8")
-    return int(v)
-
-
-# The decode kernel (HOTSPEC_ATTN_DECODE): `mma`, the general kernel's decode path, or `sum`,
-# decode_kernel.paged_decode_fwd (fp32 products summed in registers, no 16-row MMA padding), at
-# HOTSPEC_ATTN_DECODE_WARPS warps.
-_DECODE = _decode_switch()
-_DECODE_WARPS = _decode_warps()
-
-
 def describe() -> str:
     """The attention's RoPE fold and split cap, for the start-up log."""
     line = ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
@@ -152,16 +129,15 @@ def _pow2(x: int) -> int:
 class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
-                 num_stages: int = 2, mask_bits: bool | None = None,
-                 fold_rope: bool | None = None, decode: str | None = None) -> None:
+                 num_stages: int | None = None, mask_bits: bool | None = None,
+                 fold_rope: bool | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
+        num_stages the kv loop's pipeline stages (None: `_stages`' rule);
         mask_bits packs custom masks of <= 64 slots into a word per row (None: the
         HOTSPEC_ATTN_MASK_BITS switch, on by default); fold_rope lets decode batches pass RoPE
         and the KV store to the kernel (`folds_rope`; None: the HOTSPEC_ATTN_ROPE switch, on by
-        default); decode picks the decode kernel (None: the HOTSPEC_ATTN_DECODE switch)."""
-        if decode not in (None, "mma", "sum"):
-            raise ValueError(f"decode={decode!r}: use 'mma' or 'sum'")
+        default)."""
         self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
         self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
         self.block_size = block_size
@@ -173,7 +149,6 @@ class TritonBackend(AttentionBackend):
         # draft_extend), an A/B switch for the benchmarks: fewer rows, more and shorter programs
         self.uniform_block_m = int(os.environ.get("HOTSPEC_ATTN_BLOCK_M", "0")) or None
         self.num_splits = num_splits
-        self.decode = _DECODE if decode is None else decode
         self.row_splits = _ROW_SPLITS
         self.num_warps = num_warps
         self.num_stages = num_stages
@@ -247,6 +222,16 @@ class TritonBackend(AttentionBackend):
         by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
         return max(1, min(want, by_len, cap))
 
+    def _stages(self, p: TritonPlan) -> int:
+        """Pipeline stages of the kv loop: the constructor's, else 1 for decode (one row per
+        request) and 2 otherwise. A decode program at small batch owns one or two tiles, so a
+        prefetch stage only adds its prologue. Measured on the H200, 8B batch 1 (RESULTS
+        "Session 15" call 3 and "Session 17"): 4.00 against 4.01-4.02 ms, and 3.94-3.95 (replay
+        3.93) against 3.95-3.96 (3.94)."""
+        if self.num_stages is not None:
+            return self.num_stages
+        return 1 if p.width == 1 else 2
+
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: the
         switch (HOTSPEC_ATTN_ROPE, or the constructor's fold_rope), and a decode-like batch (one
@@ -310,9 +295,6 @@ class TritonBackend(AttentionBackend):
         else:
             cm_strides = tuple(cm.stride()) if custom else (0, 0, 0)
         m_custom = p.m_custom
-        if self.decode == "sum" and p.width == 1 and not custom:
-            self._decode(p, q, k_cache, v_cache, out, scale, splits, block_n, group, gp, rope)
-            return out
         if splits > 1:
             opart = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
             lse = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
@@ -335,51 +317,18 @@ class TritonBackend(AttentionBackend):
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait,
             **_rope_kwargs(rope, k_cache),
-            num_warps=num_warps, num_stages=self.num_stages, **launch,
+            num_warps=num_warps, num_stages=self._stages(p), **launch,
         )
         if splits > 1:
-            self._combine(opart, lse, out, splits, use_pdl)
+            comb_wait = pdl.chained(q.device, t)
+            combine_splits[(t, hq)](
+                opart, lse, out,
+                opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
+                out.stride(0), out.stride(1), splits,
+                HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl, PDL_WAIT=comb_wait,
+                num_warps=4, **({"launch_pdl": True} if comb_wait else {}),
+            )
         return out
-
-    def _decode(self, p: TritonPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                out: torch.Tensor, scale: float, splits: int, block_n: int, group: int, gp: int,
-                rope: RopeFold | None) -> None:
-        """Decode through decode_kernel.paged_decode_fwd (HOTSPEC_ATTN_DECODE=sum)."""
-        t, hq, d = q.shape
-        hkv = k_cache.shape[1]
-        if splits > 1:
-            opart = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
-            lse = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
-        else:
-            opart = lse = out
-        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
-        paged_decode_fwd[(splits, t, hkv)](
-            q, k_cache, v_cache, out, p.block_tables, p.kv_lens, opart, lse,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-            p.block_tables.stride(0),
-            opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
-            float(scale) * _LOG2E, splits,
-            GROUP=group, GROUP_PAD=gp, BLOCK_N=block_n, BLOCK_D=_pow2(d), HEAD_DIM=d,
-            PAGE=self.block_size, SPLIT=splits > 1, PDL=use_pdl, PDL_WAIT=pdl_wait,
-            **_rope_kwargs(rope, k_cache), num_warps=self.num_warps or _DECODE_WARPS,
-            num_stages=1, **pdl.launch_kwargs(q.device, t),
-        )
-        if splits > 1:
-            self._combine(opart, lse, out, splits, use_pdl)
-
-    def _combine(self, opart: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, splits: int,
-                 use_pdl: bool) -> None:
-        """Merge the kv splits' partials into `out` (merge_kernels.combine_splits)."""
-        t, hq, d = out.shape
-        comb_wait = pdl.chained(out.device, t)
-        combine_splits[(t, hq)](
-            opart, lse, out,
-            opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
-            out.stride(0), out.stride(1), splits,
-            HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl, PDL_WAIT=comb_wait,
-            num_warps=4, **({"launch_pdl": True} if comb_wait else {}),
-        )
 
 
 def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, object]:
