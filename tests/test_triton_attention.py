@@ -549,6 +549,23 @@ def test_tile_rows_32_for_decode_of_few_programs(monkeypatch) -> None:
     assert TritonBackend(PAGE, block_n=16)._block_n(decode.attn_meta, False, 8, cuda) == 16
 
 
+def test_decode_runs_its_kv_loop_at_one_stage() -> None:
+    """Decode (one row per request, no custom mask) pipelines its kv loop at one stage, the
+    other phases at two; a stage count given to the constructor wins."""
+    dec = make_case(q_lens=[1], kv_lens=[9], width=1, hq=4, hkv=2, d=64, dtype=BF16, seed=70)[0]
+    ver = make_case(q_lens=[4], kv_lens=[9], width=4, hq=4, hkv=2, d=64, dtype=BF16, seed=71,
+                    masks=[tree_mask(4)])[0]
+    be = TritonBackend(PAGE)
+    stages = []
+    for fb in (dec, ver):
+        be.plan(fb)
+        stages.append(be._stages(fb.attn_meta))
+    assert stages == [1, 2]
+    fixed = TritonBackend(PAGE, num_stages=3)
+    fixed.plan(dec)
+    assert fixed._stages(dec.attn_meta) == 3
+
+
 def test_rope_fold_switch(monkeypatch) -> None:
     """HOTSPEC_ATTN_ROPE: on by default, 0 turns it off, anything else is an error naming it; the
     fold applies to decode-like batches only (one row per request, no custom mask)."""
