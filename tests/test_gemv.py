@@ -101,6 +101,71 @@ def test_norm_gemv_pipelined_same_bits(res):
     assert torch.equal(y1, y2) and torch.equal(s1, s2)
 
 
+@pytest.mark.parametrize("k,silu,split", [(128, False, 1), (128, True, 2), (64, True, 2)])
+def test_early_next_tile_same_bits(k, silu, split):
+    """HOTSPEC_GEMV_EARLY: with the first tile preloaded, tile 1's loads issued before tile 0's
+    input is read give the same bits as the plain loop and as no preload at all (split-K slices
+    of two tiles and of one, where there is no tile 1)."""
+    x, w = _inputs(1, 48, k, silu, seed=70 + k + split)
+    cfg = gk.GemvConfig(16, 32, split, 4, 1)
+    plain = gk.gemv(x, w, silu_mul=silu, config=cfg, early=False, preload=False)
+    _check(plain, x, w, silu)
+    for early in (False, True):
+        got = gk.gemv(x, w, silu_mul=silu, config=cfg, early=early, preload=True)
+        assert torch.equal(got, plain), f"early={early}"
+
+
+@pytest.mark.parametrize("pipe", [1, 2])
+@pytest.mark.parametrize("k", [128, 32])
+def test_norm_gemv_early_tile_same_bits(pipe, k):
+    """The norm-GEMV loading its loop's first tile before the row's RMS: the same bits, with and
+    without a preloaded tile, PIPE 1 and 2, and with a single tile (K == BLOCK_K)."""
+    x, w = _inputs(1, 48, k, False, seed=72 + k)
+    g = torch.Generator(device=DEV).manual_seed(73)
+    r = (torch.randn(1, k, generator=g, device=DEV) * 2).to(BF16)
+    nw = (1 + 0.1 * torch.randn(k, generator=g, device=DEV)).to(BF16)
+    cfg = gk.GemvConfig(16, 32, 1, 4, 1, PIPE=pipe)
+    want = ng.norm_gemv(x, r, nw, 1e-5, w, cfg, early=False, preload=False)
+    for early in (False, True):
+        for preload in (False, True):
+            y, s_out = ng.norm_gemv(x, r, nw, 1e-5, w, cfg, early=early, preload=preload)
+            assert torch.equal(y, want[0]) and torch.equal(s_out, want[1]), (early, preload)
+
+
+def test_early_switch(monkeypatch):
+    assert gk.early_switch() is False
+    monkeypatch.setenv("HOTSPEC_GEMV_EARLY", "1")
+    assert gk.early_switch() is True
+    monkeypatch.setenv("HOTSPEC_GEMV_EARLY", "yes")
+    with pytest.raises(ValueError, match="HOTSPEC_GEMV_EARLY"):
+        gk.early_switch()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,silu,cfg", [
+    (4096, 14336, True, gk.GemvConfig(16, 512, 2, 4, 2)),
+    (4096, 4096, False, gk.GemvConfig(8, 512, 1, 4, 2))], ids=["down", "o-pipe1"])
+def test_gpu_early_next_tile_same_bits(n, k, silu, cfg):
+    """At the 8B shapes, with PDL and the preload: HOTSPEC_GEMV_EARLY gives the same bits."""
+    x, w = _inputs(1, n, k, silu, seed=n + k + 2)
+    want = gk.gemv(x, w, silu_mul=silu, config=cfg, early=False)
+    assert torch.equal(gk.gemv(x, w, silu_mul=silu, config=cfg, early=True), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,cfg", [(6144, gk.GemvConfig(8, 512, 1, 4, 2)),
+                                   (28672, gk.GemvConfig(16, 256, 1, 4, 4)),
+                                   (6144, gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2))])
+def test_gpu_norm_gemv_early_tile_same_bits(n, cfg):
+    x, w = _inputs(1, n, 4096, False, seed=n + 3)
+    g = torch.Generator(device=DEV).manual_seed(74)
+    r = (torch.randn(1, 4096, generator=g, device=DEV) * 2).to(BF16)
+    nw = (1 + 0.1 * torch.randn(4096, generator=g, device=DEV)).to(BF16)
+    y1, s1 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg, early=False)
+    y2, s2 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg, early=True)
+    assert torch.equal(y1, y2) and torch.equal(s1, s2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k,silu,cfg", [
     (4096, 4096, False, gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2)),
