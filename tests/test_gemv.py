@@ -132,6 +132,38 @@ def test_norm_gemv_early_tile_same_bits(pipe, k):
             assert torch.equal(y, want[0]) and torch.equal(s_out, want[1]), (early, preload)
 
 
+@pytest.mark.parametrize("m,silu,split", [(1, True, 2), (1, False, 3), (4, False, 2)])
+def test_last_slice_reducer_same_bits(m, silu, split):
+    """HOTSPEC_GEMV_REDUCER: the last K slice's program summing the partials (its own from
+    registers) gives the last arriver's bits, launch after launch (the counters re-armed)."""
+    x, w = _inputs(m, N, K, silu, seed=80 + m + split)
+    cfg = gk.GemvConfig(16, 16, split, 4, 1)
+    want = gk.gemv(x, w, silu_mul=silu, config=cfg, reducer=False)
+    _check(want, x, w, silu)
+    for _ in range(2):
+        assert torch.equal(gk.gemv(x, w, silu_mul=silu, config=cfg, reducer=True), want)
+    assert torch.equal(gk.gemv(x, w, silu_mul=silu, config=cfg, reducer=False), want)
+
+
+def test_reducer_switch(monkeypatch):
+    assert gk.reducer_switch() is False
+    monkeypatch.setenv("HOTSPEC_GEMV_REDUCER", "1")
+    assert gk.reducer_switch() is True
+    monkeypatch.setenv("HOTSPEC_GEMV_REDUCER", "on")
+    with pytest.raises(ValueError, match="HOTSPEC_GEMV_REDUCER"):
+        gk.reducer_switch()
+
+
+@pytest.mark.gpu
+def test_gpu_last_slice_reducer_same_bits():
+    """At the 8B down shape, with PDL and the preload, ten launches in a row."""
+    x, w = _inputs(1, 4096, 14336, True, seed=81)
+    cfg = gk.GemvConfig(16, 512, 2, 4, 2)
+    want = gk.gemv(x, w, silu_mul=True, config=cfg, reducer=False)
+    got = [gk.gemv(x, w, silu_mul=True, config=cfg, reducer=True) for _ in range(10)]
+    assert all(torch.equal(g, want) for g in got)
+
+
 def test_early_switch(monkeypatch):
     assert gk.early_switch() is False
     monkeypatch.setenv("HOTSPEC_GEMV_EARLY", "1")
