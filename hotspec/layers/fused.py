@@ -54,8 +54,8 @@ def describe(device: torch.device) -> str:
     from hotspec.layers.attention import triton_backend
 
     gemv = "Triton GEMV where faster than cuBLAS"
-    trials = [name for name, on in (("HOTSPEC_GEMV_EARLY=1", gemv_kernels.early_switch()),
-                                    ("HOTSPEC_GEMV_REDUCER=1", gemv_kernels.reducer_switch())) if on]
+    trials = [name for name, on in (("HOTSPEC_GEMV_EARLY=1", gemv_kernels._EARLY_ON),
+                                    ("HOTSPEC_GEMV_REDUCER=1", gemv_kernels._REDUCER_ON)) if on]
     if trials:
         gemv += f" (A/B trials on: {', '.join(trials)})"
     return "; ".join([

@@ -356,6 +356,9 @@ def reducer_switch() -> bool:
     return on_off("HOTSPEC_GEMV_REDUCER", False)
 
 
+_EARLY_ON = early_switch()
+_REDUCER_ON = reducer_switch()
+
 _WORKSPACES: dict[tuple[torch.device, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -424,8 +427,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         PF_COLS=pdl.prefetch_cols(w),
         PRELOAD=pdl.preloads(use_pdl, m == 1, k - (cfg.SPLIT_K - 1) * k_split,
                              cfg.BLOCK_K) if preload is None else preload,
-        EARLY=early_switch() if early is None else early,
-        REDUCER=reducer_switch() if reducer is None else reducer,
+        EARLY=_EARLY_ON if early is None else early,
+        REDUCER=_REDUCER_ON if reducer is None else reducer,
         PIPE=cfg.PIPE if m == 1 else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y

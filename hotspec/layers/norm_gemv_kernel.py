@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hotspec.layers import pdl
-from hotspec.layers.gemv_kernels import GemvConfig, early_switch
+from hotspec.layers import gemv_kernels, pdl
+from hotspec.layers.gemv_kernels import GemvConfig
 
 
 @triton.jit
@@ -137,8 +137,9 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     """(rms_norm(x + residual) @ w.T, x + residual) for one row x [1, K] (residual None: the norm
     of x, and x itself), as fused_kernels.rms_norm then gemv compute it, in one kernel. Split-K
     configs are not supported (every program would recompute the norm per slice). early: load
-    the loop's first weight tile before the norm (None: HOTSPEC_GEMV_EARLY, gemv_kernels.early_switch);
-    preload: the first tile before the PDL wait (None: pdl.preloads' rule; tests force it)."""
+    the loop's first weight tile before the norm (None: HOTSPEC_GEMV_EARLY, read at import:
+    gemv_kernels.early_switch); preload: the first tile before the PDL wait (None: pdl.preloads'
+    rule; tests force it)."""
     if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"norm_gemv: x [1, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}")
     if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype or norm_weight.dtype != x.dtype:
@@ -159,7 +160,7 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_ROW=triton.next_power_of_2(k),
         PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
         PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K) if preload is None else preload,
-        PIPE=config.PIPE, EARLY=early_switch() if early is None else early,
+        PIPE=config.PIPE, EARLY=gemv_kernels._EARLY_ON if early is None else early,
         num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s

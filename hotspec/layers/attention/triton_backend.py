@@ -224,8 +224,8 @@ class TritonBackend(AttentionBackend):
 
     def _stages(self, p: TritonPlan) -> int:
         """Pipeline stages of the kv loop: the constructor's, else 1 for decode (one row per
-        request, no custom mask) and 2 otherwise. A decode program at small batch owns one or two tiles, so a
-        prefetch stage only adds its prologue. Measured on the H200, 8B batch 1 (RESULTS
+        request, no custom mask) and 2 otherwise. A decode program at small batch owns one or
+        two tiles, so a prefetch stage only adds its prologue. Measured on the H200, 8B batch 1 (RESULTS
         "Session 15" call 3 and "Session 17"): 4.00 against 4.01-4.02 ms, and 3.94-3.95 (replay
         3.93) against 3.95-3.96 (3.94)."""
         if self.num_stages is not None:
