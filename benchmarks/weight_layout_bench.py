@@ -21,7 +21,6 @@ decode step, its GEMVs reading tiled copies (code at fdbba10, HOTSPEC_GEMV_TILED
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from functools import partial
 
@@ -29,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hotspec.benchmark.device import device_name, graph_replay_ms
 from hotspec.layers import triton_interpret  # noqa: F401  (the interpreter fix)
 
 
@@ -119,17 +119,7 @@ def graph_us(fn, launches: int = 20, reps: int = 7) -> float:
     with torch.cuda.graph(graph):
         for _ in range(launches):
             fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / launches)
-    return statistics.median(times)
+    return graph_replay_ms(graph, reps) * 1e3 / launches
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from hotspec.layers.gemv_kernels import gemv
 
     dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name(dev)}; bf16, one row; us per launch (20 launches in a CUDA "
+    print(f"{device_name(dev)}; bf16, one row; us per launch (20 launches in a CUDA "
           "graph, median of 7) and TB/s of weight bytes")
     print(f"{'shape':>12} {'kernel':<34} {'us':>8} {'TB/s':>6}")
     for shape in args.shapes.split(","):

@@ -4,16 +4,13 @@ that differs from the source."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_utils import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("ab_overlays", ROOT / "scripts" / "ab_overlays.py")
-assert _spec is not None and _spec.loader is not None
-ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab)
+ab = load_script("scripts/ab_overlays.py")
 
 
 @pytest.mark.parametrize("name", sorted(ab.RECIPES))

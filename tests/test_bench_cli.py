@@ -10,15 +10,14 @@ phase, and bench.png is written.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from engine_utils import save_tiny_llama
+from script_utils import load_script
 
 from hotspec.benchmark.prompts import read_bench_prompts
 from hotspec.entrypoints.cli import main
@@ -154,14 +153,7 @@ def test_round_robin_subset(tmp_path: Path) -> None:
 def test_decode_bench_imports_the_moved_baseline() -> None:
     from hotspec.benchmark.hf_baseline import hf_generate_tokens_per_s
 
-    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["decode_bench"] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["decode_bench"]
+    module = load_script("benchmarks/decode_bench.py", register=True)
     assert module.hf_generate_tokens_per_s is hf_generate_tokens_per_s
     assert module.parse_args(["--vs-hf"]).vs_hf
     assert module.parse_args(["--timeline", "5"]).timeline == 5 and module.parse_args([]).timeline == 0

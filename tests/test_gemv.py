@@ -56,6 +56,15 @@ def _inputs(m: int, n: int, k: int, silu: bool, seed: int) -> tuple[torch.Tensor
     return x, w
 
 
+def _norm_inputs(m: int, k: int, seed: int, res: bool = True
+                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """A residual [m, k] (None without res) and an RMSNorm weight [k] for the norm-GEMV."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    r = (torch.randn(m, k, generator=g, device=DEV) * 2).to(BF16) if res else None
+    nw = (1 + 0.1 * torch.randn(k, generator=g, device=DEV)).to(BF16)
+    return r, nw
+
+
 @pytest.mark.parametrize("silu", [False, True])
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_gemv_matches_linear(m, silu):
@@ -93,9 +102,7 @@ def test_pipelined_row_loop_same_bits(silu, split):
 @pytest.mark.parametrize("res", [True, False], ids=["add+norm", "norm"])
 def test_norm_gemv_pipelined_same_bits(res):
     x, w = _inputs(1, N, K, False, seed=52)
-    g = torch.Generator(device=DEV).manual_seed(53)
-    r = (torch.randn(1, K, generator=g, device=DEV) * 2).to(BF16) if res else None
-    nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(BF16)
+    r, nw = _norm_inputs(1, K, 53, res)
     y1, s1 = ng.norm_gemv(x, r, nw, 1e-5, w, gk.GemvConfig(16, 32, 1, 4, 1))
     y2, s2 = ng.norm_gemv(x, r, nw, 1e-5, w, gk.GemvConfig(16, 32, 1, 4, 1, PIPE=2))
     assert torch.equal(y1, y2) and torch.equal(s1, s2)
@@ -121,9 +128,7 @@ def test_norm_gemv_early_tile_same_bits(pipe, k):
     """The norm-GEMV loading its loop's first tile before the row's RMS: the same bits, with and
     without a preloaded tile, PIPE 1 and 2, and with a single tile (K == BLOCK_K)."""
     x, w = _inputs(1, 48, k, False, seed=72 + k)
-    g = torch.Generator(device=DEV).manual_seed(73)
-    r = (torch.randn(1, k, generator=g, device=DEV) * 2).to(BF16)
-    nw = (1 + 0.1 * torch.randn(k, generator=g, device=DEV)).to(BF16)
+    r, nw = _norm_inputs(1, k, 73)
     cfg = gk.GemvConfig(16, 32, 1, 4, 1, PIPE=pipe)
     want = ng.norm_gemv(x, r, nw, 1e-5, w, cfg, early=False, preload=False)
     for early in (False, True):
@@ -145,15 +150,6 @@ def test_last_slice_reducer_same_bits(m, silu, split):
     assert torch.equal(gk.gemv(x, w, silu_mul=silu, config=cfg, reducer=False), want)
 
 
-def test_reducer_switch(monkeypatch):
-    assert gk.reducer_switch() is False
-    monkeypatch.setenv("HOTSPEC_GEMV_REDUCER", "1")
-    assert gk.reducer_switch() is True
-    monkeypatch.setenv("HOTSPEC_GEMV_REDUCER", "on")
-    with pytest.raises(ValueError, match="HOTSPEC_GEMV_REDUCER"):
-        gk.reducer_switch()
-
-
 @pytest.mark.gpu
 def test_gpu_last_slice_reducer_same_bits():
     """At the 8B down shape, with PDL and the preload, ten launches in a row."""
@@ -164,13 +160,16 @@ def test_gpu_last_slice_reducer_same_bits():
     assert all(torch.equal(g, want) for g in got)
 
 
-def test_early_switch(monkeypatch):
-    assert gk.early_switch() is False
-    monkeypatch.setenv("HOTSPEC_GEMV_EARLY", "1")
-    assert gk.early_switch() is True
-    monkeypatch.setenv("HOTSPEC_GEMV_EARLY", "yes")
-    with pytest.raises(ValueError, match="HOTSPEC_GEMV_EARLY"):
-        gk.early_switch()
+@pytest.mark.parametrize("name,switch", [("HOTSPEC_GEMV_EARLY", gk.early_switch),
+                                         ("HOTSPEC_GEMV_REDUCER", gk.reducer_switch)])
+def test_trial_switches(monkeypatch, name, switch):
+    """The A/B trials are off unless set to 1; another value is an error naming the variable."""
+    assert switch() is False
+    monkeypatch.setenv(name, "1")
+    assert switch() is True
+    monkeypatch.setenv(name, "yes")
+    with pytest.raises(ValueError, match=name):
+        switch()
 
 
 @pytest.mark.gpu
@@ -190,9 +189,7 @@ def test_gpu_early_next_tile_same_bits(n, k, silu, cfg):
                                    (6144, gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2))])
 def test_gpu_norm_gemv_early_tile_same_bits(n, cfg):
     x, w = _inputs(1, n, 4096, False, seed=n + 3)
-    g = torch.Generator(device=DEV).manual_seed(74)
-    r = (torch.randn(1, 4096, generator=g, device=DEV) * 2).to(BF16)
-    nw = (1 + 0.1 * torch.randn(4096, generator=g, device=DEV)).to(BF16)
+    r, nw = _norm_inputs(1, 4096, 74)
     y1, s1 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg, early=False)
     y2, s2 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg, early=True)
     assert torch.equal(y1, y2) and torch.equal(s1, s2)
@@ -224,9 +221,7 @@ def test_gpu_norm_gemv_pipelined_same_bits(n, cfg):
     from dataclasses import replace
 
     x, w = _inputs(1, n, 4096, False, seed=n)
-    g = torch.Generator(device=DEV).manual_seed(54)
-    r = (torch.randn(1, 4096, generator=g, device=DEV) * 2).to(BF16)
-    nw = (1 + 0.1 * torch.randn(4096, generator=g, device=DEV)).to(BF16)
+    r, nw = _norm_inputs(1, 4096, 54)
     y2, s2 = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
     y1, s1 = ng.norm_gemv(x, r, nw, 1e-5, w, replace(cfg, PIPE=1))
     assert torch.equal(y1, y2) and torch.equal(s1, s2)
@@ -366,9 +361,7 @@ def test_norm_gemv_matches_norm_then_linear(res):
     norm followed by the GEMV computes it (rounded at the same places)."""
     m = 1
     x, w = _inputs(m, N, K, False, seed=40 + m)
-    g = torch.Generator(device=DEV).manual_seed(41)
-    r = (torch.randn(m, K, generator=g, device=DEV) * 2).to(BF16) if res else None
-    nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(BF16)
+    r, nw = _norm_inputs(m, K, 41, res)
     y, s = ng.norm_gemv(x, r, nw, 1e-5, w, SMALL)
     h, s_ref = _norm_reference(x, r, nw, 1e-5)
     assert torch.equal(s.float(), s_ref) and (res or s is x)

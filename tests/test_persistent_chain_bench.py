@@ -4,22 +4,18 @@ benchmark checks both variants against torch and times them."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from script_utils import load_script
 
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("persistent_chain_bench",
-                                               ROOT / "benchmarks" / "persistent_chain_bench.py")
-assert _spec is not None and _spec.loader is not None
-pcb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pcb)
+pcb = load_script("benchmarks/persistent_chain_bench.py")
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -4,22 +4,18 @@ tiled layout (and rows in turn), in Triton's interpreter on the CPU and at real 
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from script_utils import load_script
 
 pytest.importorskip("triton")  # (conftest selects Triton's interpreter without a GPU)
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("weight_layout_bench",
-                                               ROOT / "benchmarks" / "weight_layout_bench.py")
-assert _spec is not None and _spec.loader is not None
-wlb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wlb)
+wlb = load_script("benchmarks/weight_layout_bench.py")
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
