@@ -174,12 +174,6 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     monkeypatch.setattr(pdl, "_all_switch", lambda: "auto")
     line = fused.describe(dev)
     assert "Triton GEMV" in line and "norm folded into the GEMV" in line
-    assert "A/B trials" not in line
-    from hotspec.layers import gemv_kernels
-
-    monkeypatch.setattr(gemv_kernels, "_REDUCER_ON", True)
-    assert "(A/B trials on: HOTSPEC_GEMV_REDUCER=1)" in fused.describe(dev)
-    monkeypatch.setattr(gemv_kernels, "_REDUCER_ON", False)
     assert "in steps of more than one row" in line and "HOTSPEC_PDL_PRELOAD=0 turns it off" in line
     monkeypatch.setattr(fused, "_norm_gemv_allowed", lambda: False)
     monkeypatch.setattr(pdl, "_all_switch", lambda: "0")

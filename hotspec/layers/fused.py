@@ -50,17 +50,12 @@ def describe(device: torch.device) -> str:
         return "torch layer code (not CUDA)"
     if not _available():
         return "torch layer code (fused Triton kernels unavailable or HOTSPEC_FUSED_KERNELS=0)"
-    from hotspec.layers import argmax, gemv_kernels, pdl
+    from hotspec.layers import argmax, pdl
     from hotspec.layers.attention import triton_backend
 
-    gemv = "Triton GEMV where faster than cuBLAS"
-    trials = [name for name, on in (("HOTSPEC_GEMV_EARLY=1", gemv_kernels._EARLY_ON),
-                                    ("HOTSPEC_GEMV_REDUCER=1", gemv_kernels._REDUCER_ON)) if on]
-    if trials:
-        gemv += f" (A/B trials on: {', '.join(trials)})"
     return "; ".join([
         "fused Triton norms and RoPE",
-        gemv if _gemv_allowed() else "cuBLAS only (HOTSPEC_GEMV=0)",
+        "Triton GEMV where faster than cuBLAS" if _gemv_allowed() else "cuBLAS only (HOTSPEC_GEMV=0)",
         "norm folded into the GEMV at one row" if _norm_gemv_allowed()
         else "no norm-GEMV (HOTSPEC_NORM_GEMV=0)",
         pdl.describe(device),

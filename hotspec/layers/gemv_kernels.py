@@ -40,7 +40,6 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (triton_interpret: the interpreter fix)
-from hotspec.layers.switches import on_off
 
 MAX_M = 16
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -165,8 +164,7 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  F32_DOT: tl.constexpr, PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                 PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1,
-                 EARLY: tl.constexpr = False, REDUCER: tl.constexpr = False):
+                 PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1):
     """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
     K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
     PDL (layers/pdl.py): the program's first weight panel goes to L2, and with PRELOAD its first
@@ -182,8 +180,7 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
     _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
-               w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD, PIPE, EARLY,
-               REDUCER)
+               w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD, PIPE)
 
 
 @triton.jit
@@ -251,8 +248,7 @@ def _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k, K, k_lo, k_hi, SILU: tl.
 def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
                w0, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-               F32_DOT: tl.constexpr, PRELOAD: tl.constexpr, PIPE: tl.constexpr = 1,
-               EARLY: tl.constexpr = False, REDUCER: tl.constexpr = False):
+               F32_DOT: tl.constexpr, PRELOAD: tl.constexpr, PIPE: tl.constexpr = 1):
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -272,20 +268,10 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
                              EVEN_K, PRELOAD)
         k_start = k_hi  # (the loop below runs no step)
     elif PRELOAD:  # the first tile, loaded before the wait (whole): the loop's first step
-        if EARLY:  # tile 1's loads issued before tile 0's input is read (see `early_switch`)
-            k_ok1 = (k_lo + BLOCK_K + offs_k) < k_hi
-            w1 = tl.load(w_ptr + BLOCK_K, mask=n_ok[:, None] & k_ok1[None, :], other=0.0,
-                         eviction_policy="evict_first")
         acc = _mac(acc, w0, _x_tile(x_ptr, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)
         k_start = k_lo + BLOCK_K
         w_ptr += BLOCK_K
         x_ptr += BLOCK_K
-        if EARLY:  # ... and used as the loop's next step would use it
-            acc = _mac(acc, w1, _x_tile(x_ptr, K, m_ok[:, None] & k_ok1[None, :], SILU), BLOCK_M,
-                       F32_DOT)
-            k_start += BLOCK_K
-            w_ptr += BLOCK_K
-            x_ptr += BLOCK_K
     for k in range(k_start, k_hi, BLOCK_K):
         if EVEN_K:
             w = tl.load(w_ptr, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
@@ -304,22 +290,6 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
     y_ptr = Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=out_mask)
-    elif REDUCER:  # the last slice's program reduces (see `reducer_switch`)
-        ws_ptr = WS + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-        if pid_k < SPLIT_K - 1:
-            tl.store(ws_ptr + pid_k.to(tl.int64) * 16 * N, acc, mask=out_mask)
-            tl.debug_barrier()  # every thread's partial is written before the tile's counter moves
-            tl.atomic_add(CNT + pid_n, 1, sem="release")
-        else:
-            n_in = tl.atomic_add(CNT + pid_n, 0, sem="acquire")
-            while n_in < SPLIT_K - 1:
-                n_in = tl.atomic_add(CNT + pid_n, 0, sem="acquire")
-            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K - 1):
-                tot += tl.load(ws_ptr + s * 16 * N, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tot += acc  # its own slice, last, from registers: the order of the sum below
-            tl.store(y_ptr, tot.to(Y.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(CNT + pid_n, 0)
     else:
         # workspace [SPLIT_K, MAX_M=16, N] fp32
         ws_ptr = WS + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
@@ -333,31 +303,6 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
             tl.store(y_ptr, tot.to(Y.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(CNT + pid_n, 0)
 
-
-def early_switch() -> bool:
-    """HOTSPEC_GEMV_EARLY (off by default; unmeasured on the GPU): after the PDL wait, issue the
-    loads of a program's next weight tile before reading the input the first tile needs. In the
-    one-row GEMV with a preloaded tile (PIPE=1) that is tile 1, before tile 0's x (read from L2,
-    SiLU applied); in the norm-GEMV it is the loop's first tile, before the row's RMS (a full-row
-    read and a CTA reduction). The products and their order are unchanged (equal bits)."""
-    return on_off("HOTSPEC_GEMV_EARLY", False)
-
-
-def reducer_switch() -> bool:
-    """HOTSPEC_GEMV_REDUCER (off by default; unmeasured on the GPU): split-K's reduction by the
-    program of the last K slice instead of the last to arrive. The others store their partials
-    and count themselves in (a release add); that program keeps its own partial in registers,
-    spins on an acquire read of the counter until the others are in, and sums the partials in
-    slice order, its own last (equal bits). It saves the reducer's store, its membar and its
-    read-modify-write round trip, what remains of the 0.03 ms a knockout of the whole tail is
-    worth (RESULTS "Session 17", call 10). The spin relies on the GPU dispatching a grid's
-    programs in order (the slices before the last have all been dispatched when it starts), as
-    CUB's decoupled look-back does; Triton's interpreter runs them in that order too."""
-    return on_off("HOTSPEC_GEMV_REDUCER", False)
-
-
-_EARLY_ON = early_switch()
-_REDUCER_ON = reducer_switch()
 
 _WORKSPACES: dict[tuple[torch.device, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -381,17 +326,12 @@ def prepare(N: int, config: GemvConfig, device: torch.device | str) -> None:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
-         config: GemvConfig | None = None, use_pdl: bool | None = None,
-         early: bool | None = None, preload: bool | None = None,
-         reducer: bool | None = None) -> torch.Tensor:
+         config: GemvConfig | None = None, use_pdl: bool | None = None) -> torch.Tensor:
     """x [M, K] (or [M, 2K] = [gate | up] with silu_mul) @ w[N, K].T -> [M, N] in x's dtype.
 
     bf16/fp16 only, 1 <= M <= 16, unit stride along K for x and w (x's row stride is free);
     anything else raises ValueError (callers fall back to F.linear). use_pdl: launch with
-    Programmatic Dependent Launch (layers/pdl.py; None: HOTSPEC_PDL on a Hopper GPU). early: see
-    `early_switch` (None: the switch); preload: the first weight tile loaded before the PDL wait
-    (None: pdl.preloads' rule; tests force it to run that path without PDL); reducer: see
-    `reducer_switch` (None: the switch)."""
+    Programmatic Dependent Launch (layers/pdl.py; None: HOTSPEC_PDL on a Hopper GPU)."""
     if x.dim() != 2 or w.dim() != 2:
         raise ValueError(f"gemv: x and w must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
@@ -426,9 +366,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         SPLIT_K=cfg.SPLIT_K, EVEN_K=even_k, F32_DOT=_INTERPRET, PDL=use_pdl,
         PF_COLS=pdl.prefetch_cols(w),
         PRELOAD=pdl.preloads(use_pdl, m == 1, k - (cfg.SPLIT_K - 1) * k_split,
-                             cfg.BLOCK_K) if preload is None else preload,
-        EARLY=_EARLY_ON if early is None else early,
-        REDUCER=_REDUCER_ON if reducer is None else reducer,
+                             cfg.BLOCK_K),
         PIPE=cfg.PIPE if m == 1 else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y

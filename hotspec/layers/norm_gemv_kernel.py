@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotspec.layers import gemv_kernels, pdl
+from hotspec.layers import pdl
 from hotspec.layers.gemv_kernels import GemvConfig
 
 
@@ -61,8 +61,7 @@ def normed_tile(X, R, G, kk, k_ok, inv, HAS_RES: tl.constexpr):
 def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr,
                       PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                      PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1,
-                      EARLY: tl.constexpr = False):
+                      PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1):
     pid = tl.program_id(0)
     offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:  # weights to L2 (and with PRELOAD a tile to registers) before the wait (layers/pdl.py)
@@ -70,41 +69,22 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
         pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
     w0 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
-    offs_k = tl.arange(0, BLOCK_K)
-    n_ok = offs_n < N
-    # EARLY: the loop's first weight tile (tile 1 after a preload, else 0) is loaded before the
-    # norm, so HBM streams while the row's RMS is computed; it is used where the loop would use
-    # it (the same products in the same order: equal bits)
-    k_e: tl.constexpr = BLOCK_K if PRELOAD else 0
-    kk_e = k_e + offs_k
-    w_e = tl.zeros((BLOCK_N, BLOCK_K), dtype=W.dtype.element_ty)  # (unused without EARLY)
-    if EARLY:
-        w_e = tl.load(W + offs_n[:, None] * stride_wn + kk_e[None, :],
-                      mask=n_ok[:, None] & (kk_e < K)[None, :], other=0.0,
-                      eviction_policy="evict_first")
     inv = row_rms(X, R, S, K, eps, pid, HAS_RES, BLOCK_ROW)
     # the GEMV, its input normalised tile by tile
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     k_start = 0
     if PIPE == 2:  # the next tile's loads in flight during this tile's products (gemv_kernels)
         if PRELOAD:
             w_cur = w0
-        elif EARLY:
-            w_cur = w_e
         else:
             w_cur = tl.load(W + offs_n[:, None] * stride_wn + offs_k[None, :],
                             mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0,
                             eviction_policy="evict_first")
         k_cur = 0
         k2 = offs_k[None, :]  # the input as [1, BLOCK_K] tiles: the weight tile's layout
-        k_loop = BLOCK_K
-        if EARLY and PRELOAD:  # tile 1 is in flight already: the loop's first step, here
-            kc = k2
-            acc += w_cur.to(tl.float32) * normed_tile(X, R, G, kc, kc < K, inv, HAS_RES)
-            w_cur = w_e
-            k_cur = BLOCK_K
-            k_loop = 2 * BLOCK_K
-        for k in range(k_loop, K, BLOCK_K):
+        for k in range(BLOCK_K, K, BLOCK_K):
             kk = k + offs_k
             w_nxt = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :],
                             mask=n_ok[:, None] & (kk < K)[None, :], other=0.0,
@@ -119,9 +99,6 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
     elif PRELOAD:  # the first tile (whole), loaded before the wait: the loop's first step
         acc += w0.to(tl.float32) * normed_tile(X, R, G, offs_k, offs_k < K, inv, HAS_RES)[None, :]
         k_start = BLOCK_K
-    if EARLY and PIPE != 2:  # the loop's first step, with the tile loaded before the norm
-        acc += w_e.to(tl.float32) * normed_tile(X, R, G, kk_e, kk_e < K, inv, HAS_RES)[None, :]
-        k_start = k_e + BLOCK_K
     for k in range(k_start, K, BLOCK_K):
         kk = k + offs_k
         k_ok = kk < K
@@ -132,14 +109,10 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-              w: torch.Tensor, config: GemvConfig, *, early: bool | None = None,
-              preload: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              w: torch.Tensor, config: GemvConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ w.T, x + residual) for one row x [1, K] (residual None: the norm
     of x, and x itself), as fused_kernels.rms_norm then gemv compute it, in one kernel. Split-K
-    configs are not supported (every program would recompute the norm per slice). early: load
-    the loop's first weight tile before the norm (None: HOTSPEC_GEMV_EARLY, read at import:
-    gemv_kernels.early_switch); preload: the first tile before the PDL wait (None: pdl.preloads'
-    rule; tests force it)."""
+    configs are not supported (every program would recompute the norm per slice)."""
     if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"norm_gemv: x [1, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}")
     if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype or norm_weight.dtype != x.dtype:
@@ -159,8 +132,7 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         x, r, norm_weight, w, y, s, n, k, eps, w.stride(0), HAS_RES=residual is not None,
         BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_ROW=triton.next_power_of_2(k),
         PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K) if preload is None else preload,
-        PIPE=config.PIPE, EARLY=gemv_kernels._EARLY_ON if early is None else early,
+        PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K), PIPE=config.PIPE,
         num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s
