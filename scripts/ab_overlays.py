@@ -71,6 +71,27 @@ _KV_NEXT_FN = (KERNELS, "\n\n@triton.jit\ndef paged_attn_fwd(",
                "    " + _PREFETCH.format(ptr="v_base + nxt + slot * stride_vt + half[None, :]")
                .replace("\n    ", "\n        ") +
                "\n\n@triton.jit\ndef paged_attn_fwd(")
+# the first MB megabytes of gate_up's weight prefetched into L2 by the attention programs after
+# their kv loop (HBM is idle during attention and the combine; gate_up, unlike o_proj, is bound
+# by HBM), with L2::evict_last in the `el` variants so that o_proj's stream does not evict them
+# (session 18: 16 MB 3.97, 16 MB el 3.97, 32 MB 3.98, 32 MB el 4.05 against 3.95 ms; L2 hits do
+# not make gate_up faster)
+_ATTEND = "            x = attn.attend(*attn.split_qkv(qkv), fb, rope, kv, backend)\n"
+
+
+def _pf_gu(mb: int, evict_last: bool) -> list[tuple[str, str, str]]:
+    fn = _PF_OPROJ_FN
+    if evict_last:
+        fn = (fn[0], fn[1], fn[2].replace("prefetch.global.L2 [$1]", "prefetch.global.L2::evict_last [$1]"))
+    return [fn, _KERNEL_TAIL,
+            (KERNELS, _AFTER_LOOP, "    if PF_AT == 2:\n        _pf_lines(PF, PF_N)\n" + _AFTER_LOOP),
+            (BACKEND, _ROPE_KW, "            **_rope_kwargs(rope, k_cache), **({'PF': self._pf, "
+             "'PF_N': self._pf.numel() // 64, 'PF_AT': 2} if p.width == 1 else {}),\n"),
+            ("hotspec/models/llama.py", _ATTEND,
+             f"            backend._pf = mlp.gate_up_proj.weight.view(-1)[:{mb} << 19]  # VARIANT\n"
+             + _ATTEND)]
+
+
 _AFTER_LOOP = "    l_safe = tl.where(l_i == 0.0, 1.0, l_i)\n"
 _ROPE_KW = "            **_rope_kwargs(rope, k_cache),\n"
 
@@ -105,12 +126,12 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
         (KERNELS, "                kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None])",
          "                kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],\n"
          "                             eviction_policy=\"evict_last\")  # VARIANT"),
-        (KERNELS, "                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [N, D]",
-         "                        mask=n_ok[:, None] & d_ok[None, :], other=0.0,\n"
-         "                        eviction_policy=\"evict_last\")  # VARIANT [N, D]"),
-        (KERNELS, "            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :])",
-         "            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],\n"
-         "                        eviction_policy=\"evict_last\")  # VARIANT")],
+        (KERNELS, "                       mask=n_ok[:, None] & d_ok[None, :], other=0.0)\n",
+         "                       mask=n_ok[:, None] & d_ok[None, :], other=0.0,\n"
+         "                       eviction_policy=\"evict_last\")  # VARIANT\n"),
+        (KERNELS, "        return tl.load(v_base + slot[:, None] * stride_vt + d[None, :])\n",
+         "        return tl.load(v_base + slot[:, None] * stride_vt + d[None, :],\n"
+         "                       eviction_policy=\"evict_last\")  # VARIANT\n")],
     "pdl_attn": [_PDL_ATTN],
     "pdl_both": [_PDL_ATTN, (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
                              "            comb_wait = use_pdl  # VARIANT")],
@@ -129,6 +150,21 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
                  "kv.k.shape[0] else 0  # VARIANT\n" + _FORWARD)],
     **{f"w{w}": [(BACKEND, _WARPS, f"        num_warps = self.num_warps or ({w} if p.width == 1 else 4)")]
        for w in (1, 2, 8)},
+    # the down projection's input without silu(gate) * up (gate only): what computing the
+    # product once, in gate_up's epilogue, could save at most (session 18: 3.89, replay 3.87,
+    # against 3.89 / 3.88 ms)
+    "kb_nosilu": [("hotspec/layers/gemv_kernels.py", "    if SILU:\n        u = tl.load(x_ptr + K",
+                   "    if False:  # KNOCKOUT: no silu * up\n        u = tl.load(x_ptr + K")],
+    # o_proj with whole rows per program (2 x 4096, the whole weight slice preloaded before the
+    # PDL wait; 127 registers, 4 programs per SM; session 18: 3.93 against 3.89 ms)
+    "o_rows": [("hotspec/layers/gemv_kernels.py",
+                "GemvConfig(4, 1024, 1, 4, 1, PIPE=2),  # o (decode",
+                "GemvConfig(2, 4096, 1, 4, 1),  # VARIANT o (decode")],
+    # the V tile's loads after the scores and softmax again at batch 1 (the order before
+    # session 18; TritonBackend._v_early)
+    "v_late": [(BACKEND, "        return self._stages(p) == 1 and block_n <= 32",
+                "        return False  # VARIANT: V's loads after the scores")],
+    **{f"pf_gu{mb}{'el' if el else ''}": _pf_gu(mb, el) for mb in (16, 32) for el in (False, True)},
 }
 
 

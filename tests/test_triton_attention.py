@@ -566,6 +566,51 @@ def test_decode_runs_its_kv_loop_at_one_stage() -> None:
     assert fixed._stages(dec.attn_meta) == 3
 
 
+def test_v_early_rule(monkeypatch) -> None:
+    """The V tile's loads go out with the K tile's at one stage and tiles of at most 32 rows
+    (the batch-1 decode tile); 64-row tiles and pipelined (two-stage) phases keep the old order."""
+    dec = make_case(q_lens=[1], kv_lens=[9], width=1, hq=4, hkv=2, d=64, dtype=BF16, seed=72)[0]
+    ver = make_case(q_lens=[4], kv_lens=[9], width=4, hq=4, hkv=2, d=64, dtype=BF16, seed=73,
+                    masks=[tree_mask(4)])[0]
+    be = TritonBackend(PAGE)
+    for fb in (dec, ver):
+        be.plan(fb)
+    assert be._v_early(dec.attn_meta, 32) and be._v_early(dec.attn_meta, 16)
+    assert not be._v_early(dec.attn_meta, 64)
+    assert not be._v_early(ver.attn_meta, 32)
+
+
+def _v_early_same_bits(dtype: torch.dtype, d: int, hq: int, hkv: int, kv: int, splits: int | None,
+                       monkeypatch) -> None:
+    """Decode (split or not) and a tree verify with V's loads early against the old order, at
+    32-row tiles: the same values in the same order, so the same bits."""
+    cases = [make_case(q_lens=[1, 1], kv_lens=[kv, kv // 2 + 1], width=1, hq=hq, hkv=hkv, d=d,
+                       dtype=dtype, seed=74),
+             make_case(q_lens=[4, 3], kv_lens=[kv, kv // 2 + 4], width=4, hq=hq, hkv=hkv, d=d,
+                       dtype=dtype, seed=75, masks=[tree_mask(4), tree_mask(4)])]
+    for fb, q, kc, vc in cases:
+        outs = []
+        for early in (False, True):
+            be = TritonBackend(PAGE, block_n=32, num_splits=splits, num_stages=1)
+            monkeypatch.setattr(be, "_v_early", lambda p, bn, e=early: e)
+            be.plan(fb)
+            outs.append(be.forward(fb, q, kc, vc, d ** -0.5))
+        assert torch.equal(outs[0], outs[1])
+        check(fb, q, kc, vc, TritonBackend(PAGE, block_n=32, num_splits=splits))
+
+
+@pytest.mark.parametrize("splits", [None, 3])
+def test_v_early_same_bits(splits, monkeypatch) -> None:
+    _v_early_same_bits(torch.float32, 64, 4, 2, 75, splits, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [None, 16])
+def test_gpu_v_early_same_bits(splits, monkeypatch) -> None:
+    """At the 8B heads in bf16 on the tensor cores."""
+    _v_early_same_bits(BF16, 128, 32, 8, 600, splits, monkeypatch)
+
+
 def test_rope_fold_switch(monkeypatch) -> None:
     """HOTSPEC_ATTN_ROPE: on by default, 0 turns it off, anything else is an error naming it; the
     fold applies to decode-like batches only (one row per request, no custom mask)."""

@@ -29,14 +29,29 @@ from hotspec.layers import pdl, triton_interpret  # noqa: F401  (the interpreter
 
 
 @triton.jit
+def _v_tile(v_base, slot, stride_vt, d, d_ok, n_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """The [N, D] V tile at kv slots `slot` (rows past kv_len read as 0 where MASKED)."""
+    if MASKED:
+        return tl.load(v_base + slot[:, None] * stride_vt + d[None, :],
+                       mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    elif EVEN_D:
+        return tl.load(v_base + slot[:, None] * stride_vt + d[None, :])
+    else:
+        return tl.load(v_base + slot[:, None] * stride_vt + d[None, :], mask=d_ok[None, :], other=0.0)
+
+
+@triton.jit
 def _attn_blocks(
     acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, hi, kv_len, lim, real, row_ok,
     start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CUSTOM: tl.constexpr, MASKED: tl.constexpr,
     F32_DOT: tl.constexpr, EVEN_D: tl.constexpr, MASK_BITS: tl.constexpr,
+    V_EARLY: tl.constexpr = False,
 ):
     """Online-softmax over kv indices [lo, hi) in BLOCK_N steps. MASKED=False: every index is
-    < kv_len and visible to every real row (padding rows still see index 0 only)."""
+    < kv_len and visible to every real row (padding rows still see index 0 only). V_EARLY: the
+    V tile's loads are issued right after the K tile's instead of after the scores (see
+    TritonBackend._v_early)."""
     n = tl.arange(0, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         offs = start + n
@@ -54,6 +69,8 @@ def _attn_blocks(
             else:
                 kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None], mask=d_ok[:, None],
                              other=0.0)
+        if V_EARLY:
+            v = _v_tile(v_base, slot, stride_vt, d, d_ok, offs < kv_len, MASKED, EVEN_D)
         kt = kt.to(Q.dtype.element_ty)
         if F32_DOT:
             s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")
@@ -83,13 +100,8 @@ def _attn_blocks(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],
-                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [N, D]
-        elif EVEN_D:
-            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :])
-        else:
-            v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :], mask=d_ok[None, :], other=0.0)
+        if not V_EARLY:
+            v = _v_tile(v_base, slot, stride_vt, d, d_ok, offs < kv_len, MASKED, EVEN_D)
         v = v.to(Q.dtype.element_ty)
         if F32_DOT:  # p rounded to q's dtype as on the 16-bit tensor-core path
             pv = tl.dot(p.to(Q.dtype.element_ty).to(tl.float32), v.to(tl.float32),
@@ -129,7 +141,7 @@ def paged_attn_fwd(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
-    ROPE: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
+    ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
 ):
@@ -230,11 +242,11 @@ def paged_attn_fwd(
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, tl.minimum(hi, full), kv_len,
         lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
-        PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS)
+        PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS, V_EARLY)
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, tl.maximum(lo, full), hi, kv_len,
         lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
-        PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS)
+        PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS, V_EARLY)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
