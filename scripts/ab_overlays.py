@@ -37,6 +37,7 @@ _WARPS = "        num_warps = self.num_warps or 4"
 _ST2 = (BACKEND, "        return 1 if p.width == 1 and p.custom_mask is None else 2",
         "        return 2  # VARIANT: decode at two stages (the rule before session 17)")
 _LLAMA = "hotspec/models/llama.py"
+GK = "hotspec/layers/gemv_kernels.py"
 _FORWARD = "        o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold)\n"
 _KERNEL_TAIL = (KERNELS, "    stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,\n):",
                 "    stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,\n"
@@ -189,6 +190,20 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
     # session 18; TritonBackend._v_early)
     "v_late": [(BACKEND, "        return self._stages(p) == 1 and block_n <= 32",
                 "        return False  # VARIANT: V's loads after the scores")],
+    # GEMV tiles of 4 (or 8) rows x 1024 columns, whose main loop needs no shared-memory layout
+    # change of the input tile (the o row's shape since session 16; the sm_90 SASS of qkv's 8 x
+    # 512 and gate_up's 16 x 256 loops has 2 BAR.SYNC per tile, down's 16 x 512 (+silu) 8).
+    # Session 18, 8B batch 1 against 3.94 ms: qkv 3.97, gate_up 3.95 (8 rows: 4.16), down 4 x
+    # 1024 4.03 (no split) / 4.09 (split 2), 8 x 1024 split 2 3.97: the barriers are not the cost
+    "t_qkv4": [(GK, "(1, 6144, 4096, False): GemvConfig(8, 512, 1, 4, 2),",
+                "(1, 6144, 4096, False): GemvConfig(4, 1024, 1, 4, 1),  # VARIANT")],
+    "t_gu4": [(GK, "(28672, 4096): GemvConfig(16, 256, 1, 4, 4),",
+               "(28672, 4096): GemvConfig(4, 1024, 1, 4, 1),  # VARIANT")],
+    "t_gu8": [(GK, "(28672, 4096): GemvConfig(16, 256, 1, 4, 4),",
+               "(28672, 4096): GemvConfig(8, 1024, 1, 4, 1),  # VARIANT")],
+    **{f"t_down{bn}s{sk}": [(GK, "(1, 4096, 14336, True): GemvConfig(16, 512, 2, 4, 2),",
+                            f"(1, 4096, 14336, True): GemvConfig({bn}, 1024, {sk}, 4, 1),  # VARIANT")]
+       for bn, sk in ((4, 1), (4, 2), (8, 2))},
     **{f"pf_guc{mb}{'e' if end else ''}": _pf_gu_comb(mb, end) for mb in (8, 16) for end in (False, True)},
     **{f"pf_gu{mb}{'el' if el else ''}": _pf_gu(mb, el) for mb in (16, 32) for el in (False, True)},
 }
