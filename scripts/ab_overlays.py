@@ -204,6 +204,12 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
     **{f"t_down{bn}s{sk}": [(GK, "(1, 4096, 14336, True): GemvConfig(16, 512, 2, 4, 2),",
                             f"(1, 4096, 14336, True): GemvConfig({bn}, 1024, {sk}, 4, 1),  # VARIANT")]
        for bn, sk in ((4, 1), (4, 2), (8, 2))},
+    # the vanilla decode step's head in torch ops again (seven small kernels: the carry pick, the
+    # slot lookup, q_lens, kv_lens) instead of runtime/decode_inputs' one kernel
+    "head_torch": [("hotspec/engine/vanilla_worker.py",
+                    "from hotspec.runtime.decode_inputs import decode_inputs\n",
+                    "from hotspec.runtime.decode_inputs import decode_inputs_torch as decode_inputs"
+                    "  # VARIANT\n")],
     **{f"pf_guc{mb}{'e' if end else ''}": _pf_gu_comb(mb, end) for mb in (8, 16) for end in (False, True)},
     **{f"pf_gu{mb}{'el' if el else ''}": _pf_gu(mb, el) for mb in (16, 32) for el in (False, True)},
 }

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from hotspec.engine.launches import HostCopy, Launches, LaunchingWorker, from_carry, to_carry
+from hotspec.engine.launches import HostCopy, Launches, LaunchingWorker, to_carry
 from hotspec.engine.request import Request, Status
 from hotspec.layers.argmax import argmax
 from hotspec.layers.sampler import SamplingTensors, sample
 from hotspec.models.llama import LlamaForCausalLM
-from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch, slots_at
+from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch
+from hotspec.runtime.decode_inputs import decode_inputs
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 from hotspec.runtime.graph_runner import GraphRunner, Tensors
 from hotspec.runtime.model_runner import ModelRunner
@@ -151,19 +152,18 @@ class VanillaWorker(LaunchingWorker):
         return reqs, [[t] for t in tokens]
 
     def _logits(self, x: Tensors, float32: bool = True) -> torch.Tensor:
+        """The LM head's output for the step's rows. Overlap: a row's token comes from the last
+        step's carry (`src`), or the host's (`src` -1); runtime/decode_inputs does that and
+        the slots and lengths in one kernel."""
         seq, tables = x["seq"], x["tables"]
-        b = seq.shape[0]
+        carried = (x["src"], self.carry["ids"]) if self.overlap else ()
+        ids, loc, q_lens, kv_lens = decode_inputs(x["ids"], seq, tables, self.block_size, *carried)
         fb = ForwardBatch(
-            mode=ForwardMode.DECODE, input_ids=x["ids"], positions=seq,
-            out_cache_loc=slots_at(tables, seq.unsqueeze(1), self.block_size).view(-1),
-            q_lens=torch.ones(b, dtype=torch.long, device=seq.device), kv_lens=seq + 1,
-            block_tables=tables, width=1, max_q=1, max_kv=self.max_kv)
+            mode=ForwardMode.DECODE, input_ids=ids, positions=seq, out_cache_loc=loc,
+            q_lens=q_lens, kv_lens=kv_lens, block_tables=tables, width=1, max_q=1,
+            max_kv=self.max_kv)
         hidden, _ = self.runner.forward(fb)
         return self.target.compute_logits(hidden, float32)
-
-    def _input_ids(self, x: Tensors) -> Tensors:
-        """Overlap: a row's token from the last step's carry (`src`), or the host's (`src` -1)."""
-        return from_carry(x, self.carry) if self.overlap else x
 
     def _next(self, nxt: torch.Tensor) -> Tensors:
         if self.overlap:  # what the next launch reads for rows it has not collected yet
@@ -172,10 +172,9 @@ class VanillaWorker(LaunchingWorker):
 
     def decode_phase(self, x: Tensors) -> Tensors:
         # greedy: the argmax of the LM head's own output, no float32 copy (the same index)
-        return self._next(argmax(self._logits(self._input_ids(x), float32=False)))
+        return self._next(argmax(self._logits(x, float32=False)))
 
     def decode_sample_phase(self, x: Tensors) -> Tensors:
-        x = self._input_ids(x)
         return self._next(sample(self._logits(x), x["temperature"], x["top_p"], x["top_k"],
                                  x["min_p"], x["seeds"], x["offsets"]))
 
