@@ -210,6 +210,10 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
                     "from hotspec.runtime.decode_inputs import decode_inputs\n",
                     "from hotspec.runtime.decode_inputs import decode_inputs_torch as decode_inputs"
                     "  # VARIANT\n")],
+    # the carry written by a copy kernel after the argmax again (the order before session 18)
+    "carry_copy": [("hotspec/engine/vanilla_worker.py",
+                    "        return {\"next\": argmax(self._logits(x, float32=False), also=carry)}\n",
+                    "        return self._next(argmax(self._logits(x, float32=False)))  # VARIANT\n")],
     **{f"pf_guc{mb}{'e' if end else ''}": _pf_gu_comb(mb, end) for mb in (8, 16) for end in (False, True)},
     **{f"pf_gu{mb}{'el' if el else ''}": _pf_gu(mb, el) for mb in (16, 32) for el in (False, True)},
 }

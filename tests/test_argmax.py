@@ -57,6 +57,23 @@ def test_argmax_dispatch_keeps_leading_dims(monkeypatch) -> None:
     am._switch.cache_clear()
 
 
+def test_second_destination_gets_the_same_indices(monkeypatch) -> None:
+    """`also` (the overlap schedule's carry): its first R elements get the indices, the rest is
+    untouched, on the kernel path (forced here, on the CPU) and torch's; a destination of the
+    wrong kind is an error that says what it must be."""
+    x = _rows(5, 300, torch.float32, seed=4)
+    want = x.argmax(-1)
+    for kernel in (True, False):
+        monkeypatch.setattr(am.fused, "enabled", lambda t, *p, k=kernel: k)
+        carry = torch.full((8,), -7, dtype=torch.int64, device=DEV)
+        assert torch.equal(am.argmax(x, also=carry), want)
+        assert torch.equal(carry[:5], want) and carry[5:].eq(-7).all(), kernel
+    for bad in (torch.zeros(8, dtype=torch.int32, device=DEV), torch.zeros(4, dtype=torch.int64, device=DEV),
+                torch.zeros(16, dtype=torch.int64, device=DEV)[::2]):
+        with pytest.raises(ValueError, match="unit-stride int64 vector of at least 5"):
+            argmax_rows(x, out2=bad)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [128256, 49152, 32768])
 @pytest.mark.parametrize("r", [1, 12, 64])

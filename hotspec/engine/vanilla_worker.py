@@ -171,8 +171,10 @@ class VanillaWorker(LaunchingWorker):
         return {"next": nxt}
 
     def decode_phase(self, x: Tensors) -> Tensors:
-        # greedy: the argmax of the LM head's own output, no float32 copy (the same index)
-        return self._next(argmax(self._logits(x, float32=False)))
+        # greedy: the argmax of the LM head's own output, no float32 copy (the same index); with
+        # the overlap schedule the argmax kernel also writes the carry (no copy kernel after it)
+        carry = self.carry["ids"] if self.overlap else None
+        return {"next": argmax(self._logits(x, float32=False), also=carry)}
 
     def decode_sample_phase(self, x: Tensors) -> Tensors:
         return self._next(sample(self._logits(x), x["temperature"], x["top_p"], x["top_k"],

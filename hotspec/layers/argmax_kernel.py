@@ -63,7 +63,8 @@ def _partial_kernel(X, PV, PN, PI, n, stride_x, chunk, n_chunks, BLOCK: tl.const
 
 
 @triton.jit
-def _final_kernel(PV, PN, PI, OUT, n_chunks, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+def _final_kernel(PV, PN, PI, OUT, OUT2, n_chunks, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False,
+                  HAS_OUT2: tl.constexpr = False):
     pdl.wait(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_C)
@@ -73,12 +74,21 @@ def _final_kernel(PV, PN, PI, OUT, n_chunks, BLOCK_C: tl.constexpr, PDL: tl.cons
     i = tl.load(PI + row * n_chunks + offs, mask=ok, other=2**31 - 1)
     _, _, best = _pick(v, nan, i)
     tl.store(OUT + row, best.to(tl.int64))
+    if HAS_OUT2:
+        tl.store(OUT2 + row, best.to(tl.int64))
 
 
-def argmax_rows(x: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
+def argmax_rows(x: torch.Tensor, use_pdl: bool = False, out2: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """int64 [R]: the first index of each row's maximum of x [R, V] (unit stride along V).
-    use_pdl: both kernels PDL-launched (Hopper; see argmax.py), each waiting first thing."""
+    use_pdl: both kernels PDL-launched (Hopper; see argmax.py), each waiting first thing.
+    out2: a second int64 destination (its first R elements, unit stride) the final kernel
+    writes the same indices to (the overlap schedule's carry: no copy kernel after it)."""
     r, n = x.shape
+    if out2 is not None and (out2.dtype != torch.int64 or out2.dim() != 1 or out2.numel() < r
+                             or out2.stride(0) != 1 or out2.device != x.device):
+        raise ValueError(f"argmax_rows: out2 must be a unit-stride int64 vector of at least {r} "
+                         f"elements on {x.device}, got {out2.dtype} {tuple(out2.shape)}")
     out = torch.empty(r, dtype=torch.int64, device=x.device)
     if r == 0:
         return out
@@ -90,6 +100,8 @@ def argmax_rows(x: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
     pi = torch.empty((r, n_chunks), dtype=torch.int32, device=x.device)
     _partial_kernel[(r, n_chunks)](x, pv, pn, pi, n, x.stride(0), chunk, n_chunks, BLOCK=BLOCK,
                                    num_warps=4, PDL=use_pdl, **({"launch_pdl": True} if use_pdl else {}))
-    _final_kernel[(r,)](pv, pn, pi, out, n_chunks, BLOCK_C=max(16, triton.next_power_of_2(n_chunks)),
-                        num_warps=1, PDL=use_pdl, **({"launch_pdl": True} if use_pdl else {}))
+    _final_kernel[(r,)](pv, pn, pi, out, out if out2 is None else out2, n_chunks,
+                        BLOCK_C=max(16, triton.next_power_of_2(n_chunks)), num_warps=1,
+                        PDL=use_pdl, HAS_OUT2=out2 is not None,
+                        **({"launch_pdl": True} if use_pdl else {}))
     return out
