@@ -24,6 +24,8 @@ from typing import Any
 import torch
 
 from hotspec.engine.request import Request
+from hotspec.layers import fused
+from hotspec.runtime.carry_pick import MAX_PAIRS, carry_pick, pickable
 
 Tensors = dict[str, torch.Tensor]
 
@@ -67,10 +69,24 @@ class HostCopy:
 
 def from_carry(x: Tensors, carry: Tensors) -> Tensors:
     """Inside a step graph: each input named in `carry` taken from row `src` of the carry where
-    `src` >= 0 (what the host has not read yet), else the host's value."""
-    take = x["src"] >= 0
-    row = x["src"].clamp(min=0)
-    return dict(x, **{k: torch.where(take, buf[row], x[k]) for k, buf in carry.items() if k in x})
+    `src` >= 0 (what the host has not read yet), else the host's value. Where fused kernels run,
+    the int64 vectors (every carry the engine keeps) are picked in one kernel
+    (runtime/carry_pick.py), anything else in torch."""
+    src = x["src"]
+    keys = [k for k in carry if k in x]
+    fast: list[str] = []
+    if fused.enabled(src) and src.dtype == torch.int64 and src.dim() == 1 and src.stride(0) == 1:
+        fast = [k for k in keys if pickable(x[k], carry[k], src)]
+    out = dict(x)
+    for i in range(0, len(fast), MAX_PAIRS):
+        group = fast[i : i + MAX_PAIRS]
+        out.update(zip(group, carry_pick(src, [(x[k], carry[k]) for k in group])))
+    rest = [k for k in keys if k not in fast]
+    if rest:
+        take = src >= 0
+        row = src.clamp(min=0)
+        out.update({k: torch.where(take, carry[k][row], x[k]) for k in rest})
+    return out
 
 
 def to_carry(carry: Tensors, values: Tensors) -> None:
