@@ -216,8 +216,9 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
                     "        return self._next(argmax(self._logits(x, float32=False)))  # VARIANT\n")],
     # the fused EAGLE step's carry pick in torch again (runtime/carry_pick.py's kernel off)
     "carry_torch": [("hotspec/engine/launches.py",
-                     "    if fused.enabled(src) and src.dtype == torch.int64",
-                     "    if False and fused.enabled(src) and src.dtype == torch.int64  # VARIANT")],
+                     "    if fused.enabled(src) and src.dtype == torch.int64 and src.dim() == 1 "
+                     "and src.stride(0) == 1:\n",
+                     "    if False:  # VARIANT: the torch pick\n")],
     **{f"pf_guc{mb}{'e' if end else ''}": _pf_gu_comb(mb, end) for mb in (8, 16) for end in (False, True)},
     **{f"pf_gu{mb}{'el' if el else ''}": _pf_gu(mb, el) for mb in (16, 32) for el in (False, True)},
 }
