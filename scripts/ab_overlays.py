@@ -214,8 +214,11 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
     "carry_copy": [("hotspec/engine/vanilla_worker.py",
                     "        return {\"next\": argmax(self._logits(x, float32=False), also=carry)}\n",
                     "        return self._next(argmax(self._logits(x, float32=False)))  # VARIANT\n")],
-    # the fused EAGLE step's carry pick in torch again (runtime/carry_pick.py's kernel off)
-    "carry_torch": [("hotspec/engine/launches.py",
+    # the fused EAGLE step's carry pick and put in torch again (runtime/carry_kernels.py's
+    # kernels off)
+    "carry_torch": [("hotspec/engine/launches.py", "    if keys and fused.enabled(values[keys[0]]):\n",
+                     "    if False:  # VARIANT: the torch put\n"),
+                    ("hotspec/engine/launches.py",
                      "    if fused.enabled(src) and src.dtype == torch.int64 and src.dim() == 1 "
                      "and src.stride(0) == 1:\n",
                      "    if False:  # VARIANT: the torch pick\n")],

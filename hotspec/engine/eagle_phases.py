@@ -215,8 +215,10 @@ class EaglePhases:
         emitted = emitted_rows(acc)
         if self.carry is not None:  # seq + accepted, the bonus (next root), offset + emitted
             a = acc["accept_len"]
-            to_carry(self.carry, {"seq": x["seq"] + a, "root": acc["bonus"]}
-                     | ({"offsets": x["offsets"] + a} if "offsets" in x else {}))
+            offsets = "offsets" in x
+            to_carry(self.carry, {"seq": x["seq"], "root": acc["bonus"]}
+                     | ({"offsets": x["offsets"]} if offsets else {}),
+                     plus={"seq": a} | ({"offsets": a} if offsets else {}))
         ext = self.draft_extend_phase({"seq": x["seq"], "tables": x["tables"], **acc})
         return {"emitted": emitted, "topk_logp": ext["topk_logp"],
                 "topk_ids": ext["topk_ids"], "feature": ext["feature"]}

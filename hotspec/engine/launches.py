@@ -25,7 +25,7 @@ import torch
 
 from hotspec.engine.request import Request
 from hotspec.layers import fused
-from hotspec.runtime.carry_pick import MAX_PAIRS, carry_pick, pickable
+from hotspec.runtime.carry_kernels import MAX_PAIRS, carry_pick, carry_put, pickable, puttable
 
 Tensors = dict[str, torch.Tensor]
 
@@ -71,7 +71,7 @@ def from_carry(x: Tensors, carry: Tensors) -> Tensors:
     """Inside a step graph: each input named in `carry` taken from row `src` of the carry where
     `src` >= 0 (what the host has not read yet), else the host's value. Where fused kernels run,
     the int64 vectors (every carry the engine keeps) are picked in one kernel
-    (runtime/carry_pick.py), anything else in torch."""
+    (runtime/carry_kernels.py), anything else in torch."""
     src = x["src"]
     keys = [k for k in carry if k in x]
     fast: list[str] = []
@@ -89,10 +89,26 @@ def from_carry(x: Tensors, carry: Tensors) -> Tensors:
     return out
 
 
-def to_carry(carry: Tensors, values: Tensors) -> None:
-    """Inside a step graph: what the next step reads of this one's rows, row for row."""
-    for k, v in values.items():
-        carry[k][: v.shape[0]].copy_(v)
+def to_carry(carry: Tensors, values: Tensors, plus: Tensors | None = None) -> None:
+    """Inside a step graph: what the next step reads of this one's rows, row for row: values[k]
+    (+ plus[k] where given) into carry[k]. Where fused kernels run, the int64 vectors (every
+    carry the engine keeps) are stored in one kernel (runtime/carry_kernels.py), with their
+    additions; anything else in torch."""
+    plus = plus or {}
+    if set(plus) - set(values):
+        raise ValueError(f"to_carry: addends without values: {sorted(set(plus) - set(values))}")
+    keys = list(values)
+    fast: list[str] = []
+    if keys and fused.enabled(values[keys[0]]):
+        shape = values[keys[0]].shape  # one kernel stores vectors of one length
+        fast = [k for k in keys if puttable(values[k], carry[k], plus.get(k))
+                and values[k].shape == shape]
+    for i in range(0, len(fast), MAX_PAIRS):
+        carry_put([(values[k], plus.get(k), carry[k]) for k in fast[i : i + MAX_PAIRS]])
+    for k in keys:
+        if k not in fast:
+            v = values[k] + plus[k] if k in plus else values[k]
+            carry[k][: v.shape[0]].copy_(v)
 
 
 class Launches:

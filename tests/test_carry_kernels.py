@@ -1,7 +1,8 @@
-"""runtime/carry_pick through engine/launches.from_carry: the one-kernel pick gives the torch
-spelling's values for every carried input (int64 vectors in groups of up to four; anything else
-through torch), rows with `src` -1 keep the host's value. On the CPU the kernel runs in Triton's
-interpreter (TRITON_INTERPRET=1, set by conftest.py)."""
+"""runtime/carry_kernels through engine/launches.from_carry and to_carry: the one-kernel pick
+gives the torch spelling's values for every carried input (int64 vectors in groups of up to four;
+anything else through torch), rows with `src` -1 keep the host's value; the one-kernel put
+stores values (plus their addends) into the carry's first rows, the rest untouched. On the CPU
+the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from hotspec.engine import launches  # noqa: E402
-from hotspec.runtime import carry_pick as cp  # noqa: E402
+from hotspec.runtime import carry_kernels as cp  # noqa: E402
 
 
 def _torch_from_carry(x: dict[str, torch.Tensor], carry: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -71,6 +72,61 @@ def test_carry_pick_rejects_what_it_cannot_take() -> None:
     with pytest.raises(ValueError, match="every pair must be unit-stride int64 vectors"):
         cp.carry_pick(src, [(torch.zeros(3, dtype=torch.int64), ok[1])])
     assert cp.carry_pick(src[:0], [(ok[0][:0], ok[1])])[0].shape == (0,)
+
+
+def _put_case(b: int, seed: int) -> tuple[dict, dict, dict]:
+    g = torch.Generator().manual_seed(seed)
+    rows = 16
+    carry = {k: torch.full((rows,), -9, dtype=torch.int64) for k in ("seq", "root", "offsets", "e", "f")}
+    carry["feat"] = torch.zeros(rows)
+    values = {k: torch.randint(0, 100, (b,), generator=g) for k in ("seq", "root", "offsets", "e", "f")}
+    values["feat"] = torch.randn(b, generator=g)  # not int64: torch's path
+    a = torch.randint(1, 5, (b,), generator=g)
+    return carry, values, {"seq": a, "offsets": a, "feat": torch.ones(b)}
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
+def test_to_carry_stores_values_plus_addends(kernel, monkeypatch) -> None:
+    carry, values, plus = _put_case(5, seed=3)
+    calls = []
+    real = launches.carry_put
+    monkeypatch.setattr(launches.fused, "enabled", lambda *t: kernel)
+    monkeypatch.setattr(launches, "carry_put", lambda items: calls.append(len(items)) or real(items))
+    launches.to_carry(carry, values, plus=plus)
+    for k, v in values.items():
+        want = v + plus[k] if k in plus else v
+        assert torch.equal(carry[k][:5], want.to(carry[k].dtype)), k
+        assert (carry[k][5:] == (-9 if carry[k].dtype == torch.int64 else 0)).all(), k
+    assert calls == ([4, 1] if kernel else [])  # five int64 vectors: groups of four
+
+
+def test_to_carry_rejects_addends_without_values() -> None:
+    carry, values, _ = _put_case(2, seed=4)
+    with pytest.raises(ValueError, match=r"addends without values: \['x'\]"):
+        launches.to_carry(carry, values, plus={"x": torch.zeros(2, dtype=torch.int64)})
+
+
+def test_carry_put_rejects_what_it_cannot_take() -> None:
+    v, buf = torch.zeros(3, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+    with pytest.raises(ValueError, match="1 to 4 items"):
+        cp.carry_put([])
+    with pytest.raises(ValueError, match="unit-stride int64 vectors of one length"):
+        cp.carry_put([(v, None, buf[:2])])  # the buffer shorter than the values
+    with pytest.raises(ValueError, match="unit-stride int64 vectors of one length"):
+        cp.carry_put([(v, None, buf), (v[:2], None, buf)])
+
+
+@pytest.mark.gpu
+def test_gpu_carry_put_matches_torch() -> None:
+    carry, values, plus = _put_case(200, seed=5)
+    carry = {k: t.cuda() for k, t in carry.items()}
+    ref = {k: t.clone() for k, t in carry.items()}
+    values = {k: t.cuda() for k, t in values.items()}
+    plus = {k: t.cuda() for k, t in plus.items()}
+    launches.to_carry(carry, values, plus=plus)
+    for k, v in values.items():
+        ref[k][:200].copy_(v + plus[k] if k in plus else v)
+        assert torch.equal(carry[k], ref[k]), k
 
 
 @pytest.mark.gpu
