@@ -21,7 +21,8 @@ MAX_PAIRS = 4
 
 
 @triton.jit
-def _pick(X, C, OUT, r, ok, take, row):
+def carry_row(X, C, OUT, r, ok, take, row):
+    """OUT[r] = C[row] where `take`, else X[r] (lanes `ok`)."""
     x = tl.load(X + r, mask=ok, other=0)
     c = tl.load(C + row, mask=ok & take, other=0)
     tl.store(OUT + r, tl.where(take, c, x), mask=ok)
@@ -35,13 +36,13 @@ def _carry_pick_kernel(SRC, X0, C0, OUT0, X1, C1, OUT1, X2, C2, OUT2, X3, C3, OU
     src = tl.load(SRC + r, mask=ok, other=-1)
     take = src >= 0
     row = tl.maximum(src, 0)
-    _pick(X0, C0, OUT0, r, ok, take, row)
+    carry_row(X0, C0, OUT0, r, ok, take, row)
     if N > 1:
-        _pick(X1, C1, OUT1, r, ok, take, row)
+        carry_row(X1, C1, OUT1, r, ok, take, row)
     if N > 2:
-        _pick(X2, C2, OUT2, r, ok, take, row)
+        carry_row(X2, C2, OUT2, r, ok, take, row)
     if N > 3:
-        _pick(X3, C3, OUT3, r, ok, take, row)
+        carry_row(X3, C3, OUT3, r, ok, take, row)
 
 
 def pickable(x: torch.Tensor, buf: torch.Tensor, src: torch.Tensor) -> bool:

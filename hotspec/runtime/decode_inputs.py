@@ -16,6 +16,8 @@ import triton.language as tl
 
 from hotspec.layers import fused, triton_interpret  # noqa: F401  (triton_interpret: the interpreter fix)
 from hotspec.runtime.batch_builder import slots_torch
+from hotspec.runtime.carry_kernels import carry_row
+from hotspec.runtime.slots_kernel import slot_of
 
 DecodeInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -26,15 +28,12 @@ def _decode_inputs_kernel(IDS, SEQ, BT, SRC, CARRY, IDS_OUT, LOC, QL, KVL, B, n_
     r = tl.arange(0, BLOCK)
     ok = r < B
     seq = tl.load(SEQ + r, mask=ok, other=0).to(tl.int64)
-    ids = tl.load(IDS + r, mask=ok, other=0)
     if CARRIED:  # the token the last launched step left in the carry, where the host lacks it
         src = tl.load(SRC + r, mask=ok, other=-1)
-        take = src >= 0
-        ids = tl.where(take, tl.load(CARRY + tl.maximum(src, 0), mask=ok & take, other=0), ids)
-    col = seq // PAGE  # positions are >= 0: C division is floor division
-    blk = tl.load(BT + r.to(tl.int64) * stride_bt + col, mask=ok & (col < n_blocks), other=0)
-    tl.store(IDS_OUT + r, ids, mask=ok)
-    tl.store(LOC + r, blk.to(tl.int64) * PAGE + seq % PAGE, mask=ok)
+        carry_row(IDS, CARRY, IDS_OUT, r, ok, src >= 0, tl.maximum(src, 0))
+    else:
+        tl.store(IDS_OUT + r, tl.load(IDS + r, mask=ok, other=0), mask=ok)
+    tl.store(LOC + r, slot_of(BT + r.to(tl.int64) * stride_bt, seq, ok, n_blocks, PAGE), mask=ok)
     tl.store(QL + r, tl.full([BLOCK], 1, tl.int64), mask=ok)
     tl.store(KVL + r, seq + 1, mask=ok)
 

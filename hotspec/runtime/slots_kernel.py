@@ -14,15 +14,22 @@ from hotspec.layers import triton_interpret  # noqa: F401  (the interpreter fix)
 
 
 @triton.jit
+def slot_of(bt_row, idx, ok, n_blocks, PAGE: tl.constexpr):
+    """int64 slots of kv indices `idx` (int64, >= 0) through the block-table row at `bt_row`; a
+    column past the table (n_blocks) reads block 0."""
+    col = idx // PAGE  # kv indices are >= 0: C division is floor division
+    blk = tl.load(bt_row + col, mask=ok & (col < n_blocks), other=0).to(tl.int64)
+    return blk * PAGE + idx % PAGE
+
+
+@triton.jit
 def _slots_kernel(BT, IDX, OUT, n_cols, n_blocks, stride_bt, stride_ib, stride_ic,
                   PAGE: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     ok = c < n_cols
     idx = tl.load(IDX + b * stride_ib + c * stride_ic, mask=ok, other=0).to(tl.int64)
-    col = idx // PAGE  # kv indices are >= 0: C division is floor division
-    blk = tl.load(BT + b * stride_bt + col, mask=ok & (col < n_blocks), other=0).to(tl.int64)
-    tl.store(OUT + b * n_cols + c, blk * PAGE + idx % PAGE, mask=ok)
+    tl.store(OUT + b * n_cols + c, slot_of(BT + b * stride_bt, idx, ok, n_blocks, PAGE), mask=ok)
 
 
 def slots_rows(block_tables: torch.Tensor, index: torch.Tensor, block_size: int) -> torch.Tensor:
