@@ -23,7 +23,7 @@ def _torch_from_carry(x: dict[str, torch.Tensor], carry: dict[str, torch.Tensor]
 
 def _case(b: int, keys: int, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    rows = 16
+    rows = b + 11  # the carry is longer than one step's rows
     x = {"src": torch.where(torch.rand(b, generator=g) < 0.5, -1, torch.randint(0, rows, (b,), generator=g)),
          "tables": torch.zeros(b, 3, dtype=torch.int32)}  # not carried: passes through
     carry = {}
@@ -76,7 +76,7 @@ def test_carry_pick_rejects_what_it_cannot_take() -> None:
 
 def _put_case(b: int, seed: int) -> tuple[dict, dict, dict]:
     g = torch.Generator().manual_seed(seed)
-    rows = 16
+    rows = b + 11  # the carry is longer than one step's rows
     carry = {k: torch.full((rows,), -9, dtype=torch.int64) for k in ("seq", "root", "offsets", "e", "f")}
     carry["feat"] = torch.zeros(rows)
     values = {k: torch.randint(0, 100, (b,), generator=g) for k in ("seq", "root", "offsets", "e", "f")}
@@ -104,6 +104,13 @@ def test_to_carry_rejects_addends_without_values() -> None:
     carry, values, _ = _put_case(2, seed=4)
     with pytest.raises(ValueError, match=r"addends without values: \['x'\]"):
         launches.to_carry(carry, values, plus={"x": torch.zeros(2, dtype=torch.int64)})
+
+
+def test_to_carry_rejects_a_carry_shorter_than_its_values() -> None:
+    carry, values, _ = _put_case(4, seed=6)
+    carry["e"] = carry["e"][:3]
+    with pytest.raises(ValueError, match=r"carry\['e'\] holds 3 rows, the values 4"):
+        launches.to_carry(carry, values)
 
 
 def test_carry_put_rejects_what_it_cannot_take() -> None:

@@ -98,6 +98,10 @@ def to_carry(carry: Tensors, values: Tensors, plus: Tensors | None = None) -> No
     if set(plus) - set(values):
         raise ValueError(f"to_carry: addends without values: {sorted(set(plus) - set(values))}")
     keys = list(values)
+    for k in keys:
+        if carry[k].shape[0] < values[k].shape[0]:
+            raise ValueError(f"to_carry: carry[{k!r}] holds {carry[k].shape[0]} rows, the values "
+                             f"{values[k].shape[0]}; size the carry for the largest batch")
     fast: list[str] = []
     if keys and fused.enabled(values[keys[0]]):
         shape = values[keys[0]].shape  # one kernel stores vectors of one length
