@@ -1,7 +1,6 @@
 """Merging the kv splits of flash-decoding (layers/attention/triton_kernels.py, SPLIT): each split
 wrote its normalised partial output and log2-sum-exp; the merged row weights each partial by
-2^(lse_s - max), over their sum. `combine_splits` is that merge as a kernel of its own; the
-cluster decode kernel (triton_kernels.paged_attn_fwd, CLUSTER) runs the same `merge_row` itself.
+2^(lse_s - max), over their sum.
 """
 
 from __future__ import annotations
@@ -13,31 +12,6 @@ from hotspec.layers import pdl
 
 
 @triton.jit
-def merge_row(OPART, LSE, OUT, t, hq, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
-              stride_ot, stride_oh, num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-              BLOCK_D: tl.constexpr):
-    """Merge the per-split partial outputs of one (token t, q head hq): weights 2^(lse_s - max).
-    The partials are read past L1 (`.cg`): with the cluster merge (triton_kernels, CLUSTER) they
-    were written by other programs of the same kernel."""
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < num_splits
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    l_ptrs = LSE + s * stride_ls + t * stride_lt + hq
-    o_ptrs = OPART + s[:, None] * stride_ps + t * stride_pt + hq * stride_ph + d[None, :]
-    o_ok = s_ok[:, None] & d_ok[None, :]
-    lse = tl.load(l_ptrs, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-    o = tl.load(o_ptrs, mask=o_ok, other=0.0, cache_modifier=".cg")
-    mx = tl.max(lse, 0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp2(lse - mx)
-    w_sum = tl.sum(w, 0)
-    w_sum = tl.where(w_sum == 0.0, 1.0, w_sum)
-    out = tl.sum(o * w[:, None], 0) / w_sum
-    tl.store(OUT + t * stride_ot + hq * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d_ok)
-
-
-@triton.jit
 def combine_splits(
     OPART, LSE, OUT,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
@@ -45,9 +19,24 @@ def combine_splits(
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
     PDL_WAIT: tl.constexpr = False,
 ):
-    """One program per (token, q head): merge_row."""
+    """Merge the per-split partial outputs of one (token, q head): weights 2^(lse_s - max)."""
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this
-    merge_row(OPART, LSE, OUT, tl.program_id(0).to(tl.int64), tl.program_id(1), stride_ps,
-              stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, num_splits,
-              HEAD_DIM, BLOCK_S, BLOCK_D)
+    t = tl.program_id(0).to(tl.int64)
+    hq = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_splits
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    l_ptrs = LSE + s * stride_ls + t * stride_lt + hq
+    o_ptrs = OPART + s[:, None] * stride_ps + t * stride_pt + hq * stride_ph + d[None, :]
+    o_ok = s_ok[:, None] & d_ok[None, :]
+    lse = tl.load(l_ptrs, mask=s_ok, other=float("-inf"))
+    o = tl.load(o_ptrs, mask=o_ok, other=0.0)
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse - mx)
+    w_sum = tl.sum(w, 0)
+    w_sum = tl.where(w_sum == 0.0, 1.0, w_sum)
+    out = tl.sum(o * w[:, None], 0) / w_sum
+    tl.store(OUT + t * stride_ot + hq * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d_ok)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from hotspec.layers import cluster, pdl
+from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.merge_kernels import combine_splits
 from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
@@ -102,18 +102,6 @@ def _rope_switch() -> bool:
 _FOLD_ROPE = _rope_switch()
 
 
-def _cluster_switch() -> bool:
-    return on_off("HOTSPEC_ATTN_CLUSTER", False)
-
-
-# The cluster merge (HOTSPEC_ATTN_CLUSTER=1, off: an A/B switch until measured): at decode on
-# Hopper the kv splits of a kv head run as the CTAs of one thread-block cluster and merge their
-# partials themselves after the cluster's barrier (triton_kernels, CLUSTER), instead of in a
-# second kernel (combine_splits). A cluster holds at most 16 CTAs, so the split count is capped
-# at 16 (8 below 16: larger clusters than 8 are non-portable and Triton launches only 16 so).
-_CLUSTER = _cluster_switch()
-
-
 def describe() -> str:
     """The attention's RoPE fold and split cap, for the start-up log."""
     line = ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
@@ -166,7 +154,6 @@ class TritonBackend(AttentionBackend):
         self.num_stages = num_stages
         self._sm_count: dict[int, int] = {}
         self._interp = is_interpreted()
-        self.cluster = _CLUSTER
 
     # -- plan ---------------------------------------------------------------------------------
     def plan(self, fb: ForwardBatch) -> None:
@@ -255,17 +242,6 @@ class TritonBackend(AttentionBackend):
         4.63 against 4.62, so those keep the old order."""
         return self._stages(p) == 1 and block_n <= 32
 
-    def _cluster(self, p: TritonPlan, splits: int, q_blocks: int, dev: torch.device) -> int:
-        """CTAs per cluster for the cluster merge (`_CLUSTER`), else 0: a decode batch (one row
-        per request, no custom mask) on Hopper or later with more than one split; 16 where
-        `splits` reaches 16, else at most 8."""
-        if not (self.cluster and splits > 1 and q_blocks == 1 and p.width == 1
-                and p.custom_mask is None and dev.type == "cuda" and not self._interp):
-            return 0
-        if torch.cuda.get_device_capability(dev)[0] < 9:
-            return 0
-        return cluster.CLUSTER_MAX if splits >= cluster.CLUSTER_MAX else min(splits, 8)
-
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: the
         switch (HOTSPEC_ATTN_ROPE, or the constructor's fold_rope), and a decode-like batch (one
@@ -308,8 +284,6 @@ class TritonBackend(AttentionBackend):
         q_blocks = triton.cdiv(max(rows, 1), block_q)
         block_n = self._block_n(p, is_fp32, q_blocks * b * hkv, q.device)
         splits = self._splits(p, q_blocks * b * hkv, block_n, q.device)
-        ctas = self._cluster(p, splits, q_blocks, q.device)  # 0: no cluster
-        splits = ctas or splits
 
         if out is None:
             out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
@@ -341,26 +315,21 @@ class TritonBackend(AttentionBackend):
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
         launch = pdl.launch_kwargs(q.device, t)
         grid = (q_blocks * splits, b, hkv)
-        args = (
+        paged_attn_fwd[grid](
             q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             p.block_tables.stride(0), *cm_strides,
             opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
-            float(scale) * _LOG2E, p.width or 0, m_custom, splits)
-        kwargs = dict(
+            float(scale) * _LOG2E, p.width or 0, m_custom, splits,
             GROUP=group, GROUP_PAD=gp, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait, V_EARLY=self._v_early(p, block_n),
-            CLUSTER=ctas, MERGE_S=_pow2(splits), **_rope_kwargs(rope, k_cache),
+            **_rope_kwargs(rope, k_cache),
             num_warps=num_warps, num_stages=self._stages(p), **launch,
         )
-        if ctas:
-            cluster.launch(paged_attn_fwd, grid, ctas, *args, **kwargs)
-        else:
-            paged_attn_fwd[grid](*args, **kwargs)
-        if splits > 1 and not ctas:
+        if splits > 1:
             comb_wait = pdl.chained(q.device, t)
             combine_splits[(t, hq)](
                 opart, lse, out,

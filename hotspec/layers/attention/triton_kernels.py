@@ -13,10 +13,7 @@ kv_lens on the device, so the grid never depends on kv lengths (CUDA-graph safe)
 
 With SPLIT, the kv range of a tile is cut into `num_splits` equal chunks (chunk size computed on
 the device from kv_len), each program writes its normalised partial output and log2-sum-exp, and
-`combine_splits` merges them (flash-decoding). With CLUSTER = num_splits (decode only) the splits
-of a tile are the CTAs of one thread-block cluster (layers/cluster.launch): after storing their
-partials they meet at the cluster's barrier and the first GROUP of them each merge one query head
-(merge_kernels.merge_row, MERGE_S = next_pow2(num_splits)), so no combine kernel is launched.
+`combine_splits` merges them (flash-decoding).
 
 F32_DOT: dots in fp32 with input_precision="ieee" (no tf32). Set for fp32 inputs, and for every
 dtype under TRITON_INTERPRET, whose tl.dot multiplies the raw uint16 bit patterns of bf16 tensors;
@@ -28,8 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hotspec.layers import cluster, pdl, triton_interpret  # noqa: F401  (the interpreter fix)
-from hotspec.layers.attention.merge_kernels import merge_row
+from hotspec.layers import pdl, triton_interpret  # noqa: F401  (the interpreter fix)
 
 
 @triton.jit
@@ -145,8 +141,7 @@ def paged_attn_fwd(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
-    ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, CLUSTER: tl.constexpr = 0,
-    MERGE_S: tl.constexpr = 1, KN=None, VN=None, POS=None, LOC=None,
+    ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
 ):
@@ -260,13 +255,6 @@ def paged_attn_fwd(
         p_ptrs = OPART + sp * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
         tl.store(p_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE + sp * stride_ls + tok * stride_lt + head, lse, mask=row_ok)
-        if CLUSTER > 0:  # decode (one row per request): every split's partial is stored; merge
-            t = q_base + cluster.sync()
-            for gi in tl.static_range(GROUP):
-                if gi % num_splits == sp:
-                    merge_row(OPART, LSE, OUT, t, h * GROUP + gi, stride_ps, stride_pt, stride_ph,
-                              stride_ls, stride_lt, stride_ot, stride_oh, num_splits, HEAD_DIM,
-                              MERGE_S, BLOCK_D)
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
