@@ -14,7 +14,8 @@ from hotspec.layers import pdl
 @triton.jit
 def combine_splits(
     OPART, LSE, OUT,
-    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+    stride_ps, stride_pt: tl.constexpr, stride_ph: tl.constexpr, stride_ls, stride_lt: tl.constexpr,
+    stride_ot: tl.constexpr, stride_oh: tl.constexpr,
     num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
     PDL_WAIT: tl.constexpr = False,

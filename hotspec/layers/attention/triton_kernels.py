@@ -15,6 +15,14 @@ With SPLIT, the kv range of a tile is cut into `num_splits` equal chunks (chunk 
 the device from kv_len), each program writes its normalised partial output and log2-sum-exp, and
 `combine_splits` merges them (flash-decoding).
 
+Strides that do not depend on the batch's row count (q, k, v, out per token and head, the partials'
+per token and head, the RoPE fold's inputs) are compile-time constants: one specialization per
+model shape, with fewer parameter loads at each program's start and ~10 % fewer SASS instructions
+(1344 against 1496 at the 8B decode shape). Measured on the H200 (RESULTS "Session 19"): 8B batch
+1 3.92 (replay 3.91) against 3.93 (3.92) ms, in two alternated runs. Strides that follow the row
+count (the partials' per split, the block table's) stay arguments, so prefill's varying lengths
+do not compile new kernels.
+
 F32_DOT: dots in fp32 with input_precision="ieee" (no tf32). Set for fp32 inputs, and for every
 dtype under TRITON_INTERPRET, whose tl.dot multiplies the raw uint16 bit patterns of bf16 tensors;
 there P is still rounded to q's dtype first, to mimic the 16-bit GPU path's numerics.
@@ -133,9 +141,10 @@ def _rotate(x, base, pos, COS, SIN, stride_cs, d, ok, HEAD_DIM: tl.constexpr):
 @triton.jit
 def paged_attn_fwd(
     Q, K, V, OUT, BT, KVL, QL, CUQ, CM, OPART, LSE,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_qt: tl.constexpr, stride_qh: tl.constexpr, stride_kt: tl.constexpr, stride_kh: tl.constexpr,
+    stride_vt: tl.constexpr, stride_vh: tl.constexpr, stride_ot: tl.constexpr, stride_oh: tl.constexpr,
     stride_bt, stride_cmb, stride_cmi, stride_cmj,
-    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
+    stride_ps, stride_pt: tl.constexpr, stride_ph: tl.constexpr, stride_ls, stride_lt: tl.constexpr,
     scale_log2, width, m_custom, num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
@@ -143,7 +152,8 @@ def paged_attn_fwd(
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
     ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
-    stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
+    stride_knt: tl.constexpr = 0, stride_knh: tl.constexpr = 0, stride_vnt: tl.constexpr = 0,
+    stride_vnh: tl.constexpr = 0, stride_cs: tl.constexpr = 0,
 ):
     pdl.launch_dependents(PDL)  # the kernel after it (o_proj's GEMV) may launch now
     pid0 = tl.program_id(0)
