@@ -161,9 +161,6 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
     "pdl_both": [_PDL_ATTN, (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
                              "            comb_wait = use_pdl  # VARIANT")],
     "st2": [_ST2],
-    # the attention and combine kernels' strides as runtime arguments again (before session 19
-    # they were; as compile-time constants, fewer parameter loads and 10 % fewer SASS
-    # instructions: 8B batch 1 3.92 (3.91) against 3.93 (3.92) ms in two alternated runs)
     # the split count as a compile-time constant too (one specialization per split count the
     # graphs use: the split index and the chunk are then divisions by a constant); prepared in
     # session 19, not yet measured
@@ -172,6 +169,9 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
          "    scale_log2, width, m_custom, num_splits: tl.constexpr,  # VARIANT\n"),
         (MERGE, "    num_splits,\n    HEAD_DIM", "    num_splits: tl.constexpr,  # VARIANT\n    HEAD_DIM"),
     ],
+    # the attention and combine kernels' strides as runtime arguments again (before session 19
+    # they were; as compile-time constants, fewer parameter loads and 10 % fewer SASS
+    # instructions: 8B batch 1 3.92 (3.91) against 3.93 (3.92) ms in two alternated runs)
     "runtime_strides": [
         (KERNELS, "    stride_qt: tl.constexpr, stride_qh: tl.constexpr, stride_kt: tl.constexpr, "
          "stride_kh: tl.constexpr,\n    stride_vt: tl.constexpr, stride_vh: tl.constexpr, "
