@@ -38,6 +38,53 @@ _ST2 = (BACKEND, "        return 1 if p.width == 1 and p.custom_mask is None els
         "        return 2  # VARIANT: decode at two stages (the rule before session 17)")
 _LLAMA = "hotspec/models/llama.py"
 GK = "hotspec/layers/gemv_kernels.py"
+NG = "hotspec/layers/norm_gemv_kernel.py"
+
+
+def _between(rel: str, start: str, end: str) -> str:
+    """The text of `rel` from `start` through the end of the line that begins with `end` (a
+    recipe's old text too long to spell out); a marker missing gives a text no file holds, so
+    the recipe stops as stale."""
+    text = (ROOT / rel).read_text()
+    i = text.find(start)
+    j = text.find(end, i + 1)
+    if i < 0 or j < 0:
+        return "\0missing markers\0"
+    return text[i:text.index("\n", j) + 1]
+
+
+_NG_BODY = _between(NG, "    pdl.wait(PDL)\n    inv = row_rms(", "    tl.store(Y + offs_n")
+_NG_DEFER = """    pdl.wait(PDL)
+    offs_k = tl.arange(0, BLOCK_K)[None, :]  # VARIANT norm_defer
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    sq = tl.zeros((1, BLOCK_K), dtype=tl.float32)
+    k_start = 0
+    if PRELOAD:
+        k_ok = offs_k < K
+        s = stream(X + offs_k, R + offs_k, k_ok, HAS_RES)
+        if HAS_RES:
+            tl.store(S + offs_k, s, mask=k_ok & (pid == 0))
+        sf = s.to(tl.float32)
+        sq += sf * sf
+        g = tl.load(G + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        acc += w0.to(tl.float32) * (g * sf)
+        k_start = BLOCK_K
+    for k in range(k_start, K, BLOCK_K):
+        kk = k + offs_k
+        k_ok = kk < K
+        w = tl.load(W + offs_n[:, None] * stride_wn + kk, mask=n_ok[:, None] & k_ok, other=0.0,
+                    eviction_policy="evict_first")
+        s = stream(X + kk, R + kk, k_ok, HAS_RES)
+        if HAS_RES:
+            tl.store(S + kk, s, mask=k_ok & (pid == 0))
+        sf = s.to(tl.float32)
+        sq += sf * sf
+        g = tl.load(G + kk, mask=k_ok, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * (g * sf)
+    inv = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)
+    tl.store(Y + offs_n, (tl.sum(acc, axis=1) * inv).to(Y.dtype.element_ty), mask=n_ok)
+"""
 _FORWARD = "        o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold)\n"
 _TAIL = "    stride_vnh: tl.constexpr = 0, stride_cs: tl.constexpr = 0,\n"
 _KERNEL_TAIL = (KERNELS, _TAIL + "):", _TAIL + "    PF=None, PF_N=0, PF_AT: tl.constexpr = 0,\n):")
@@ -162,13 +209,83 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
                              "            comb_wait = use_pdl  # VARIANT")],
     "st2": [_ST2],
     # the split count as a compile-time constant too (one specialization per split count the
-    # graphs use: the split index and the chunk are then divisions by a constant); prepared in
-    # session 19, not yet measured
+    # graphs use: the split index and the chunk are then divisions by a constant; 1288 against
+    # 1344 SASS instructions). Session 20: 8B batch 1 3.86 (3.85) against 3.86 (3.85) ms in both
+    # alternated runs, a tie; not applied (eager decode, whose split count follows the growing
+    # kv bound, would compile a kernel per count)
     "const_splits": [
         (KERNELS, "    scale_log2, width, m_custom, num_splits,\n",
          "    scale_log2, width, m_custom, num_splits: tl.constexpr,  # VARIANT\n"),
         (MERGE, "    num_splits,\n    HEAD_DIM", "    num_splits: tl.constexpr,  # VARIANT\n    HEAD_DIM"),
     ],
+    # the norm-GEMV (qkv, gate_up) issues its second weight tile's loads right after the PDL
+    # wait, before the row's norm (its L2 loads and cross-warp sum). Session 20: 4.00 against
+    # 3.86 ms (qkv 78 -> 90 registers, gate_up 72 -> 96: qkv's 768 programs no longer fit one
+    # wave). Session 17's HOTSPEC_GEMV_EARLY was the same idea (session 18: 4.08 against 3.95)
+    "norm_early": [
+        (NG, "    pdl.wait(PDL)\n    inv = row_rms(",
+         "    pdl.wait(PDL)\n    k1 = BLOCK_K + tl.arange(0, BLOCK_K)  # VARIANT: tile 1 before the norm\n"
+         "    w1 = tl.load(W + offs_n[:, None] * stride_wn + k1[None, :], mask=(offs_n < N)[:, None] & "
+         "(k1 < K)[None, :],\n                 other=0.0, eviction_policy=\"evict_first\")\n"
+         "    inv = row_rms("),
+        (NG, "        k_start = BLOCK_K\n",
+         "        acc += w1.to(tl.float32) * normed_tile(X, R, G, k1, k1 < K, inv, HAS_RES)[None, :]\n"
+         "        k_start = 2 * BLOCK_K  # VARIANT\n"),
+    ],
+    # the one-row GEMV at PIPE=1 (the 8B down projection) issues its second weight tile's loads
+    # before its first input tile's (session 20: 3.86 (3.85) against 3.86 (3.85) ms, a tie)
+    "gemv_early": [
+        (GK, "    elif PRELOAD:  # the first tile, loaded before the wait (whole): the loop's first step\n",
+         "    elif PRELOAD and BLOCK_M == 1:  # VARIANT: tile 1's loads before tile 0's input\n"
+         "        k1 = k_lo + BLOCK_K + offs_k\n"
+         "        w1 = _w_tile(w_ptr + BLOCK_K, n_ok, k1 < k_hi, False)\n"
+         "        acc = _mac(acc, w0, _x_tile(x_ptr, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)\n"
+         "        acc = _mac(acc, w1, _x_tile(x_ptr + BLOCK_K, K, m_ok[:, None] & (k1 < k_hi)[None, :], "
+         "SILU),\n"
+         "                   BLOCK_M, F32_DOT)\n"
+         "        k_start = k_lo + 2 * BLOCK_K\n"
+         "        w_ptr += 2 * BLOCK_K\n"
+         "        x_ptr += 2 * BLOCK_K\n"
+         "    elif PRELOAD:  # the first tile, loaded before the wait (whole): the loop's first step\n"),
+    ],
+    # the one-row GEMVs' accumulator folded per tile: each thread sums its 8 adjacent products of
+    # a row (tl.reshape + tl.sum), so acc is [BLOCK_N, BLOCK_K / 8] instead of [BLOCK_N, BLOCK_K]
+    # fp32 (sm_90 registers: o 110 -> 74, down 125 -> 70, qkv 78 -> 70, gate_up 72 -> 68; fewer
+    # BAR.SYNC in down, 15 -> 7). Session 20: 4.16 (4.15) against 3.87 (3.85) ms, far slower;
+    # different bits, so two bf16 token-equality tests of tests/test_pdl.py failed with it
+    "acc8": [
+        (GK, "@triton.jit\ndef _mac(", "@triton.jit\ndef _fold8(p):  # VARIANT\n"
+         "    return tl.sum(tl.reshape(p, (p.shape[0], p.shape[1] // 8, 8)), axis=2)\n\n\n"
+         "@triton.jit\ndef _mac("),
+        (GK, "        return acc + w.to(tl.float32) * x.to(tl.float32)\n",
+         "        return acc + _fold8(w.to(tl.float32) * x.to(tl.float32))\n"),
+        (GK, "        acc += w_cur.to(tl.float32) * x.to(tl.float32)\n",
+         "        acc += _fold8(w_cur.to(tl.float32) * x.to(tl.float32))\n"),
+        (GK, "    return acc + w_cur.to(tl.float32) * x.to(tl.float32)\n",
+         "    return acc + _fold8(w_cur.to(tl.float32) * x.to(tl.float32))\n"),
+        (GK, "        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)\n",
+         "        acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)\n"),
+        (NG, "from hotspec.layers.gemv_kernels import GemvConfig\n",
+         "from hotspec.layers.gemv_kernels import GemvConfig, _fold8\n"),
+        (NG, "    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)\n",
+         "    acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)\n"),
+        (NG, "            acc += w_cur.to(tl.float32) * normed_tile(X, R, G, kc, kc < K, inv, HAS_RES)\n",
+         "            acc += _fold8(w_cur.to(tl.float32) * normed_tile(X, R, G, kc, kc < K, inv, "
+         "HAS_RES))\n"),
+        (NG, "        acc += w_cur.to(tl.float32) * normed_tile(X, R, G, kc, kc < K, inv, HAS_RES)\n",
+         "        acc += _fold8(w_cur.to(tl.float32) * normed_tile(X, R, G, kc, kc < K, inv, HAS_RES))\n"),
+        (NG, "        acc += w0.to(tl.float32) * normed_tile(X, R, G, offs_k, offs_k < K, inv, "
+         "HAS_RES)[None, :]\n",
+         "        acc += _fold8(w0.to(tl.float32) * normed_tile(X, R, G, offs_k, offs_k < K, inv, "
+         "HAS_RES)[None, :])\n"),
+        (NG, "        acc += w.to(tl.float32) * normed_tile(X, R, G, kk, k_ok, inv, HAS_RES)[None, :]\n",
+         "        acc += _fold8(w.to(tl.float32) * normed_tile(X, R, G, kk, k_ok, inv, HAS_RES)[None, :])\n"),
+    ],
+    # the norm-GEMV without the whole-row norm first: one pass over K sums the stream's squares
+    # alongside the products w * (g * s), and the reciprocal RMS scales the dot at the end (no
+    # rounding of the normalised input: other bits than the unfused path). Session 20: 4.01
+    # against 3.92 ms, slower (the row's read no longer warms L1 for the tiles' input loads)
+    "norm_defer": [(NG, _NG_BODY, _NG_DEFER)],
     # the attention and combine kernels' strides as runtime arguments again (before session 19
     # they were; as compile-time constants, fewer parameter loads and 10 % fewer SASS
     # instructions: 8B batch 1 3.92 (3.91) against 3.93 (3.92) ms in two alternated runs)
