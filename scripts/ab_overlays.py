@@ -103,6 +103,29 @@ _PF_OPROJ_FN = (KERNELS, "\n\n@triton.jit\ndef paged_attn_fwd(",
                 "        line = tl.minimum(s + tl.arange(0, 256), hi - 1).to(tl.int64)\n"
                 "    " + _PREFETCH.format(ptr="PF + line * 64").replace("\n    ", "\n        ") +
                 "\n\n@triton.jit\ndef paged_attn_fwd(")
+_ATTN_WAIT = "    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this\n"
+_PREFETCH_KV = """
+
+@triton.jit
+def _prefetch_kv(K, V, BT, KVL, b, h, sp, num_splits, stride_bt, stride_kt, stride_kh, stride_vt,
+                 stride_vh, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr):
+    kv_len = tl.load(KVL + b).to(tl.int32)  # VARIANT attn_early: hints only, before the wait
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    lines: tl.constexpr = HEAD_DIM * 2 // 128
+    n = tl.arange(0, BLOCK_N)
+    c = tl.arange(0, lines) * 64
+    for start in range(lo, hi, BLOCK_N):
+        offs = tl.minimum(start + n, hi - 1)
+        blk = tl.load(BT + b.to(tl.int64) * stride_bt + offs // PAGE).to(tl.int64)
+        slot = blk * PAGE + offs % PAGE
+        kp = K + slot[:, None] * stride_kt + h * stride_kh + c[None, :]
+        vp = V + slot[:, None] * stride_vt + h * stride_vh + c[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [kp], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [vp], dtype=tl.int32,
+                                  is_pure=False, pack=1)"""
 # the next layer's K/V lines of the program's kv range prefetched into L2 after the loop (session
 # 17: 3.89 against 3.89 ms)
 _KV_NEXT_FN = (KERNELS, "\n\n@triton.jit\ndef paged_attn_fwd(",
@@ -205,6 +228,18 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
          "        return tl.load(v_base + slot[:, None] * stride_vt + d[None, :],\n"
          "                       eviction_policy=\"evict_last\")  # VARIANT\n")],
     "pdl_attn": [_PDL_ATTN],
+    # decode attention PDL-launched at one row (as pdl_attn), each program pulling its cached K/V
+    # rows into L2 before its wait, while the qkv GEMV finishes (session 11's HOTSPEC_ATTN_EARLY,
+    # code at 4986c25, then measured only beside the in-kernel split merge: 4.28 against 4.30 ms);
+    # session 20 call 8: 3.92 (3.91) twice against default 3.93 / 3.92 and pdl_attn 3.93 twice, a tie
+    "attn_early": [_PDL_ATTN,
+                   (KERNELS, "\n\n@triton.jit\ndef paged_attn_fwd(",
+                    _PREFETCH_KV + "\n\n@triton.jit\ndef paged_attn_fwd("),
+                   (KERNELS, _ATTN_WAIT,
+                    "    if PDL_WAIT:  # VARIANT\n        if ROPE:\n"
+                    "            _prefetch_kv(K, V, BT, KVL, b, h, sp, num_splits, stride_bt, stride_kt, "
+                    "stride_kh,\n                         stride_vt, stride_vh, BLOCK_N, HEAD_DIM, PAGE)\n"
+                    + _ATTN_WAIT)],
     "pdl_both": [_PDL_ATTN, (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
                              "            comb_wait = use_pdl  # VARIANT")],
     "st2": [_ST2],
