@@ -190,6 +190,27 @@ def _pf_gu_comb(mb: int, at_end: bool) -> list[tuple[str, str, str]]:
              + _ATTEND)]
 
 
+_KO_O_W = [(GK, "        acc = _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k,",
+            "        # KNOCKOUT: o_proj (N == K) reads no weight\n"
+            "        acc = _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok & (N != K), offs_k,"),
+           (GK, "    w0 = pdl.preload(W, offs_n, N, k_lo,", "    w0 = pdl.preload(W, offs_n, N * (N != K), k_lo,  # KNOCKOUT\n"
+            "                     ")]
+
+
+_O_ROW = "(1, 4096, 4096, False): GemvConfig(4, 1024, 1, 4, 1, PIPE=2),"
+_COMB_CHAIN = (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
+               "            comb_wait = use_pdl  # VARIANT: the combine PDL-launched at one row too")
+
+
+def _resident(block_n: int, warps: int, chain: str, block_k: int = 4096) -> list[tuple[str, str, str]]:
+    """o_proj on the resident GEMV (PIPE 0: each program's whole [block_n, 4096] slice loaded
+    before its PDL wait); chain "both": the attention and its combine PDL-launched at one row (so
+    o_proj's programs become resident while the attention runs), "comb": the combine only."""
+    out = [(GK, _O_ROW, f"(1, 4096, 4096, False): GemvConfig({block_n}, {block_k}, 1, {warps}, 1, PIPE=0),"
+                        "  # VARIANT")]
+    return out + ([_PDL_ATTN, _COMB_CHAIN] if chain == "both" else [_COMB_CHAIN] if chain == "comb" else [])
+
+
 # name -> [(file, old text, new text), ...]
 RECIPES: dict[str, list[tuple[str, str, str]]] = {
     "ko_attn": [_ATTN_RETURN],
@@ -242,6 +263,23 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
                     + _ATTN_WAIT)],
     "pdl_both": [_PDL_ATTN, (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
                              "            comb_wait = use_pdl  # VARIANT")],
+    # knockout: the o_proj GEMV (the one-row GEMV with N == K, 4096 x 4096 at 8B) reads no weight
+    # (every weight load masked off, y = 0): how much of the step o_proj's weight stream costs
+    # after the attention window, i.e. the most that having o_proj's weight on chip when its
+    # wait returns could give. `_pdl` also PDL-launches the attention and its combine at one row,
+    # so that o_proj's programs become resident while the attention runs
+    "res2": _resident(2, 4, ""),
+    "res2_pdl": _resident(2, 4, "both"),
+    "res2_comb": _resident(2, 4, "comb"),
+    "res1_pdl": _resident(1, 4, "both"),
+    "res4w8_pdl": _resident(4, 8, "both"),
+    "sm2_pdl": _resident(2, 4, "both", 512),
+    "sm4_pdl": _resident(4, 4, "both", 512),
+    "sm8_pdl": _resident(8, 4, "both", 512),
+    "sm4_comb": _resident(4, 4, "comb", 512),
+    "ko_o_w": _KO_O_W,
+    "ko_o_w_pdl": _KO_O_W + [_PDL_ATTN, (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
+                                          "            comb_wait = use_pdl  # VARIANT")],
     "st2": [_ST2],
     # the split count as a compile-time constant too (one specialization per split count the
     # graphs use: the split index and the chunk are then divisions by a constant; 1288 against

@@ -88,6 +88,23 @@ def test_split_k_matches_and_rearms_its_counters(m, split):
     assert not cnt.any(), "the last program of each tile resets its counter"
 
 
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("block_n", [1, 16])
+def test_resident_row_matches_linear(silu, block_n):
+    """PIPE 0 (a program's whole [BLOCK_N, K] weight slice in one load, no K loop): K = 72 pads to
+    128 columns and N = 40 leaves a ragged last block; the result is F.linear's."""
+    x, w = _inputs(1, N, K, silu, seed=60 + block_n)
+    y = gk.gemv(x, w, silu_mul=silu, config=gk.GemvConfig(block_n, K, 1, 4, 1, PIPE=0))
+    _check(y, x, w, silu)
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU's answer")
+def test_resident_in_shared_memory_needs_cuda():
+    x, w = _inputs(1, N, 64, False, seed=61)
+    with pytest.raises(ValueError, match="shared memory .* on CUDA"):
+        gk.gemv(x, w, config=gk.GemvConfig(2, 32, 1, 4, 1, PIPE=0))
+
+
 @pytest.mark.parametrize("silu,split", [(False, 1), (True, 1), (True, 2), (False, 3)])
 def test_pipelined_row_loop_same_bits(silu, split):
     """PIPE=2 (the next weight tile's loads issued before the current tile's products) sums the
@@ -169,8 +186,12 @@ def test_rejects_what_it_does_not_handle():
         gk.gemv(x, w, silu_mul=True)
     with pytest.raises(ValueError, match="unit stride"):
         gk.gemv(torch.zeros(K, 2, dtype=BF16, device=DEV)[:, :1].t(), w)
-    with pytest.raises(ValueError, match="PIPE is 1 or 2"):
+    with pytest.raises(ValueError, match=r"PIPE is 0 \(resident\), 1 or 2"):
         gk.gemv(x, w, config=gk.GemvConfig(16, 32, 1, 4, 1, PIPE=3))
+    with pytest.raises(ValueError, match="PIPE 0 .* one row without split-K"):
+        gk.gemv(torch.zeros(2, K, dtype=BF16, device=DEV), w, config=gk.GemvConfig(16, K, 1, 4, 1, PIPE=0))
+    with pytest.raises(ValueError, match="PIPE 0 .* one row without split-K"):
+        gk.gemv(x, w, config=gk.GemvConfig(16, 32, 2, 4, 1, PIPE=0))
     with pytest.raises(ValueError, match="BLOCK_N >= 16"):
         gk.gemv(torch.zeros(2, K, dtype=BF16, device=DEV), w, config=gk.GemvConfig(8, 32))
 
@@ -189,6 +210,30 @@ def test_gemv_real_shapes(shape, m):
     for split in (2, 4):  # explicit split-K at each M path
         cfg = gk.GemvConfig(32, 256, split, 4, 3)
         _check(gk.gemv(x, w, silu_mul=silu, config=cfg), x, w, silu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_n,block_k,warps", [(1, 4096, 4), (2, 4096, 4), (4, 4096, 8), (2, 512, 4),
+                                                   (4, 512, 4), (8, 512, 4)])
+def test_gpu_resident_row_real_shape(block_n, block_k, warps):
+    """The resident kernel (PIPE 0; in registers, or in shared memory at BLOCK_K < K) at the 8B
+    o_proj shape, eagerly with PDL and in graph replays, against the reference and the tiled
+    kernel (equal up to fp32 summation order)."""
+    x, w = _inputs(1, 4096, 4096, False, seed=70)
+    cfg = gk.GemvConfig(block_n, block_k, 1, warps, 1, PIPE=0)
+    eager = gk.gemv(x, w, config=cfg)
+    _check(eager, x, w, False)
+    tiled = gk.gemv(x, w, config=gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2))
+    torch.testing.assert_close(eager, tiled, rtol=1.6e-2, atol=1e-2)
+    gk.gemv(x, w, config=cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gk.gemv(x, w, config=cfg)
+    for seed in (71, 72):
+        x.copy_(_inputs(1, 4096, 4096, False, seed=seed)[0])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, gk.gemv(x, w, config=cfg))
 
 
 @pytest.mark.gpu
@@ -224,12 +269,13 @@ def test_config_overrides(monkeypatch):
     """HOTSPEC_GEMV_CONFIGS replaces or adds table rows (A/B runs in the decode step); the
     overriding config runs and matches F.linear; a malformed entry is an error naming it."""
     monkeypatch.setenv("HOTSPEC_GEMV_CONFIGS", "1,4096,14336,silu=16,512,4,4,2; 1,28672,4096=16,256,1,4,4;"
-                       " 1,96,200=16,128,2,4,2; 1,4096,4096=4,1024,1,4,1,2")
+                       " 1,96,200=16,128,2,4,2; 1,4096,4096=4,1024,1,4,1,2; 1,576,576=2,576,1,4,1,0")
     gk.overrides.cache_clear()
     try:
         assert gk.choose(1, 4096, 14336, silu_mul=True) == gk.GemvConfig(16, 512, 4, 4, 2)
         assert gk.choose(1, 28672, 4096) == gk.GemvConfig(16, 256, 1, 4, 4)  # was cuBLAS
         assert gk.choose(1, 4096, 4096) == gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2)
+        assert gk.choose(1, 576, 576) == gk.GemvConfig(2, 576, 1, 4, 1, PIPE=0)  # resident
         assert gk.choose(1, 6144, 4096) == gk.CONFIGS[(1, 6144, 4096, False)]  # untouched
         assert gk.choose(1, 28672, 4096, heuristic=False) == gk.GemvConfig(16, 256, 1, 4, 4)
         cfg = gk.choose(1, 96, 200)

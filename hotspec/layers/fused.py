@@ -114,7 +114,7 @@ def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.T
         from hotspec.layers.gemv_kernels import NORM_TIES
 
         cfg = NORM_TIES.get((weight.shape[0], weight.shape[1]))
-    if cfg is None or cfg.SPLIT_K != 1:
+    if cfg is None or cfg.SPLIT_K != 1 or cfg.PIPE == 0:  # (no resident norm-GEMV)
         return None
     return cfg
 

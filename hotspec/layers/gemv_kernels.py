@@ -54,7 +54,9 @@ class GemvConfig:
     num_stages: int = 3
     # one-row kernels: weight tiles in registers per program; 2 issues the next tile's loads
     # before the current tile's products (Triton does not pipeline this loop: num_stages does
-    # not reach it)
+    # not reach it); 0 is the resident kernel: a program's whole row slice [BLOCK_N, K] is
+    # issued before the PDL wait, into registers (BLOCK_K >= K) or, in BLOCK_K-column chunks,
+    # into shared memory (layers/gemv_smem_kernel.py, CUDA only); one row, no split-K
     PIPE: int = 1
 
 
@@ -109,7 +111,7 @@ def overrides() -> dict[tuple[int, int, int, bool], GemvConfig]:
     preload included, which gemv_bench.py's isolated timings leave out): entries
     `M,N,K[,silu]=BLOCK_N,BLOCK_K,SPLIT_K,num_warps,num_stages` separated by `;`, each replacing
     (or adding) the row for bucket(M), e.g. `1,4096,14336,silu=16,512,4,4,2`; a sixth value sets
-    PIPE (`...=8,1024,1,4,1,2`). A bad entry is an error naming the variable."""
+    PIPE (`...=8,1024,1,4,1,2`; 0 the resident kernel: `1,4096,4096=2,4096,1,4,1,0`). A bad entry is an error naming the variable."""
     raw = os.environ.get("HOTSPEC_GEMV_CONFIGS", "").strip()
     out: dict[tuple[int, int, int, bool], GemvConfig] = {}
     for entry in filter(None, (e.strip() for e in raw.split(";"))):
@@ -120,13 +122,13 @@ def overrides() -> dict[tuple[int, int, int, bool], GemvConfig]:
                 raise ValueError
             m, n, k = (int(p) for p in parts[:3])
             vals = [int(v) for v in val.split(",")]
-            if len(vals) not in (5, 6) or min(m, n, k, *vals) < 1 or vals[5:] not in ([], [1], [2]):
+            if len(vals) not in (5, 6) or min(m, n, k, *vals[:5]) < 1 or vals[5:] not in ([], [0], [1], [2]):
                 raise ValueError
             cfg = GemvConfig(*vals)
         except ValueError:
             raise ValueError(f"HOTSPEC_GEMV_CONFIGS entry {entry!r}: use M,N,K[,silu]=BLOCK_N,"
                              "BLOCK_K,SPLIT_K,num_warps,num_stages[,PIPE] (positive integers; "
-                             "PIPE 1 or 2)") from None
+                             "PIPE 0, 1 or 2)") from None
         out[(bucket(m), n, k, len(parts) == 4)] = cfg
     return out
 
@@ -181,6 +183,29 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     pdl.wait(PDL)
     _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
                w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD, PIPE)
+
+
+@triton.jit
+def _gemv_resident_kernel(X, W, Y, N, K, stride_wn, SILU: tl.constexpr, BLOCK_N: tl.constexpr,
+                          K_PAD: tl.constexpr, PDL: tl.constexpr = False):
+    """One row, PIPE 0: program n loads its whole weight slice w[n*BLOCK_N:(n+1)*BLOCK_N, :K] into
+    registers at once, before its PDL wait, then reads x and reduces. Nothing is left to stream
+    after the wait, so where the kernel before leaves HBM idle (o_proj behind the attention and
+    its split combine) the resident programs fill it with their weights; the programs that only
+    become resident later load theirs as any GEMV does. No loop and no fp32 tile accumulator:
+    [2, 4096] at 4 warps is 56 registers (the tiled kernel at BLOCK_K = K: 255 and spills)."""
+    pid = tl.program_id(0)
+    offs_n = tl.cast(pid, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, K_PAD)
+    n_ok = offs_n < N
+    k_ok = offs_k < K
+    pdl.launch_dependents(PDL)
+    w = tl.load(W + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                other=0.0, eviction_policy="evict_first")
+    pdl.wait(PDL)
+    x = _x_tile(X + offs_k, K, k_ok, SILU)
+    y = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    tl.store(Y + offs_n, y.to(Y.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -347,8 +372,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("gemv: x and w need unit stride along K")
     cfg = config or default_config(m, n, k)
-    if cfg.PIPE not in (1, 2):
-        raise ValueError(f"gemv: PIPE is 1 or 2 (weight tiles in registers), got {cfg.PIPE}")
+    if cfg.PIPE not in (0, 1, 2):
+        raise ValueError(f"gemv: PIPE is 0 (resident), 1 or 2 (weight tiles in registers), got {cfg.PIPE}")
+    if cfg.PIPE == 0:
+        return _gemv_resident(x, w, cfg, silu_mul, use_pdl)
     if m > 1 and cfg.BLOCK_N < 16:
         raise ValueError(f"gemv: M > 1 uses tl.dot, which needs BLOCK_N >= 16 (got {cfg.BLOCK_N})")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -371,3 +398,30 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 
+
+
+def _gemv_resident(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig, silu_mul: bool,
+                   use_pdl: bool | None) -> torch.Tensor:
+    """gemv at PIPE 0 (`_gemv_resident_kernel`): one row, no split-K."""
+    n, k = w.shape
+    if x.shape[0] != 1 or cfg.SPLIT_K != 1:
+        raise ValueError(f"gemv: PIPE 0 (resident) runs one row without split-K, got M={x.shape[0]}, "
+                         f"SPLIT_K={cfg.SPLIT_K}")
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
+    if cfg.BLOCK_K < k:
+        if x.device.type != "cuda" or _INTERPRET or k % cfg.BLOCK_K or x.dtype != torch.bfloat16 or silu_mul:
+            raise ValueError(f"gemv: PIPE 0 in shared memory (BLOCK_K {cfg.BLOCK_K} < K {k}) runs "
+                             "bf16 on CUDA with K a multiple of BLOCK_K, no silu_mul; BLOCK_K >= K "
+                             "keeps the slice in registers")
+        from hotspec.layers.gemv_smem_kernel import gemv_smem_kernel
+
+        gemv_smem_kernel[(triton.cdiv(n, cfg.BLOCK_N),)](
+            x, w, y, n, w.stride(0), K=k, BLOCK_K=cfg.BLOCK_K, BLOCK_N=cfg.BLOCK_N, PDL=use_pdl,
+            num_warps=cfg.num_warps, **({"launch_pdl": True} if use_pdl else {}))
+        return y
+    _gemv_resident_kernel[(triton.cdiv(n, cfg.BLOCK_N),)](
+        x, w, y, n, k, w.stride(0), SILU=silu_mul, BLOCK_N=cfg.BLOCK_N,
+        K_PAD=triton.next_power_of_2(k), PDL=use_pdl, num_warps=cfg.num_warps,
+        **({"launch_pdl": True} if use_pdl else {}))
+    return y
