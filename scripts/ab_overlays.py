@@ -29,8 +29,8 @@ _ATTN_RETURN = (KERNELS, _LAUNCHED + "    pid0 = tl.program_id(0)",
 _COMB_WAIT = "    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothing is read before this\n"
 _COMB_RETURN = (MERGE, _COMB_WAIT, _COMB_WAIT + "    if num_splits > -1:  # KNOCKOUT: the combine does "
                 "nothing\n        return\n")
-_PDL_ATTN = (BACKEND, "        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)\n"
-             "        launch = pdl.launch_kwargs(q.device, t)",
+_PDL_ATTN = (BACKEND, "        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t, "
+             "before_resident)\n        launch = {\"launch_pdl\": True} if pdl_wait else {}",
              "        use_pdl = pdl.enabled(q.device)\n        pdl_wait = use_pdl  # VARIANT\n"
              "        launch = {\"launch_pdl\": True} if use_pdl else {}")
 _WARPS = "        num_warps = self.num_warps or 4"
@@ -85,7 +85,7 @@ _NG_DEFER = """    pdl.wait(PDL)
     inv = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)
     tl.store(Y + offs_n, (tl.sum(acc, axis=1) * inv).to(Y.dtype.element_ty), mask=n_ok)
 """
-_FORWARD = "        o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold)\n"
+_FORWARD = "        o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold,\n"
 _TAIL = "    stride_vnh: tl.constexpr = 0, stride_cs: tl.constexpr = 0,\n"
 _KERNEL_TAIL = (KERNELS, _TAIL + "):", _TAIL + "    PF=None, PF_N=0, PF_AT: tl.constexpr = 0,\n):")
 _PREFETCH = ("    tl.inline_asm_elementwise(\"prefetch.global.L2 [$1]; // $0\", \"=r,l\", [{ptr}],\n"
@@ -193,22 +193,48 @@ def _pf_gu_comb(mb: int, at_end: bool) -> list[tuple[str, str, str]]:
 _KO_O_W = [(GK, "        acc = _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k,",
             "        # KNOCKOUT: o_proj (N == K) reads no weight\n"
             "        acc = _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok & (N != K), offs_k,"),
-           (GK, "    w0 = pdl.preload(W, offs_n, N, k_lo,", "    w0 = pdl.preload(W, offs_n, N * (N != K), k_lo,  # KNOCKOUT\n"
-            "                     ")]
+           (GK, "    w0 = pdl.preload(W, offs_n, N, k_lo,",
+            "    w0 = pdl.preload(W, offs_n, N * (N != K), k_lo,  # KNOCKOUT\n                     ")]
 
 
-_O_ROW = "(1, 4096, 4096, False): GemvConfig(4, 1024, 1, 4, 1, PIPE=2),"
-_COMB_CHAIN = (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
-               "            comb_wait = use_pdl  # VARIANT: the combine PDL-launched at one row too")
+_O_ROW = "(1, 4096, 4096, False): GemvConfig(4, 4096, 1, 4, 1, PIPE=0),"
+_O_PIPE2 = (GK, _O_ROW, "(1, 4096, 4096, False): GemvConfig(4, 1024, 1, 4, 1, PIPE=2),  # VARIANT")
+_COMB_CHAIN = "            comb_wait = pdl.chained(q.device, t, before_resident)"
+_COMB_ALWAYS = (BACKEND, _COMB_CHAIN, "            comb_wait = use_pdl  # VARIANT: chained at one row")
+_ATTN_CHAIN = "        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t, before_resident)"
 
 
-def _resident(block_n: int, warps: int, chain: str, block_k: int = 4096) -> list[tuple[str, str, str]]:
-    """o_proj on the resident GEMV (PIPE 0: each program's whole [block_n, 4096] slice loaded
-    before its PDL wait); chain "both": the attention and its combine PDL-launched at one row (so
-    o_proj's programs become resident while the attention runs), "comb": the combine only."""
+def _resident(block_n: int, warps: int, chain: str = "both", block_k: int = 4096
+              ) -> list[tuple[str, str, str]]:
+    """o_proj's resident GEMV (PIPE 0) at another [block_n, 4096] slice per program and warp count
+    (block_k < 4096: the Gluon kernel, the slice in shared memory); chain "both" (the default:
+    the attention and its split combine PDL-chained before it), "comb": the combine only, "":
+    neither."""
     out = [(GK, _O_ROW, f"(1, 4096, 4096, False): GemvConfig({block_n}, {block_k}, 1, {warps}, 1, PIPE=0),"
-                        "  # VARIANT")]
-    return out + ([_PDL_ATTN, _COMB_CHAIN] if chain == "both" else [_COMB_CHAIN] if chain == "comb" else [])
+                        "  # VARIANT")] if (block_n, warps, block_k) != (4, 4, 4096) else []
+    if chain in ("comb", ""):
+        out.append((BACKEND, _ATTN_CHAIN, "        use_pdl, pdl_wait = pdl.enabled(q.device), "
+                    "pdl.chained(q.device, t)  # VARIANT"))
+    if chain == "":
+        out.append((BACKEND, _COMB_CHAIN, "            comb_wait = pdl.chained(q.device, t)  # VARIANT"))
+    return out
+
+
+_RES_WAIT = "    pdl.wait(PDL)\n    x = _x_tile(X + offs_k, K, k_ok, SILU)\n"
+
+
+def _res_pf(block_n: int, warps: int, num: int, den: int) -> list[tuple[str, str, str]]:
+    """`_resident(block_n, warps, "both")` plus, before the wait, an L2 prefetch by program pid
+    (pid < n - n * num / den) of program pid + n * num / den's slice: the programs that are not
+    resident while the attention runs find their weights in L2 (one prefetch per 128-byte line)."""
+    pf = (f"    shift = tl.num_programs(0) * {num} // {den}  # VARIANT: a later program's slice into L2\n"
+          "    if pid + shift < tl.num_programs(0):\n"
+          "        pf_rows = tl.minimum(offs_n + shift * BLOCK_N, N - 1)\n"
+          "        pf_cols = tl.minimum(tl.arange(0, K_PAD // 64) * 64, K - 1)\n"
+          "        tl.inline_asm_elementwise(\"prefetch.global.L2 [$1]; // $0\", \"=r,l\",\n"
+          "                                  [W + pf_rows[:, None] * stride_wn + pf_cols[None, :]],\n"
+          "                                  dtype=tl.int32, is_pure=False, pack=1)\n")
+    return _resident(block_n, warps, "both") + [(GK, _RES_WAIT, pf + _RES_WAIT)]
 
 
 # name -> [(file, old text, new text), ...]
@@ -261,25 +287,36 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
                     "            _prefetch_kv(K, V, BT, KVL, b, h, sp, num_splits, stride_bt, stride_kt, "
                     "stride_kh,\n                         stride_vt, stride_vh, BLOCK_N, HEAD_DIM, PAGE)\n"
                     + _ATTN_WAIT)],
-    "pdl_both": [_PDL_ATTN, (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
-                             "            comb_wait = use_pdl  # VARIANT")],
-    # knockout: the o_proj GEMV (the one-row GEMV with N == K, 4096 x 4096 at 8B) reads no weight
-    # (every weight load masked off, y = 0): how much of the step o_proj's weight stream costs
-    # after the attention window, i.e. the most that having o_proj's weight on chip when its
-    # wait returns could give. `_pdl` also PDL-launches the attention and its combine at one row,
-    # so that o_proj's programs become resident while the attention runs
-    "res2": _resident(2, 4, ""),
-    "res2_pdl": _resident(2, 4, "both"),
-    "res2_comb": _resident(2, 4, "comb"),
-    "res1_pdl": _resident(1, 4, "both"),
-    "res4w8_pdl": _resident(4, 8, "both"),
-    "sm2_pdl": _resident(2, 4, "both", 512),
-    "sm4_pdl": _resident(4, 4, "both", 512),
-    "sm8_pdl": _resident(8, 4, "both", 512),
-    "sm4_comb": _resident(4, 4, "comb", 512),
-    "ko_o_w": _KO_O_W,
-    "ko_o_w_pdl": _KO_O_W + [_PDL_ATTN, (BACKEND, "            comb_wait = pdl.chained(q.device, t)",
-                                          "            comb_wait = use_pdl  # VARIANT")],
+    "pdl_both": [_PDL_ATTN, _COMB_ALWAYS],
+    # o_proj's GEMV before session 21: 4 x 1024 tiles at PIPE 2 (its kernels before it are then
+    # not chained at one row). Session 21 call 1-2, 8B batch 1 (fast machine): 3.86-3.87 (3.85)
+    # against the resident kernel's 3.82 (3.81), in three alternated runs
+    "o_pipe2": [_O_PIPE2],
+    # knockout: o_proj (the one-row GEMV with N == K, 4096 x 4096 at 8B) on the tiled kernel
+    # reading no weight (every weight load masked off, y = 0): what o_proj's weight stream costs
+    # after the attention window. Session 21 call 1: 3.71 (3.70) against 3.86 (3.85) with PIPE 2
+    # o_proj; `_pdl` also chains the attention and combine at one row: 3.72 (3.71)
+    "ko_o_w": [_O_PIPE2] + _KO_O_W,
+    "ko_o_w_pdl": [_O_PIPE2] + _KO_O_W + [_PDL_ATTN, _COMB_ALWAYS],
+    # the resident o_proj (the default since session 21: 4 x 4096 at 4 warps, the attention and
+    # the combine chained) in other shapes and chains. Session 21 calls 1-3, 8B batch 1, ms
+    # (replay), on machines where o_pipe2 ran 3.86-3.87 (3.85-3.86): the default 3.82-3.83
+    # (3.81-3.82) in four runs; the combine alone chained 3.83-3.84 (3.82) in three; at 8 warps
+    # 3.82-3.83 (3.81-3.82); 2 rows at 4 warps 3.83 (3.82); 2 rows at 2 warps 3.84 (3.83); 8 rows
+    # at 8 warps 3.83 (3.82); the slice in shared memory (Gluon, 4 x 512 chunks) 4.21 (4.21)
+    "res_comb": _resident(4, 4, "comb"),
+    "res_nochain": _resident(4, 4, ""),
+    "res4w8": _resident(4, 8),
+    "res2w2": _resident(2, 2),
+    "res8w8": _resident(8, 8),
+    "sm4": _resident(4, 4, "comb", 512),
+    # resident o_proj plus an L2 prefetch of the slices of the programs that become resident only
+    # after the attention window (shift n/2: the second half; n/4: the last three quarters).
+    # Session 21 call 2: 4 x 4096 at 8 warps 3.89 (3.88) / 3.88 (3.87) and 2 x 4096 at 4 warps
+    # 3.88 (3.87), against 3.82-3.83 without: slower; the attention 1-2 us longer (its K/V misses
+    # queue behind the prefetches, as in session 18)
+    "res4w8_pf2": _res_pf(4, 8, 1, 2),
+    "res4w8_pf4": _res_pf(4, 8, 1, 4),
     "st2": [_ST2],
     # the split count as a compile-time constant too (one specialization per split count the
     # graphs use: the split index and the chunk are then divisions by a constant; 1288 against
@@ -399,9 +436,7 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
                    "    if False:  # KNOCKOUT: no silu * up\n        u = tl.load(x_ptr + K")],
     # o_proj with whole rows per program (2 x 4096, the whole weight slice preloaded before the
     # PDL wait; 127 registers, 4 programs per SM; session 18: 3.93 against 3.89 ms)
-    "o_rows": [("hotspec/layers/gemv_kernels.py",
-                "GemvConfig(4, 1024, 1, 4, 1, PIPE=2),  # o (decode",
-                "GemvConfig(2, 4096, 1, 4, 1),  # VARIANT o (decode")],
+    "o_rows": [(GK, _O_ROW, "(1, 4096, 4096, False): GemvConfig(2, 4096, 1, 4, 1),  # VARIANT")],
     # the V tile's loads after the scores and softmax again at batch 1 (the order before
     # session 18; TritonBackend._v_early)
     "v_late": [(BACKEND, "        return self._stages(p) == 1 and block_n <= 32",

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hotspec.engine.engine import Engine
 from hotspec.engine.request import Request
 from hotspec.runtime.batch_builder import last_token_index, prefill_batch
 from hotspec.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hotspec.models.config import ModelConfig
 
 
 def prefill_logits(engine: Engine, prompts: list[list[int]]) -> torch.Tensor:
@@ -37,13 +42,14 @@ def greedy_tokens(engine: Engine, prompts: list[list[int]], params: SamplingPara
 
 def random_engine(tmp_path=None, *, layers: int = 6, dtype: torch.dtype = torch.bfloat16,
                   seed: int = 5, algo: str | None = None, head_seed: int = 1,
-                  attn_scale: float = 5.0) -> Engine:
+                  attn_scale: float = 5.0, shape: ModelConfig | None = None) -> Engine:
     """A CUDA-graphed engine around SmolLM2's shape with random weights (no model file): decode
     at batch 1, 2 and 4; with `algo` ("EAGLE" / "EAGLE3") a random head in tmp_path (3 steps,
     top-4, 8 draft tokens). The attention weights are scaled by `attn_scale`: at the plain
     N(0, 0.02) init the token's own embedding dominates and greedy decoding repeats one token
     (on the CPU, 4 layers: 1-3 distinct tokens in 24), which would hide a wrong KV read; at 5x
-    every one of 24 tokens differs, so they depend on the cache."""
+    every one of 24 tokens differs, so they depend on the cache. `shape`: another model shape
+    than SmolLM2's (its layer count replaced by `layers`)."""
     from dataclasses import replace
 
     from hotspec.benchmark.random_models import SMOLLM2_135M, random_state
@@ -51,7 +57,7 @@ def random_engine(tmp_path=None, *, layers: int = 6, dtype: torch.dtype = torch.
     from hotspec.models.build import build_target
     from hotspec.models.draft_checkpoint import random_draft_checkpoint
 
-    mc = replace(SMOLLM2_135M, num_hidden_layers=layers)
+    mc = replace(shape or SMOLLM2_135M, num_hidden_layers=layers)
     dev = torch.device("cuda")
     state = random_state(mc, dev, dtype, seed=seed)
     for name, t in state.items():

@@ -58,10 +58,12 @@ def test_other_kernels_are_chained_only_in_steps_of_several_rows(monkeypatch):
     monkeypatch.setattr(pdl, "_all_switch", lambda: "auto")
     assert [pdl.chained(dev, rows) for rows in (1, 2, 12)] == [False, True, True]
     assert pdl.launch_kwargs(dev, 12) == {"launch_pdl": True} and pdl.launch_kwargs(dev, 1) == {}
+    # a kernel before the resident GEMV is chained at one row too (RESULTS "Session 21")
+    assert pdl.chained(dev, 1, before_resident=True)
     monkeypatch.setattr(pdl, "_all_switch", lambda: "1")
     assert pdl.chained(dev, 1)
     monkeypatch.setattr(pdl, "_all_switch", lambda: "0")
-    assert not pdl.chained(dev, 12)
+    assert not pdl.chained(dev, 12) and not pdl.chained(dev, 1, before_resident=True)
     monkeypatch.undo()
     pdl._all_switch.cache_clear()
     monkeypatch.setenv("HOTSPEC_PDL_ALL", "yes")
@@ -279,3 +281,61 @@ def test_preload_at_real_shapes_gives_the_same_bits(monkeypatch, shape):
         monkeypatch.setattr(pdl, "_preload_switch", lambda on=on: on)
         outs.append(_eager_and_replayed(run))
     assert torch.equal(outs[1], outs[0])
+
+
+def test_only_the_8b_o_proj_at_one_row_runs_resident(monkeypatch):
+    """fused.gemv_resident (which chains the split combine before o_proj) follows the GEMV table:
+    the 8B o_proj shape at one row is the resident kernel; more rows, other shapes, fp32, a bias
+    or HOTSPEC_GEMV=0 are not."""
+    from torch import nn
+
+    from hotspec.layers import fused
+
+    monkeypatch.setattr(fused, "enabled", lambda x, *params: True)
+    bf16 = torch.zeros(1, dtype=torch.bfloat16)
+    o8b, smol = nn.Linear(4096, 4096, bias=False).to(torch.bfloat16), nn.Linear(576, 576, bias=False)
+    assert fused.gemv_resident(bf16, 1, o8b)
+    assert not fused.gemv_resident(bf16, 8, o8b)
+    assert not fused.gemv_resident(bf16, 1, smol.to(torch.bfloat16))
+    assert not fused.gemv_resident(torch.zeros(1), 1, o8b.float())
+    assert not fused.gemv_resident(bf16, 1, nn.Linear(4096, 4096).to(torch.bfloat16))
+    monkeypatch.setattr(fused, "_gemv_allowed", lambda: False)
+    assert not fused.gemv_resident(bf16, 1, o8b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", [None, "EAGLE3"], ids=["vanilla", "eagle3"])
+def test_gpu_resident_o_proj_engine_tokens_equal_without_pdl(monkeypatch, tmp_path, algo):
+    """The resident o_proj in the graphed engine: Llama-3.1-8B's attention shape (4096 hidden, 32
+    query / 8 kv heads; 4 layers, a small MLP and vocabulary, random bf16 weights), one request,
+    so decode replays the batch-1 graph, where o_proj is the resident GEMV and the split combine
+    before it is PDL-chained (with EAGLE-3, a random head of that shape too, whose draft_extend
+    and verify run many rows). With PDL off the same kernels run without early launches or waits
+    (the same sums), so equal greedy tokens mean no program read the attention's output before
+    its wait."""
+    from dataclasses import replace
+
+    from engine_utils import greedy_tokens, random_engine
+
+    from hotspec.benchmark.random_models import LLAMA_3_1_8B
+    from hotspec.layers import gemv_kernels
+    from hotspec.sampling_params import SamplingParams
+
+    cfg = gemv_kernels.choose(1, 4096, 4096)
+    assert cfg is not None and cfg.PIPE == 0, "the 8B o_proj row is the resident kernel"
+    shape = replace(LLAMA_3_1_8B, vocab_size=32000, intermediate_size=2048, bos_token_id=0,
+                    eos_token_ids=(1,))
+    gen = torch.Generator().manual_seed(21)
+    prompt = [torch.randint(2, 32000, (300,), generator=gen).tolist()]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+    def run(on: bool) -> list[int]:
+        monkeypatch.setattr(pdl, "_switch", lambda: on)
+        engine = random_engine(tmp_path / str(on), layers=4, seed=22, shape=shape, algo=algo)
+        toks = greedy_tokens(engine, prompt, params)[0]
+        engine.graphs.close()
+        return toks
+
+    want = run(False)
+    assert len(want) == 40 and len(set(want)) > 10, "tokens that depend on the cache"
+    assert run(True) == want

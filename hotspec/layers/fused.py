@@ -78,14 +78,31 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False,
     `HOTSPEC_GEMV=0` keeps every Linear on cuBLAS (an A/B switch for the benchmarks)."""
     if not _gemv_allowed():
         return None
-    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+    if x.dim() != 2 or x.stride(1) != 1:
         return None
-    if x.stride(1) != 1 or weight.stride(1) != 1 or not enabled(x, weight):
+    return _gemv_choice(x, x.shape[0], weight, silu_mul, heuristic)
+
+
+def _gemv_choice(x: torch.Tensor, m: int, weight: torch.Tensor, silu_mul: bool, heuristic: bool
+                 ) -> GemvConfig | None:
+    """gemv_config for an input of m rows in x's dtype and device (its shape aside)."""
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+        return None
+    if weight.stride(1) != 1 or not enabled(x, weight):
         return None
     from hotspec.layers.gemv_kernels import choose
 
-    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
-    return choose(m, n, k, silu_mul, heuristic)
+    return choose(m, weight.shape[0], weight.shape[1], silu_mul, heuristic)
+
+
+def gemv_resident(like: torch.Tensor, rows: int, lin: torch.nn.Linear) -> bool:
+    """Whether `linear(lin, x)` for an x of `rows` rows in `like`'s dtype and device runs the
+    resident GEMV (gemv_kernels, PIPE 0), whose kernels before it are then PDL-chained
+    (pdl.chained's `before_resident`). The 8B o_proj at one row, since session 21."""
+    if lin.bias is not None or not _gemv_allowed():
+        return False
+    cfg = _gemv_choice(like, rows, lin.weight, False, True)
+    return cfg is not None and cfg.PIPE == 0
 
 
 @functools.cache

@@ -61,10 +61,12 @@ class GemvConfig:
 
 
 # Where the kernel beat cuBLAS on the H200 (benchmarks/gemv_bench.py, 2026-11-30; RESULTS.md,
-# "Session 5"): (M bucket, N, K, silu_mul) -> the fastest config. The 8B o row since session 16:
-# 4 rows x 1024 columns (with 4 warps, the weight tile's layout is the input's: no shared-memory
-# layout change per tile) and PIPE=2, the 8B decode step at batch 1 3.95 against 3.98 ms with
-# the old 8 x 512 row (RESULTS "Session 16"; three alternated runs); PIPE=2 on the 8B qkv, down
+# "Session 5"): (M bucket, N, K, silu_mul) -> the fastest config. The 8B o row since session 21:
+# the resident kernel (PIPE 0), 4 rows x the whole 4096 columns per program at 4 warps; its
+# programs launch while the attention runs (the split combine PDL-chained before it) and load
+# their weights then, so less of o_proj's stream is left after the attention: the 8B decode step
+# at batch 1 3.82 against 3.86 ms (RESULTS "Session 21", alternated runs). Before, session 16's
+# 4 x 1024 tiles at PIPE=2 (3.95 against 3.98 ms with 8 x 512); PIPE=2 on the 8B qkv, down
 # and gate_up rows made the step slower (4.01-4.28 ms). Bucket 1 runs the multiply-reduce
 # kernel, 8 and 16 the tl.dot one. Measured and absent (cuBLAS was as fast or faster): the 8B
 # gate_up (28672 x 4096) at every M, every silu_mul down projection at M > 1 (each program
@@ -72,7 +74,7 @@ class GemvConfig:
 CONFIGS: dict[tuple[int, int, int, bool], GemvConfig] = {
     # Llama-3.1-8B
     (1, 6144, 4096, False): GemvConfig(8, 512, 1, 4, 2),     # qkv     14.8 us vs 15.4
-    (1, 4096, 4096, False): GemvConfig(4, 1024, 1, 4, 1, PIPE=2),  # o (decode step: 3.95 vs 3.98 ms)
+    (1, 4096, 4096, False): GemvConfig(4, 4096, 1, 4, 1, PIPE=0),  # o, resident (3.82 vs 3.86 ms)
     (1, 4096, 14336, True): GemvConfig(16, 512, 2, 4, 2),    # down    31.8 us vs 33.3 (+silu)
     (8, 4096, 4096, False): GemvConfig(32, 512, 1, 4, 4),    # o       11.3 us vs 12.7
     (16, 6144, 4096, False): GemvConfig(64, 256, 1, 4, 4),   # qkv     15.6 us vs 16.1
@@ -111,7 +113,8 @@ def overrides() -> dict[tuple[int, int, int, bool], GemvConfig]:
     preload included, which gemv_bench.py's isolated timings leave out): entries
     `M,N,K[,silu]=BLOCK_N,BLOCK_K,SPLIT_K,num_warps,num_stages` separated by `;`, each replacing
     (or adding) the row for bucket(M), e.g. `1,4096,14336,silu=16,512,4,4,2`; a sixth value sets
-    PIPE (`...=8,1024,1,4,1,2`; 0 the resident kernel: `1,4096,4096=2,4096,1,4,1,0`). A bad entry is an error naming the variable."""
+    PIPE (`...=8,1024,1,4,1,2`; 0 the resident kernel: `1,4096,4096=2,4096,1,4,1,0`). A bad
+    entry is an error naming the variable."""
     raw = os.environ.get("HOTSPEC_GEMV_CONFIGS", "").strip()
     out: dict[tuple[int, int, int, bool], GemvConfig] = {}
     for entry in filter(None, (e.strip() for e in raw.split(";"))):

@@ -123,14 +123,19 @@ def enabled(device: torch.device) -> bool:
     return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
-def chained(device: torch.device, rows: int) -> bool:
+def chained(device: torch.device, rows: int, before_resident: bool = False) -> bool:
     """Whether a non-GEMV Triton kernel over `rows` token rows on `device` is PDL-launched (it then
-    calls `wait` first thing): with `enabled`, when rows > 1 (HOTSPEC_PDL_ALL=1: always; =0: never).
-    Inside a CUDA graph the row count is the captured batch's, so the choice is fixed per graph."""
+    calls `wait` first thing): with `enabled`, when rows > 1 or the kernel after it is the resident
+    GEMV (`before_resident`; HOTSPEC_PDL_ALL=1: always; =0: never). Inside a CUDA graph the row
+    count is the captured batch's, so the choice is fixed per graph.
+    Why `before_resident`: the resident GEMV's programs load their whole weight slice before their
+    wait (gemv_kernels, PIPE 0), so they should become resident while the attention still runs;
+    a kernel launched plainly between them (the split combine) would hold their launch back until
+    the attention ends (RESULTS "Session 21")."""
     if not enabled(device):
         return False
     mode = _all_switch()
-    return rows > 1 if mode == "auto" else mode == "1"
+    return rows > 1 or before_resident if mode == "auto" else mode == "1"
 
 
 def launch_kwargs(device: torch.device, rows: int) -> dict[str, bool]:

@@ -89,7 +89,8 @@ class Attention(nn.Module):
         else:
             q, k = rope(fb.positions, q, k)
             store_kv(k_cache, v_cache, fb.out_cache_loc, k, v)
-        o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold)
+        o = backend.forward(fb, q, k_cache, v_cache, self.scale, rope=fold,
+                            before_resident=fused.gemv_resident(q, t, self.o_proj))
         return linear(self.o_proj, o.reshape(t, -1))
 
 

@@ -37,10 +37,12 @@ class AttentionBackend(abc.ABC):
 
     @abc.abstractmethod
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, scale: float, *, rope: RopeFold | None = None) -> torch.Tensor:
+                v_cache: torch.Tensor, scale: float, *, rope: RopeFold | None = None,
+                before_resident: bool = False) -> torch.Tensor:
         """q: [T, Hq, D]; caches: [num_slots + 1, Hkv, D] (new K/V already stored). -> [T, Hq, D]
         With `rope` (only where `folds_rope(fb)`), q is unrotated and the new K/V not yet stored:
-        the backend does both."""
+        the backend does both. `before_resident`: the kernel that reads the output is the resident
+        GEMV (layers/pdl.chained says what a backend does with that); it never changes values."""
 
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` takes RoPE and the KV store for this batch (no, unless

@@ -64,7 +64,8 @@ class TorchRefBackend(AttentionBackend):
         fb.attn_meta = _Plan(slots, mask.unsqueeze(1), q_index, width)
 
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, scale: float, *, rope: RopeFold | None = None) -> torch.Tensor:
+                v_cache: torch.Tensor, scale: float, *, rope: RopeFold | None = None,
+                before_resident: bool = False) -> torch.Tensor:
         if rope is not None:
             raise ValueError("the torch reference backend does not fold RoPE (folds_rope is False)")
         p: _Plan = fb.attn_meta

@@ -251,10 +251,13 @@ class TritonBackend(AttentionBackend):
     # -- forward ------------------------------------------------------------------------------
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
-                rope: RopeFold | None = None) -> torch.Tensor:
+                rope: RopeFold | None = None, before_resident: bool = False) -> torch.Tensor:
         """As AttentionBackend.forward; `out` ([T, Hq, D], q's dtype) is written if given. With
         `rope` (only where `folds_rope`), q is unrotated: the kernel rotates it, and rotates and
-        stores the step's K and V into their cache slots first, as fused_kernels.rope_store."""
+        stores the step's K and V into their cache slots first, as fused_kernels.rope_store.
+        `before_resident`: the attention and its split combine are PDL-launched at one row too, so
+        the resident o_proj's programs launch (and load their weights) while the attention runs:
+        each kernel signals at its start that the next may launch, then waits for the one before."""
         p: TritonPlan = fb.attn_meta
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
@@ -312,8 +315,8 @@ class TritonBackend(AttentionBackend):
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
-        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t)
-        launch = pdl.launch_kwargs(q.device, t)
+        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t, before_resident)
+        launch = {"launch_pdl": True} if pdl_wait else {}
         grid = (q_blocks * splits, b, hkv)
         paged_attn_fwd[grid](
             q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,
@@ -330,7 +333,7 @@ class TritonBackend(AttentionBackend):
             num_warps=num_warps, num_stages=self._stages(p), **launch,
         )
         if splits > 1:
-            comb_wait = pdl.chained(q.device, t)
+            comb_wait = pdl.chained(q.device, t, before_resident)
             combine_splits[(t, hq)](
                 opart, lse, out,
                 opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
