@@ -427,6 +427,17 @@ RECIPES: dict[str, list[tuple[str, str, str]]] = {
                  (BACKEND, _ROPE_KW, "            **_rope_kwargs(rope, k_cache), **({'PF': self._pf, "
                   "'PF_N': self._pf.numel() // 64, 'PF_AT': 2} if p.width == 1 else {}),\n"),
                  (_LLAMA, _FORWARD, "        backend._pf = self.o_proj.weight  # VARIANT\n" + _FORWARD)],
+    # the attention signals that the next kernels may launch after its kv loops instead of at
+    # its start, so the resident o_proj's weight loads (launched through the chained combine)
+    # start only once the attention's K/V loads are done: less of the window for o_proj, but no
+    # HBM queue ahead of the K/V misses (session 21 found the window traffic-bound: calls 2, 5).
+    # Prepared in session 21, not yet measured
+    "attn_signal_late": [
+        (KERNELS, _LAUNCHED + "    pid0 = tl.program_id(0)", "    pid0 = tl.program_id(0)  # VARIANT"),
+        (KERNELS, "    l_safe = tl.where(l_i == 0.0, 1.0, l_i)\n",
+         "    pdl.launch_dependents(PDL)  # VARIANT: after the kv loops\n"
+         "    l_safe = tl.where(l_i == 0.0, 1.0, l_i)\n"),
+    ],
     "kv_next": [_KV_NEXT_FN, _KERNEL_TAIL,
                 (KERNELS, _AFTER_LOOP, "    if PF_AT == 2:\n        _pf_next(k_base, v_base, bt_row, lo, hi, "
                  "PF_N, stride_kt, stride_vt, PAGE, BLOCK_N)\n" + _AFTER_LOOP),
