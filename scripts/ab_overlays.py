@@ -30,7 +30,7 @@ _COMB_WAIT = "    pdl.wait(PDL_WAIT)  # PDL-launched itself (pdl.chained): nothi
 _COMB_RETURN = (MERGE, _COMB_WAIT, _COMB_WAIT + "    if num_splits > -1:  # KNOCKOUT: the combine does "
                 "nothing\n        return\n")
 _PDL_ATTN = (BACKEND, "        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t, "
-             "before_resident)\n        launch = {\"launch_pdl\": True} if pdl_wait else {}",
+             "before_resident)\n        launch = pdl.launch_kwargs(q.device, t, before_resident)",
              "        use_pdl = pdl.enabled(q.device)\n        pdl_wait = use_pdl  # VARIANT\n"
              "        launch = {\"launch_pdl\": True} if use_pdl else {}")
 _WARPS = "        num_warps = self.num_warps or 4"
@@ -201,7 +201,7 @@ _O_ROW = "(1, 4096, 4096, False): GemvConfig(4, 4096, 1, 4, 1, PIPE=0),"
 _O_PIPE2 = (GK, _O_ROW, "(1, 4096, 4096, False): GemvConfig(4, 1024, 1, 4, 1, PIPE=2),  # VARIANT")
 _COMB_CHAIN = "            comb_wait = pdl.chained(q.device, t, before_resident)"
 _COMB_ALWAYS = (BACKEND, _COMB_CHAIN, "            comb_wait = use_pdl  # VARIANT: chained at one row")
-_ATTN_CHAIN = "        use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t, before_resident)"
+_ATTN_CHAIN = _PDL_ATTN[1]  # the attention's two launch lines as the engine has them
 
 
 def _resident(block_n: int, warps: int, chain: str = "both") -> list[tuple[str, str, str]]:
@@ -212,7 +212,7 @@ def _resident(block_n: int, warps: int, chain: str = "both") -> list[tuple[str, 
                         "  # VARIANT")] if (block_n, warps) != (4, 4) else []
     if chain in ("comb", ""):
         out.append((BACKEND, _ATTN_CHAIN, "        use_pdl, pdl_wait = pdl.enabled(q.device), "
-                    "pdl.chained(q.device, t)  # VARIANT"))
+                    "pdl.chained(q.device, t)  # VARIANT\n        launch = pdl.launch_kwargs(q.device, t)"))
     if chain == "":
         out.append((BACKEND, _COMB_CHAIN, "            comb_wait = pdl.chained(q.device, t)  # VARIANT"))
     return out

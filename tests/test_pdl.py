@@ -60,6 +60,7 @@ def test_other_kernels_are_chained_only_in_steps_of_several_rows(monkeypatch):
     assert pdl.launch_kwargs(dev, 12) == {"launch_pdl": True} and pdl.launch_kwargs(dev, 1) == {}
     # a kernel before the resident GEMV is chained at one row too (RESULTS "Session 21")
     assert pdl.chained(dev, 1, before_resident=True)
+    assert pdl.launch_kwargs(dev, 1, before_resident=True) == {"launch_pdl": True}
     monkeypatch.setattr(pdl, "_all_switch", lambda: "1")
     assert pdl.chained(dev, 1)
     monkeypatch.setattr(pdl, "_all_switch", lambda: "0")

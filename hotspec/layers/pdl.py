@@ -142,9 +142,9 @@ def chained(device: torch.device, rows: int, before_resident: bool = False) -> b
     return rows > 1 or before_resident if mode == "auto" else mode == "1"
 
 
-def launch_kwargs(device: torch.device, rows: int) -> dict[str, bool]:
+def launch_kwargs(device: torch.device, rows: int, before_resident: bool = False) -> dict[str, bool]:
     """Launch options of a kernel that waits first thing when `chained` (the PDL attribute)."""
-    return {"launch_pdl": True} if chained(device, rows) else {}
+    return {"launch_pdl": True} if chained(device, rows, before_resident) else {}
 
 
 def describe(device: torch.device) -> str:

@@ -316,7 +316,7 @@ class TritonBackend(AttentionBackend):
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t, before_resident)
-        launch = {"launch_pdl": True} if pdl_wait else {}
+        launch = pdl.launch_kwargs(q.device, t, before_resident)
         grid = (q_blocks * splits, b, hkv)
         paged_attn_fwd[grid](
             q, k_cache, v_cache, out, p.block_tables, p.kv_lens, p.q_lens, cu, cm, opart, lse,
