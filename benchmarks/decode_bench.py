@@ -220,6 +220,52 @@ def timeline(engine: Engine, batch: int, edge: int, phase: str = "decode") -> st
     return "\n".join(lines)
 
 
+def step_timeline(engine: Engine, batch: int, context: int, steps: int, seed: int, edge: int = 4) -> str:
+    """What runs between two decode graphs when the engine steps (torch.profiler over `steps`
+    engine steps of `batch` fresh requests): the step's period, the graph's own span (its first
+    kernel to its last) and the rest, the boundary (input copies, read-back, idle); then the
+    events around one boundary, each with its start (us after the step's first kernel), duration
+    and gap before it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = torch.Generator().manual_seed(seed + 1000 + batch)
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(torch.randint(0, vocab, (context,), generator=gen).tolist(), params)
+    for _ in range(4):  # prefill, then warm steps
+        engine.step()
+    _sync(engine.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        _sync(engine.device)
+    while engine.has_unfinished():
+        engine.step()
+    ev = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                if e.device_type.name == "CUDA")
+    heads = [i for i, e in enumerate(ev) if "decode_inputs" in e[2]]
+    if len(heads) < 3:
+        return f"step timeline batch {batch}: {len(heads)} decode graphs seen (no decode_inputs kernel?)"
+    periods, spans = [], []
+    for a, b in zip(heads, heads[1:]):
+        last = max(j for j in range(a, b) if not ev[j][2].startswith(("Memcpy", "Memset")))
+        periods.append(ev[b][0] - ev[a][0])
+        spans.append(ev[last][1] - ev[a][0])
+    med = statistics.median
+    lines = [f"step timeline batch {batch}: {len(periods)} steps, period {med(periods):.1f} us, graph span "
+             f"{med(spans):.1f} us, boundary {med(p - s for p, s in zip(periods, spans)):.1f} us "
+             f"(copies, read-back, idle)"]
+    mid = heads[len(heads) // 2]
+    t0 = ev[heads[len(heads) // 2 - 1]][0]
+    for i in range(max(1, mid - edge), min(len(ev), mid + edge)):
+        start, end, name = ev[i]
+        mark = " | next step" if i == mid else ""
+        lines.append(f"  {start - t0:9.1f} {end - start:7.1f} us  gap {start - ev[i - 1][1]:6.1f}  "
+                     f"{name[:70]}{mark}")
+    return "\n".join(lines)
+
+
 def machine(device: torch.device) -> str:
     return f"{device_name(device)}, torch {torch.__version__}"
 
@@ -261,6 +307,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeline", type=int, default=0, metavar="N",
                    help="graphed: print when the last N kernels of one decode replay and the "
                         "first N of the next run, with the gaps between them (torch.profiler)")
+    p.add_argument("--step-timeline", type=int, default=0, metavar="N",
+                   help="graphed: profile N engine steps and print what runs between two decode "
+                        "graphs (input copies, read-back, idle) and the events around one boundary")
     p.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="launch decode step N+1 before reading step N (the engine option; "
                         "default: the engine's, on with CUDA graphs)")
@@ -278,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = datetime.now(timezone.utc)
     max_batch = max(args.batch_sizes)
-    per_request = -(-(args.context + 1 + args.warmup + args.tokens + 1) // BLOCK_SIZE)
+    generated = max(1 + args.warmup + args.tokens, args.step_timeline + 8)
+    per_request = -(-(args.context + generated + 1) // BLOCK_SIZE)
     engine = build_engine(args, num_kv_blocks=max_batch * per_request, max_batch=max_batch)
     dev = engine.device
     weight_bytes = weight_bytes_per_step(engine.target)
@@ -296,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             print(kernel_table(engine, b))
         if args.timeline and engine.graphs.mode == "cuda":
             print(timeline(engine, b, args.timeline))
+        if args.step_timeline and engine.graphs.mode == "cuda":
+            print(step_timeline(engine, b, args.context, args.step_timeline, args.seed))
     hf_rows = []
     if args.vs_hf:
         for b in args.batch_sizes:

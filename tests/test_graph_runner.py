@@ -106,6 +106,77 @@ def test_launch_and_read_back_do_not_wait_for_later_device_work():
     r.close()
 
 
+def test_packed_static_buffers_are_aligned_views_of_one_buffer():
+    """On CUDA a phase's static inputs are views of one byte buffer (so a step's host inputs go
+    over in one copy): each typed and shaped as the example, holding its values, 16-byte aligned,
+    in order and not overlapping."""
+    from hotspec.runtime.graph_runner import _packed
+
+    ex = {"ids": torch.arange(3, dtype=torch.long), "flag": torch.tensor([True, False, True]),
+          "t": torch.full((3, 5), 7, dtype=torch.int32), "p": torch.ones(3, dtype=torch.float16)}
+    blob, views, layout = _packed(ex, torch.device("cpu"))
+    assert blob.dtype == torch.uint8 and blob.dim() == 1
+    ends = 0
+    for k, v in ex.items():
+        off, row = layout[k]
+        assert off % 16 == 0 and off >= ends and row == v[0].numel() * v.element_size()
+        ends = off + row * v.shape[0]
+        w = views[k]
+        assert w.dtype == v.dtype and w.shape == v.shape and torch.equal(w, v)
+        assert w.untyped_storage().data_ptr() == blob.untyped_storage().data_ptr()
+        assert w.data_ptr() == blob.data_ptr() + off
+    assert ends <= blob.numel()
+    views["t"][1, 2] = -1  # a view writes the blob
+    off, row = layout["t"]
+    assert blob[off + row + 8 : off + row + 12].view(torch.int32).item() == -1
+
+
+def test_run_needs_every_static_input():
+    r = GraphRunner(torch.device("cpu"), "static", [1, 2])
+    r.register("p", _phase, _example)
+    with pytest.raises(ValueError, match="phase 'p' takes inputs \\['a', 'b'\\], got \\['a'\\]"):
+        r.run("p", {"a": torch.ones(1)})
+
+
+@pytest.mark.gpu
+def test_host_inputs_go_over_in_one_copy_with_their_padding():
+    """A step's host inputs (a narrower table among them) and the padding rows up to the captured
+    size reach the graph through ONE host-to-device copy; device inputs are copied as well, and
+    the results equal the phase run directly."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device("cuda")
+    r = GraphRunner(dev, "cuda", [1, 4])
+
+    def phase(x):
+        return {"y": x["a"] * 2 + x["t"].sum(-1) + x["d"], "n": x["i"] + 1}
+
+    def example(bs):
+        return {"a": torch.zeros(bs, device=dev), "i": torch.full((bs,), -1, dtype=torch.long, device=dev),
+                "t": torch.ones(bs, 6, dtype=torch.int32, device=dev), "d": torch.zeros(bs, device=dev)}
+
+    r.register("p", phase, example)
+    r.capture_all()
+    x = {"a": torch.tensor([1.0, 2.0, 3.0]), "i": torch.tensor([5, 6, 7]),
+         "t": torch.arange(12, dtype=torch.int32).view(3, 4), "d": torch.tensor([0.5, 0.25, 0.0], device=dev)}
+    r.run("p", x)  # warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = r.run("p", x)
+        torch.cuda.synchronize()
+    h2d = [e for e in prof.events() if e.device_type.name == "CUDA" and "HtoD" in e.name]
+    assert len(h2d) == 1, [e.name for e in h2d]
+    want = x["a"] * 2 + x["t"].sum(-1) + 2 + x["d"].cpu()  # t's two columns past 4 keep the example's 1
+    assert out["y"].tolist() == want.tolist() and out["n"].tolist() == [6, 7, 8]
+    static = r.phases["p"].static
+    assert static["i"][3].item() == -1 and static["t"][3].tolist() == [1] * 6  # the padding row
+    for step in range(3):  # the two mirrors in turn, new values each time
+        y = r.run("p", {"a": torch.tensor([float(step)]), "i": torch.tensor([step]),
+                        "t": torch.zeros(1, 6, dtype=torch.int32), "d": torch.zeros(1, device=dev)})
+        assert y["y"].tolist() == [2.0 * step] and y["n"].tolist() == [step + 1]
+    r.close()
+
+
 def test_host_copy_on_the_cpu_is_a_snapshot():
     from hotspec.engine.launches import HostCopy
 

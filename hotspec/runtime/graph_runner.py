@@ -42,34 +42,67 @@ def default_batch_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
-class _Staging:
-    """Pinned host mirrors of a phase's static inputs, two sets used in turn: host inputs are
-    written here and copied to the device asynchronously (CUDA promises that only from pinned
-    memory; from pageable memory the host may wait for the steps launched before, which the
-    overlap schedule must not). A set is rewritten only after its last copy ran (an event); with
-    at most one step unread that copy ran long ago. Allocated once: pinning memory per call
-    costs more host time than the whole step saves."""
+def _packed(example: Tensors, device: torch.device, pin: bool = False
+            ) -> tuple[torch.Tensor, Tensors, dict[str, tuple[int, int]]]:
+    """One byte buffer holding a copy of every tensor of `example`, each in its own region
+    (16-byte aligned, in the dict's order); its views, shaped and typed as `example`'s; and each
+    region's (byte offset, bytes per batch row)."""
+    layout: dict[str, tuple[int, int]] = {}
+    end = 0
+    for k, v in example.items():
+        row = v[0].numel() * v.element_size() if v.shape[0] else 0
+        layout[k] = (end, row)
+        end += -(-(row * v.shape[0]) // 16) * 16
+    blob = torch.zeros(max(end, 16), dtype=torch.uint8, device=device, pin_memory=pin)
+    views = {k: blob[off : off + row * v.shape[0]].view(v.dtype).view(v.shape).copy_(v)
+             for (k, v), (off, row) in zip(example.items(), layout.values())}
+    return blob, views, layout
 
-    def __init__(self, static: Tensors) -> None:
-        self.sets = [{k: torch.empty(v.numel(), dtype=v.dtype, pin_memory=True)
-                      for k, v in static.items()} for _ in range(2)]
+
+class _Staging:
+    """Pinned host mirrors of a phase's static inputs, which live in one device byte buffer
+    (`_packed`): a step's host inputs and their padding rows are written into a mirror, then the
+    bytes they span go to the device in ONE asynchronous copy (a copy per input costs ~2 us of
+    the stream's time each before the graph may start). Copies run only from pinned memory (from
+    pageable memory the host may wait for the steps launched before, which the overlap schedule
+    must not). Two mirrors used in turn; a mirror is rewritten only after its last copy ran (an
+    event); with at most one step unread that copy ran long ago. Allocated once: pinning memory
+    per call costs more host time than the whole step saves."""
+
+    def __init__(self, blob: torch.Tensor, static: Tensors, layout: dict[str, tuple[int, int]],
+                 pad: Tensors) -> None:
+        self.blob, self.layout = blob, layout
+        self.pad = {k: v.cpu() for k, v in pad.items()}  # one padding row per input
+        example = {k: v.cpu() for k, v in static.items()}
+        self.sets = [_packed(example, torch.device("cpu"), pin=True)[:2] for _ in range(2)]
         self.copied = [torch.cuda.Event(), torch.cuda.Event()]
         self.used = [False, False]
-        self.turn = 0  # the set the next `stage` writes
+        self.turn = 0  # the mirror the next `copy_in` writes
 
-    def stage(self, inputs: Tensors) -> Tensors:
-        """`inputs` with every host tensor moved into the next pinned set (device ones as they are)."""
+    def copy_in(self, inputs: Tensors, bs: int, padded: int) -> Tensors:
+        """Enqueue the host tensors of `inputs` (rows 0..bs-1) and their padding rows (bs..padded-1)
+        into the static buffers, as one copy; returns the device tensors of `inputs`, which the
+        caller copies itself (after this copy: it may span their regions)."""
+        host = [k for k, v in inputs.items() if v.device.type == "cpu"]
+        if not host:
+            return inputs
         i = self.turn
         if self.used[i]:
             self.copied[i].synchronize()
-        return {k: self.sets[i][k][: v.numel()].view(v.shape).copy_(v) if v.device.type == "cpu" else v
-                for k, v in inputs.items()}
-
-    def staged(self) -> None:
-        """After the copies out of the set `stage` last wrote were enqueued: hand the turn on."""
-        self.copied[self.turn].record()
-        self.used[self.turn] = True
+        mirror, views = self.sets[i]
+        lo, hi = self.blob.numel(), 0
+        for k in host:
+            src, dst = inputs[k], views[k]
+            dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src)
+            if padded > bs:
+                dst[bs:padded].copy_(self.pad[k].expand_as(dst[bs:padded]))
+            off, row = self.layout[k]
+            lo, hi = min(lo, off), max(hi, off + row * padded)
+        self.blob[lo:hi].copy_(mirror[lo:hi], non_blocking=True)
+        self.copied[i].record()
+        self.used[i] = True
         self.turn ^= 1
+        return {k: v for k, v in inputs.items() if v.device.type != "cpu"}
 
 
 @dataclass
@@ -101,8 +134,11 @@ class GraphRunner:
     def register(self, name: str, fn: Phase, example: Callable[[int], Tensors]) -> None:
         static = example(self.max_bs) if self.mode != "eager" else {}
         pad = {k: v[:1].clone() for k, v in example(1).items()}
-        staging = _Staging(static) if static and self.device.type == "cuda" else None
-        self.phases[name] = _Entry(fn, static, pad, staging)
+        if static and self.device.type == "cuda":  # one buffer: one host-to-device copy a step
+            blob, static, layout = _packed(static, self.device)
+            self.phases[name] = _Entry(fn, static, pad, _Staging(blob, static, layout, pad))
+        else:
+            self.phases[name] = _Entry(fn, static, pad)
 
     # -- capture -------------------------------------------------------------------------------
     def capture_all(self) -> None:
@@ -148,22 +184,22 @@ class GraphRunner:
         reads at once; one copy kernel less each).
 
         Inputs may live on the host (what the scheduler builds from its lists): on CUDA they go
-        through the phase's pinned staging set, then one asynchronous host-to-device copy each
-        into the static buffers (no device copy)."""
+        through a pinned mirror of the phase's static buffers, with their padding rows, then one
+        asynchronous host-to-device copy for all of them (no device copy)."""
         e = self.phases[name]
         bs = next(iter(inputs.values())).shape[0]
         padded = next((b for b in self.batch_sizes if b >= bs), None)
         if self.mode == "eager" or padded is None:
             return e.fn({k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
+        if inputs.keys() != e.static.keys():  # (one copy spans several buffers: none is left out)
+            raise ValueError(f"phase {name!r} takes inputs {sorted(e.static)}, got {sorted(inputs)}")
         if e.staging is not None:
-            inputs = e.staging.stage(inputs)
+            inputs = e.staging.copy_in(inputs, bs, padded)
         for k, src in inputs.items():
             dst = e.static[k]
             dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src, non_blocking=True)
             if padded > bs:
                 dst[bs:padded].copy_(e.pad[k].expand_as(dst[bs:padded]))
-        if e.staging is not None:
-            e.staging.staged()
         graph = self.graphs.get((name, padded))
         if graph is None:  # static mode, or an allowed fallback
             out = e.fn({k: v[:padded] for k, v in e.static.items()})
