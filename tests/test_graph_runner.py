@@ -62,11 +62,12 @@ def test_borrowed_outputs_are_views_of_the_graph_and_the_rest_copies():
     dev = torch.device("cuda")
     r = GraphRunner(dev, "cuda", [1, 2])
     r.register("p", lambda x: {"y": x["a"] * 2, "z": x["a"] + 1},
-               lambda bs: {"a": torch.zeros(bs, device=dev)})
+               lambda bs: {"a": torch.zeros(bs, device=dev)}, device_inputs=("a",))
     r.capture_all()
     out = r.run("p", {"a": torch.tensor([3.0, 4.0], device=dev)}, borrow=("y",))
     graph_out = r.graphs[("p", 2)][1]
-    assert r.captured("p", 2) is r.graphs[("p", 2)][0] and r.captured("p", 3) is None
+    assert r.captured("p", 2) is not None and r.captured("p", 3) is None
+    assert r.read_back("y") is None  # not published
     assert out["y"].data_ptr() == graph_out["y"].data_ptr()
     assert out["z"].data_ptr() != graph_out["z"].data_ptr()
     assert out["y"].tolist() == [6.0, 8.0] and out["z"].tolist() == [4.0, 5.0]
@@ -106,29 +107,31 @@ def test_launch_and_read_back_do_not_wait_for_later_device_work():
     r.close()
 
 
-def test_packed_static_buffers_are_aligned_views_of_one_buffer():
-    """On CUDA a phase's static inputs are views of one byte buffer (so a step's host inputs go
-    over in one copy): each typed and shaped as the example, holding its values, 16-byte aligned,
-    in order and not overlapping."""
-    from hotspec.runtime.graph_runner import _packed
+def test_host_input_layout_is_aligned_views_of_one_buffer():
+    """On CUDA a phase's host inputs are views of one byte buffer (which the graph fetches from a
+    pinned mirror): each typed and shaped as the example, 16-byte aligned, in order and not
+    overlapping."""
+    from hotspec.runtime.host_io import layout_of, views_of
 
     ex = {"ids": torch.arange(3, dtype=torch.long), "flag": torch.tensor([True, False, True]),
           "t": torch.full((3, 5), 7, dtype=torch.int32), "p": torch.ones(3, dtype=torch.float16)}
-    blob, views, layout = _packed(ex, torch.device("cpu"))
-    assert blob.dtype == torch.uint8 and blob.dim() == 1
+    layout, size = layout_of(ex)
+    blob = torch.zeros(size, dtype=torch.uint8)
+    views = views_of(blob, ex, layout)
     ends = 0
     for k, v in ex.items():
         off, row = layout[k]
         assert off % 16 == 0 and off >= ends and row == v[0].numel() * v.element_size()
         ends = off + row * v.shape[0]
         w = views[k]
-        assert w.dtype == v.dtype and w.shape == v.shape and torch.equal(w, v)
-        assert w.untyped_storage().data_ptr() == blob.untyped_storage().data_ptr()
+        assert w.dtype == v.dtype and w.shape == v.shape
         assert w.data_ptr() == blob.data_ptr() + off
-    assert ends <= blob.numel()
+        w.copy_(v)
+    assert ends <= size
     views["t"][1, 2] = -1  # a view writes the blob
     off, row = layout["t"]
     assert blob[off + row + 8 : off + row + 12].view(torch.int32).item() == -1
+    assert torch.equal(views["ids"], ex["ids"]) and torch.equal(views["flag"], ex["flag"])
 
 
 def test_run_needs_every_static_input():
@@ -138,14 +141,7 @@ def test_run_needs_every_static_input():
         r.run("p", {"a": torch.ones(1)})
 
 
-@pytest.mark.gpu
-def test_host_inputs_go_over_in_one_copy_with_their_padding():
-    """A step's host inputs (a narrower table among them) and the padding rows up to the captured
-    size reach the graph through ONE host-to-device copy; device inputs are copied as well, and
-    the results equal the phase run directly."""
-    from torch.profiler import ProfilerActivity, profile
-
-    dev = torch.device("cuda")
+def _mixed_runner(dev):
     r = GraphRunner(dev, "cuda", [1, 4])
 
     def phase(x):
@@ -155,25 +151,80 @@ def test_host_inputs_go_over_in_one_copy_with_their_padding():
         return {"a": torch.zeros(bs, device=dev), "i": torch.full((bs,), -1, dtype=torch.long, device=dev),
                 "t": torch.ones(bs, 6, dtype=torch.int32, device=dev), "d": torch.zeros(bs, device=dev)}
 
-    r.register("p", phase, example)
+    r.register("p", phase, example, device_inputs=("d",), publish=("n",))
     r.capture_all()
+    return r
+
+
+@pytest.mark.gpu
+def test_host_inputs_reach_the_graph_without_a_copy_and_outputs_come_back_published():
+    """A step's host inputs (a narrower table among them) and the padding rows up to the captured
+    size reach the graph with no copy on the stream (its first kernel reads them from pinned
+    memory), a device input is copied as before, and the published output is read from pinned
+    memory: the results equal the phase's own, step after step through both slots."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device("cuda")
+    r = _mixed_runner(dev)
     x = {"a": torch.tensor([1.0, 2.0, 3.0]), "i": torch.tensor([5, 6, 7]),
          "t": torch.arange(12, dtype=torch.int32).view(3, 4), "d": torch.tensor([0.5, 0.25, 0.0], device=dev)}
     r.run("p", x)  # warm
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         out = r.run("p", x)
+        n = r.read_back("n")
         torch.cuda.synchronize()
-    h2d = [e for e in prof.events() if e.device_type.name == "CUDA" and "HtoD" in e.name]
-    assert len(h2d) == 1, [e.name for e in h2d]
+    memcpy = [e.name for e in prof.events() if e.device_type.name == "CUDA" and "Memcpy" in e.name
+              and ("HtoD" in e.name or "DtoH" in e.name)]
+    assert memcpy == [], memcpy
     want = x["a"] * 2 + x["t"].sum(-1) + 2 + x["d"].cpu()  # t's two columns past 4 keep the example's 1
     assert out["y"].tolist() == want.tolist() and out["n"].tolist() == [6, 7, 8]
+    assert n is not None and n.tolist() == [6, 7, 8]
     static = r.phases["p"].static
     assert static["i"][3].item() == -1 and static["t"][3].tolist() == [1] * 6  # the padding row
-    for step in range(3):  # the two mirrors in turn, new values each time
-        y = r.run("p", {"a": torch.tensor([float(step)]), "i": torch.tensor([step]),
-                        "t": torch.zeros(1, 6, dtype=torch.int32), "d": torch.zeros(1, device=dev)})
-        assert y["y"].tolist() == [2.0 * step] and y["n"].tolist() == [step + 1]
+    reads = []
+    for step in range(5):  # both slots in turn, new values each time, read one step late
+        r.run("p", {"a": torch.tensor([float(step)]), "i": torch.tensor([step]),
+                    "t": torch.zeros(1, 6, dtype=torch.int32), "d": torch.full((1,), 0.5, device=dev)})
+        reads.append(r.read_back("n"))
+        if step:
+            assert reads[-2].tolist() == [step]
+    assert reads[-1].tolist() == [5]
+    r.close()
+
+
+@pytest.mark.gpu
+def test_a_published_slot_read_after_its_reuse_is_an_error():
+    dev = torch.device("cuda")
+    r = _mixed_runner(dev)
+    x = {"a": torch.ones(1), "i": torch.tensor([1]), "t": torch.zeros(1, 6, dtype=torch.int32),
+         "d": torch.zeros(1, device=dev)}
+    r.run("p", x)
+    first = r.read_back("n")
+    r.run("p", x)
+    r.run("p", x)  # the third replay writes the first one's slot
+    with pytest.raises(RuntimeError, match="slot was reused"):
+        first.tolist()
+    with pytest.raises(ValueError, match=r"takes \['a', 'i', 't'\] from the host and \['d'\] on the device"):
+        r.run("p", dict(x, d=torch.zeros(1)))
+    r.close()
+
+
+@pytest.mark.gpu
+def test_benchmark_replays_keep_the_runner_and_device_counts_together():
+    """Replays outside run (a benchmark timing the graph alone) are counted, so the next run
+    still reads the slot the host wrote."""
+    dev = torch.device("cuda")
+    r = _mixed_runner(dev)
+    g = r.captured("p", 1)
+    assert g is not None
+    for _ in range(3):
+        g.replay()
+    out = r.run("p", {"a": torch.tensor([4.0]), "i": torch.tensor([9]),
+                      "t": torch.zeros(1, 6, dtype=torch.int32), "d": torch.zeros(1, device=dev)})
+    assert out["n"].tolist() == [10] and r.read_back("n").tolist() == [10]
+    torch.cuda.synchronize()
+    assert r.counter.item() == r.count
     r.close()
 
 
@@ -184,3 +235,32 @@ def test_host_copy_on_the_cpu_is_a_snapshot():
     c = HostCopy(t)
     t.fill_(0)  # the next step overwriting a static buffer
     assert c.tolist() == [1, 2, 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", [None, "EAGLE3"], ids=["vanilla", "eagle3"])
+def test_gpu_zero_copy_engine_tokens_equal_the_eager_engine(tmp_path, algo):
+    """The graphed engine (overlap schedule: its graphs fetch their host inputs from pinned slots
+    and publish their tokens there) gives the tokens of the engine without CUDA graphs, float32
+    random weights: three requests of different lengths in a batch of four (a padding row),
+    greedy and seeded sampling, vanilla and with a random EAGLE-3 head (the fused step)."""
+    from engine_utils import greedy_tokens, random_engine
+
+    from hotspec.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(21)
+    prompts = [torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (7, 45, 230)]
+
+    def run(graphed: bool, params: SamplingParams) -> list[list[int]]:
+        engine = random_engine(tmp_path, layers=4, dtype=torch.float32, seed=13, algo=algo,
+                               graphed=graphed)
+        assert engine.worker.overlapping == graphed
+        toks = greedy_tokens(engine, prompts, params)
+        engine.graphs.close()
+        return toks
+
+    for params in (SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
+                   SamplingParams(temperature=0.8, top_k=50, seed=3, max_tokens=30, ignore_eos=True)):
+        want = run(False, params)
+        assert all(len(t) == 30 for t in want)
+        assert run(True, params) == want, params

@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -32,7 +33,11 @@ def device_name(device: torch.device) -> str:
     return f"{name}, {os.cpu_count()} logical CPUs, {torch.get_num_threads()} torch threads"
 
 
-def graph_replay_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
+class Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
+def graph_replay_ms(graph: Replayable, iters: int) -> float:
     """Median device time of one replay of `graph` in ms (CUDA events around each replay, after
     one warm-up replay): the GPU's own time, no host work."""
     graph.replay()

@@ -67,13 +67,19 @@ class EagleWorker(EaglePhases, LaunchingWorker):
         self.restacks = 0  # steps that had to stack the states (the batch changed)
         ids = draft.to_target_ids(torch.arange(draft.draft_vocab_size, device=device))
         self.draft_vocab: frozenset[int] = frozenset(ids.tolist())  # host-side, for statistics
-        graphs.register("draft", self.draft_phase, self._example_draft)
-        graphs.register("verify", self.verify_phase, self._example_verify)
-        graphs.register("verify[sample]", self.verify_sample_phase, self._example_verify_sample)
-        graphs.register("draft_extend", self.draft_extend_phase, self._example_extend)
+        state = ("topk_logp", "topk_ids", "feature")  # inputs the last step left on the device
+        tree = ("tokens", "parents", "depth", "mask")
+        graphs.register("draft", self.draft_phase, self._example_draft, device_inputs=state)
+        graphs.register("verify", self.verify_phase, self._example_verify, device_inputs=tree)
+        graphs.register("verify[sample]", self.verify_sample_phase, self._example_verify_sample,
+                        device_inputs=tree)
+        graphs.register("draft_extend", self.draft_extend_phase, self._example_extend,
+                        device_inputs=("acc_tokens", "accept_len", "bonus", "acc_feature"))
         if fuse_step:
-            graphs.register("step", self.step_phase, self._example_step)
-            graphs.register("step[sample]", self.step_sample_phase, self._example_step_sample)
+            graphs.register("step", self.step_phase, self._example_step, device_inputs=state,
+                            publish=("emitted",))
+            graphs.register("step[sample]", self.step_sample_phase, self._example_step_sample,
+                            device_inputs=state, publish=("emitted",))
 
     def _timed(self, phase: str, t0: float) -> float:
         self.stats.phase_calls[phase] += 1
@@ -172,7 +178,7 @@ class EagleWorker(EaglePhases, LaunchingWorker):
         # (borrowed from the graph: HostCopy copies it out before the next launch)
         ext = self.graphs.run("step" if greedy else "step[sample]", x, borrow=("emitted",))
         self._set_states(reqs, ext)
-        self.launches.push(reqs, HostCopy(ext["emitted"]))
+        self.launches.push(reqs, self.graphs.read_back("emitted") or HostCopy(ext["emitted"]))
         self._timed("step", t0)
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:

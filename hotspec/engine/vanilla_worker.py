@@ -82,9 +82,10 @@ class VanillaWorker(LaunchingWorker):
         self.launches = Launches()
         if overlap:  # sized for the largest batch a decode pass runs: padded graph or eager
             self.carry = {"ids": torch.zeros(max(max_rows, graphs.max_bs), dtype=torch.long, device=device)}
-        graphs.register("decode", self.decode_phase, self._example)
+        graphs.register("decode", self.decode_phase, self._example, publish=("next",))
         graphs.register("decode[sample]", self.decode_sample_phase,
-                        lambda bs: dict(self._example(bs), **example_sampling(bs, device)))
+                        lambda bs: dict(self._example(bs), **example_sampling(bs, device)),
+                        publish=("next",))
 
     @property
     def overlapping(self) -> bool:
@@ -133,13 +134,14 @@ class VanillaWorker(LaunchingWorker):
                       "tables": block_table_tensor(reqs, host)}
         if self.overlap:
             x["src"] = torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
-        # (borrowed from the graph: HostCopy copies it out before the next launch)
+        # (borrowed from the graph: the graph publishes it to the host, or HostCopy copies it out
+        # before the next launch)
         if all(r.params.temperature == 0 for r in reqs):
             out = self.graphs.run("decode", x, borrow=("next",))
         else:
             out = self.graphs.run("decode[sample]", dict(x, **sampling_inputs(reqs, host, ahead)),
                                   borrow=("next",))
-        self.launches.push(reqs, HostCopy(out["next"]))
+        self.launches.push(reqs, self.graphs.read_back("next") or HostCopy(out["next"]))
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:
         """The oldest launched step's requests and their tokens: the one host sync of a step.

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from hotspec.errors import HotspecError
+from hotspec.runtime import host_io
+from hotspec.runtime.host_io import HostInputs, HostSlot
 
 Tensors = dict[str, torch.Tensor]
 Phase = Callable[[Tensors], Tensors]
@@ -42,75 +44,24 @@ def default_batch_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
-def _packed(example: Tensors, device: torch.device, pin: bool = False
-            ) -> tuple[torch.Tensor, Tensors, dict[str, tuple[int, int]]]:
-    """One byte buffer holding a copy of every tensor of `example`, each in its own region
-    (16-byte aligned, in the dict's order); its views, shaped and typed as `example`'s; and each
-    region's (byte offset, bytes per batch row)."""
-    layout: dict[str, tuple[int, int]] = {}
-    end = 0
-    for k, v in example.items():
-        row = v[0].numel() * v.element_size() if v.shape[0] else 0
-        layout[k] = (end, row)
-        end += -(-(row * v.shape[0]) // 16) * 16
-    blob = torch.zeros(max(end, 16), dtype=torch.uint8, device=device, pin_memory=pin)
-    views = {k: blob[off : off + row * v.shape[0]].view(v.dtype).view(v.shape).copy_(v)
-             for (k, v), (off, row) in zip(example.items(), layout.values())}
-    return blob, views, layout
-
-
-class _Staging:
-    """Pinned host mirrors of a phase's static inputs, which live in one device byte buffer
-    (`_packed`): a step's host inputs and their padding rows are written into a mirror, then the
-    bytes they span go to the device in ONE asynchronous copy (a copy per input costs ~2 us of
-    the stream's time each before the graph may start). Copies run only from pinned memory (from
-    pageable memory the host may wait for the steps launched before, which the overlap schedule
-    must not). Two mirrors used in turn; a mirror is rewritten only after its last copy ran (an
-    event); with at most one step unread that copy ran long ago. Allocated once: pinning memory
-    per call costs more host time than the whole step saves."""
-
-    def __init__(self, blob: torch.Tensor, static: Tensors, layout: dict[str, tuple[int, int]],
-                 pad: Tensors) -> None:
-        self.blob, self.layout = blob, layout
-        self.pad = {k: v.cpu() for k, v in pad.items()}  # one padding row per input
-        example = {k: v.cpu() for k, v in static.items()}
-        self.sets = [_packed(example, torch.device("cpu"), pin=True)[:2] for _ in range(2)]
-        self.copied = [torch.cuda.Event(), torch.cuda.Event()]
-        self.used = [False, False]
-        self.turn = 0  # the mirror the next `copy_in` writes
-
-    def copy_in(self, inputs: Tensors, bs: int, padded: int) -> Tensors:
-        """Enqueue the host tensors of `inputs` (rows 0..bs-1) and their padding rows (bs..padded-1)
-        into the static buffers, as one copy; returns the device tensors of `inputs`, which the
-        caller copies itself (after this copy: it may span their regions)."""
-        host = [k for k, v in inputs.items() if v.device.type == "cpu"]
-        if not host:
-            return inputs
-        i = self.turn
-        if self.used[i]:
-            self.copied[i].synchronize()
-        mirror, views = self.sets[i]
-        lo, hi = self.blob.numel(), 0
-        for k in host:
-            src, dst = inputs[k], views[k]
-            dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src)
-            if padded > bs:
-                dst[bs:padded].copy_(self.pad[k].expand_as(dst[bs:padded]))
-            off, row = self.layout[k]
-            lo, hi = min(lo, off), max(hi, off + row * padded)
-        self.blob[lo:hi].copy_(mirror[lo:hi], non_blocking=True)
-        self.copied[i].record()
-        self.used[i] = True
-        self.turn ^= 1
-        return {k: v for k, v in inputs.items() if v.device.type != "cpu"}
-
-
 @dataclass
 class _Entry:
     fn: Phase
     static: Tensors  # inputs at the largest batch size
     pad: Tensors  # one padding row per input
-    staging: _Staging | None = None  # CUDA only
+    device_inputs: tuple[str, ...] = ()  # inputs that arrive on the device (the rest: the host)
+    publish: tuple[str, ...] = ()  # outputs the host reads (zero-copy into pinned slots)
+    host: HostInputs | None = None  # CUDA: the host inputs, fetched by the graph itself
+
+
+class Replay:
+    """A captured graph as benchmarks replay it alone: through the runner, which counts it."""
+
+    def __init__(self, runner: GraphRunner, name: str, padded: int) -> None:
+        self.runner, self.name, self.padded = runner, name, padded
+
+    def replay(self) -> None:
+        self.runner._replay(self.runner.phases[self.name], self.name, self.padded)
 
 
 class GraphRunner:
@@ -126,25 +77,58 @@ class GraphRunner:
         self.status: dict[tuple[str, int], str] = {}
         self.fallbacks = 0  # captures that failed and run eagerly (a metric)
         self.pool: torch.cuda._POOL_HANDLE | None = None
+        # zero-copy phases (runtime/host_io.py): replays counted here and on the device
+        self.count = 0
+        self.counter = torch.zeros(1, dtype=torch.long, device=device) if mode == "cuda" else None
+        self.out_slots: dict[tuple[str, int, str], torch.Tensor] = {}  # pinned [2, bytes]
+        self.slot_writer: dict[tuple[str, int, str, int], int] = {}  # the replay that wrote a slot
+        self.published: dict[str, HostSlot] = {}  # the last run's, by output name
 
     @property
     def max_bs(self) -> int:
         return self.batch_sizes[-1]
 
-    def register(self, name: str, fn: Phase, example: Callable[[int], Tensors]) -> None:
+    def register(self, name: str, fn: Phase, example: Callable[[int], Tensors],
+                 device_inputs: tuple[str, ...] = (), publish: tuple[str, ...] = ()) -> None:
+        """Phase `name`. `device_inputs`: the inputs `run` gets as device tensors (from another
+        phase's outputs); the rest come from the host. On CUDA the graph fetches the host inputs
+        itself and writes the `publish`ed outputs into pinned memory (`read_back`)."""
         static = example(self.max_bs) if self.mode != "eager" else {}
         pad = {k: v[:1].clone() for k, v in example(1).items()}
-        if static and self.device.type == "cuda":  # one buffer: one host-to-device copy a step
-            blob, static, layout = _packed(static, self.device)
-            self.phases[name] = _Entry(fn, static, pad, _Staging(blob, static, layout, pad))
-        else:
-            self.phases[name] = _Entry(fn, static, pad)
+        e = _Entry(fn, static, pad, device_inputs, publish)
+        host = {k: v for k, v in static.items() if k not in device_inputs}
+        if host and self.mode == "cuda" and self.device.type == "cuda":
+            e.host = HostInputs(host, pad, self.device)
+            e.static = dict(static, **e.host.static)
+        self.phases[name] = e
 
     # -- capture -------------------------------------------------------------------------------
     def capture_all(self) -> None:
         for name in self.phases:
             for bs in self.batch_sizes:
                 self._capture(name, bs)
+        if self.counter is not None:  # the warm-ups counted on the device: start both at 0
+            self.counter.zero_()
+            self.count = 0
+
+    def _body(self, e: _Entry, name: str, padded: int, inputs: Tensors) -> Tensors:
+        """What a graph runs: with host inputs, their fetch first and the publish (or the
+        count) last (runtime/host_io.py)."""
+        if e.host is None:
+            return e.fn(inputs)
+        assert self.counter is not None
+        host_io.fetch(e.host.pinned, e.host.blob, self.counter, e.host.span(padded))
+        out = e.fn(inputs)
+        for i, k in enumerate(e.publish):
+            if (name, padded, k) not in self.out_slots:  # (in the warm-up, before capture)
+                nbytes = out[k].numel() * out[k].element_size()
+                self.out_slots[(name, padded, k)] = torch.zeros(2, -(-nbytes // 16) * 16, dtype=torch.uint8,
+                                                                pin_memory=True)
+            host_io.publish(out[k], self.out_slots[(name, padded, k)], self.counter,
+                            bump=i == len(e.publish) - 1)
+        if not e.publish:
+            host_io.bump(self.counter)
+        return out
 
     def _capture(self, name: str, bs: int) -> None:
         key = (name, bs)
@@ -158,13 +142,13 @@ class GraphRunner:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up: Triton autotuning/compilation, lazy allocations
-                    e.fn(inputs)
+                    self._body(e, name, bs, inputs)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self.pool):
-                out = e.fn(inputs)
+                out = self._body(e, name, bs, inputs)
             self.graphs[key] = (graph, out)
             self.status[key] = "graphed"
         except Exception as exc:  # noqa: BLE001 - any capture failure is reported, never hidden
@@ -181,39 +165,72 @@ class GraphRunner:
     def run(self, name: str, inputs: Tensors, borrow: tuple[str, ...] = ()) -> Tensors:
         """The phase's outputs for `inputs`' batch, copied out of the graph's static buffers,
         except the `borrow`ed ones: views, valid until the phase runs again (for outputs the caller
-        reads at once; one copy kernel less each).
+        reads at once; one copy kernel less each). `read_back` then gives the published ones on
+        the host.
 
-        Inputs may live on the host (what the scheduler builds from its lists): on CUDA they go
-        through a pinned mirror of the phase's static buffers, with their padding rows, then one
-        asynchronous host-to-device copy for all of them (no device copy)."""
+        Inputs may live on the host (what the scheduler builds from its lists): on CUDA they are
+        written, with their padding rows, into a pinned slot that the graph's first kernel reads
+        (no copy on the stream); device inputs are copied into their static buffers."""
         e = self.phases[name]
         bs = next(iter(inputs.values())).shape[0]
         padded = next((b for b in self.batch_sizes if b >= bs), None)
+        self.published = {}
         if self.mode == "eager" or padded is None:
             return e.fn({k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
-        if inputs.keys() != e.static.keys():  # (one copy spans several buffers: none is left out)
+        if inputs.keys() != e.static.keys():
             raise ValueError(f"phase {name!r} takes inputs {sorted(e.static)}, got {sorted(inputs)}")
-        if e.staging is not None:
-            inputs = e.staging.copy_in(inputs, bs, padded)
+        if e.host is not None:
+            on_host = {k for k, v in inputs.items() if v.device.type == "cpu"}
+            if on_host != set(e.host.static):
+                raise ValueError(f"phase {name!r} takes {sorted(e.host.static)} from the host and "
+                                 f"{sorted(e.device_inputs)} on the device, got {sorted(on_host)} on "
+                                 "the host")
+            e.host.write({k: inputs[k] for k in e.host.static}, bs, padded, self.count % 2)
+            inputs = {k: v for k, v in inputs.items() if k not in e.host.static}
         for k, src in inputs.items():
             dst = e.static[k]
             dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src, non_blocking=True)
             if padded > bs:
                 dst[bs:padded].copy_(e.pad[k].expand_as(dst[bs:padded]))
+        out = self._replay(e, name, padded)
+        if e.host is not None:
+            slot = (self.count - 1) % 2
+            self.published = {k: HostSlot(self.out_slots[(name, padded, k)][slot][: out[k].numel() *
+                                          out[k].element_size()].view(out[k].dtype).view(out[k].shape)[:bs],
+                                          e.host.done[slot], self, (name, padded, k, slot), self.count - 1)
+                              for k in e.publish}
+        return {k: v[:bs] if k in borrow else v[:bs].clone() for k, v in out.items()}
+
+    def _replay(self, e: _Entry, name: str, padded: int) -> Tensors:
+        """Replay (or, static or after an allowed fallback, run) the graph for `padded` rows; a
+        zero-copy phase's replay is counted, with the slots it used."""
         graph = self.graphs.get((name, padded))
         if graph is None:  # static mode, or an allowed fallback
-            out = e.fn({k: v[:padded] for k, v in e.static.items()})
+            static = {k: v[:padded] for k, v in e.static.items()}
+            out = self._body(e, name, padded, static) if self.mode == "cuda" else e.fn(static)
         else:
             graph[0].replay()
             out = graph[1]
-        return {k: v[:bs] if k in borrow else v[:bs].clone() for k, v in out.items()}
+        if e.host is not None:
+            slot = self.count % 2
+            e.host.replayed(slot)
+            for k in e.publish:
+                self.slot_writer[(name, padded, k, slot)] = self.count
+            self.count += 1
+        return out
 
-    def captured(self, name: str, bs: int) -> torch.cuda.CUDAGraph | None:
+    def read_back(self, key: str) -> HostSlot | None:
+        """Output `key` of the last `run`, on its way to the host in a pinned slot (its
+        `tolist()` waits for that replay alone), if the phase publishes it; else None."""
+        return self.published.get(key)
+
+    def captured(self, name: str, bs: int) -> Replay | None:
         """The CUDA graph a batch of `bs` replays for phase `name`, if one was captured
-        (benchmarks replay it alone to time the device)."""
+        (benchmarks replay it alone to time the device; through the runner, which counts it)."""
         padded = next((b for b in self.batch_sizes if b >= bs), None)
-        entry = self.graphs.get((name, padded)) if padded is not None else None
-        return entry[0] if entry is not None else None
+        if padded is None or (name, padded) not in self.graphs:
+            return None
+        return Replay(self, name, padded)
 
     # -- report / teardown ---------------------------------------------------------------------
     def report(self) -> str:
@@ -236,4 +253,6 @@ class GraphRunner:
     def close(self) -> None:
         self.graphs.clear()
         self.phases.clear()
+        self.out_slots.clear()
+        self.published = {}
         self.pool = None
