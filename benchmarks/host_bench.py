@@ -5,9 +5,10 @@
 
 B requests of random token ids run greedy to --max-tokens (EOS ignored). Every decode step
 (`Engine.step()` after the prefill) is timed, and inside it:
-  run    the graph runner's `run` calls: staging host inputs and launching the phase's graph
-         (on the CPU, or eager, this is the model's whole computation);
-  wait   `HostCopy.tolist`: the host blocked on the device for a step's output (CUDA);
+  run    the graph runner's `run` calls: writing host inputs into their pinned slot and
+         launching the phase's graph (on the CPU, or eager, the model's whole computation);
+  wait   `HostSlot.tolist` / `HostCopy.tolist`: the host blocked on the device for a step's
+         output (CUDA: the graph's published slot; eager: a copy);
   other  the rest: scheduling, block tables, the worker's host tensors, stop checks, text.
 With the overlap schedule a step's `other` overlaps the device's work on the step launched
 before; when `other` + `run` exceeds the graph's replay time, the host is the bottleneck.
@@ -29,6 +30,7 @@ from hotspec.benchmark.device import device_name, sync
 from hotspec.engine import launches
 from hotspec.engine.engine import Engine
 from hotspec.entrypoints.cli import add_engine_args, engine_config
+from hotspec.runtime.host_io import HostSlot
 from hotspec.sampling_params import SamplingParams
 
 
@@ -58,8 +60,9 @@ def measure(engine: Engine, batch: int, prompt_len: int, max_tokens: int, seed: 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     run_t, wait_t = _Timer(), _Timer()
     engine.graphs.run = run_t.wrap(engine.graphs.run)  # type: ignore[method-assign]
-    tolist = launches.HostCopy.tolist
+    tolist, slot_tolist = launches.HostCopy.tolist, HostSlot.tolist
     launches.HostCopy.tolist = wait_t.wrap(tolist)  # type: ignore[method-assign]
+    HostSlot.tolist = wait_t.wrap(slot_tolist)  # type: ignore[method-assign]
     try:
         for _ in range(batch):
             engine.add_request([rng.randrange(3, vocab) for _ in range(prompt_len)], params)
@@ -75,6 +78,7 @@ def measure(engine: Engine, batch: int, prompt_len: int, max_tokens: int, seed: 
             steps.append((wall, run_t.take(), wait_t.take(), sum(len(o.new_token_ids) for o in outs)))
     finally:
         launches.HostCopy.tolist = tolist  # type: ignore[method-assign]
+        HostSlot.tolist = slot_tolist  # type: ignore[method-assign]
         del engine.graphs.run  # the instance attribute: the class's method again
     walls = [s[0] for s in steps]
     n = len(steps)

@@ -9,9 +9,11 @@ inputs from its row there (`src`) when the host has not seen them yet, or from t
 launch. At most one launch is unread when the next is built (the engine reads all but the newest),
 so a request with unread steps is always in the newest launch.
 
-Neither direction of the host<->device traffic may wait for the step in flight: a step's output
-goes back through `HostCopy` (a pinned buffer and an event of its own), and host inputs go out
-through the graph runner's pinned staging buffers (runtime/graph_runner.py). With a plain
+Neither direction of the host<->device traffic may wait for the step in flight. On CUDA a step
+graph reads its host inputs from a pinned slot and publishes its output into another
+(runtime/host_io.py: `GraphRunner.read_back` gives a `HostSlot`, whose event is that replay's);
+elsewhere a step's output goes back through `HostCopy` (a pinned buffer and an event of its own,
+or a snapshot on the CPU). With a plain
 `tolist()` the host waited for step N+1 before it could read step N, and the schedule overlapped
 nothing (benchmarks/RESULTS.md, session 7).
 """
