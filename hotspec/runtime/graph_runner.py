@@ -13,6 +13,11 @@ Modes:  "cuda"   capture torch.cuda.CUDAGraphs (one memory pool shared by all gr
         "eager"  call the phase directly (debugging: --disable-cuda-graph).
 A capture failure stops start-up with the phase, batch size and exception, unless the user opted
 into eager fallback: then it is a warning, a row in the report and a metric.
+
+Host I/O in "cuda" mode (runtime/host_io.py): a phase's host inputs are written into a pinned slot
+that the graph's first kernel reads, and the outputs it publishes come back through pinned slots
+its last kernel writes (`read_back`), so nothing is copied on the stream between two graphs. The
+runner counts every replay, as the device does, to agree on the slot.
 """
 
 from __future__ import annotations
