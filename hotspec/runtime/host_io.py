@@ -138,8 +138,9 @@ def words(t: torch.Tensor) -> torch.Tensor:
 def fetch(src: torch.Tensor, dst: torch.Tensor, counter: torch.Tensor, nbytes: int) -> None:
     """dst[:nbytes] = slot (counter % 2) of src, a pinned uint8 buffer [2, slot bytes]; dst: the
     device uint8 buffer of the static inputs."""
-    if nbytes % 4 or src.dim() != 2 or src.shape[0] != 2 or not src.is_pinned():
-        raise ValueError("fetch: a pinned [2, slot bytes] buffer and whole 4-byte words")
+    if nbytes % 4 or src.dim() != 2 or src.shape[0] != 2 or nbytes > src.shape[1] or (
+            dst.is_cuda and not src.is_pinned()):
+        raise ValueError("fetch: a pinned [2, slot bytes] buffer, at most a slot of whole 4-byte words")
     n = nbytes // 4
     _fetch_kernel[(triton.cdiv(n, FETCH_BLOCK),)](words(src), words(dst), counter, n,
                                                   src.shape[1] // 4, BLOCK=FETCH_BLOCK)
@@ -149,7 +150,8 @@ def publish(src: torch.Tensor, dst: torch.Tensor, counter: torch.Tensor, bump: b
     """Slot (counter % 2) of dst, a pinned uint8 buffer [2, slot bytes], gets src's bytes; with
     `bump`, the counter counts the step."""
     w = words(src)
-    if dst.dim() != 2 or dst.shape[0] != 2 or dst.shape[1] < w.numel() * 4 or not dst.is_pinned():
+    if dst.dim() != 2 or dst.shape[0] != 2 or dst.shape[1] < w.numel() * 4 or (
+            src.is_cuda and not dst.is_pinned()):
         raise ValueError("publish: a pinned [2, slot bytes] buffer as large as the output")
     _publish_kernel[(1,)](w, words(dst), counter, w.numel(), dst.shape[1] // 4, BUMP=bump,
                           BLOCK=PUBLISH_BLOCK)
