@@ -199,11 +199,7 @@ class GraphRunner:
                 dst[bs:padded].copy_(e.pad[k].expand_as(dst[bs:padded]))
         out = self._replay(e, name, padded)
         if e.host is not None:
-            slot = (self.count - 1) % 2
-            self.published = {k: HostSlot(self.out_slots[(name, padded, k)][slot][: out[k].numel() *
-                                          out[k].element_size()].view(out[k].dtype).view(out[k].shape)[:bs],
-                                          e.host.done[slot], self, (name, padded, k, slot), self.count - 1)
-                              for k in e.publish}
+            self.published = {k: self._host_slot(e, name, padded, k, out[k], bs) for k in e.publish}
         return {k: v[:bs] if k in borrow else v[:bs].clone() for k, v in out.items()}
 
     def _replay(self, e: _Entry, name: str, padded: int) -> Tensors:
@@ -223,6 +219,16 @@ class GraphRunner:
                 self.slot_writer[(name, padded, k, slot)] = self.count
             self.count += 1
         return out
+
+    def _host_slot(self, e: _Entry, name: str, padded: int, key: str, out: torch.Tensor,
+                   bs: int) -> HostSlot:
+        """Output `key` of the replay just counted, rows 0..bs-1, in the pinned slot it wrote."""
+        assert e.host is not None
+        count = self.count - 1
+        slot = count % 2
+        raw = self.out_slots[(name, padded, key)][slot][: out.numel() * out.element_size()]
+        view = raw.view(out.dtype).view(out.shape)[:bs]
+        return HostSlot(view, e.host.done[slot], self, (name, padded, key, slot), count)
 
     def read_back(self, key: str) -> HostSlot | None:
         """Output `key` of the last `run`, on its way to the host in a pinned slot (its
