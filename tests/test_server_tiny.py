@@ -172,7 +172,7 @@ async def drive(url: str, jobs: list[Job], clients: int) -> None:
 
 
 @pytest.mark.parametrize("spec,overlap,n,blocks", [(False, False, 48, 72), (True, False, 24, 22),
-                                                   (False, True, 32, 72), (True, True, 24, 22)],
+                                                   (False, True, 32, 48), (True, True, 24, 22)],
                          ids=["vanilla", "eagle3", "vanilla-overlap", "eagle3-overlap"])
 def test_concurrent_streaming_load(tiny_dir: Path, spec: bool, overlap: bool, n: int, blocks: int) -> None:
     """16 streaming clients; a KV cache too small for all of them (preemption and recompute) and
