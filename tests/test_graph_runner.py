@@ -75,23 +75,27 @@ def test_borrowed_outputs_are_views_of_the_graph_and_the_rest_copies():
 
 
 @pytest.mark.gpu
-def test_launch_and_read_back_do_not_wait_for_later_device_work():
+@pytest.mark.parametrize("published", [False, True], ids=["host_copy", "published"])
+def test_launch_and_read_back_do_not_wait_for_later_device_work(published):
     """What the overlap schedule relies on: with the device busy, replaying a phase from host
-    inputs returns at once (pinned inputs, asynchronous copies), and a HostCopy of its output,
-    made before more work is queued, is read without waiting for that work."""
+    inputs returns at once (the inputs written into a pinned slot), and its output, read back
+    through the slot the graph published it to (or a HostCopy made before more work is queued),
+    is read without waiting for that work."""
     import time
 
     from hotspec.engine.launches import HostCopy
 
     dev = torch.device("cuda")
     r = GraphRunner(dev, "cuda", [1, 2])
-    r.register("p", lambda x: {"y": x["a"] * 2}, lambda bs: {"a": torch.zeros(bs, device=dev)})
+    r.register("p", lambda x: {"y": x["a"] * 2}, lambda bs: {"a": torch.zeros(bs, device=dev)},
+               publish=("y",) if published else ())
     r.capture_all()
     torch.cuda.synchronize()
     torch.cuda._sleep(400_000_000)  # ~0.2 s of device time queued first
     t0 = time.perf_counter()
     out = r.run("p", {"a": torch.tensor([3.0, 4.0])}, borrow=("y",))  # host input
-    copy = HostCopy(out["y"])
+    copy = r.read_back("y") if published else HostCopy(out["y"])
+    assert copy is not None
     launched = time.perf_counter() - t0
     torch.cuda._sleep(2_000_000_000)  # ~1 s of later work the read-back must not wait for
     r.run("p", {"a": torch.tensor([5.0, 6.0])})  # overwrites the borrowed view on the device

@@ -190,13 +190,10 @@ class GraphRunner:
                 raise ValueError(f"phase {name!r} takes {sorted(e.host.static)} from the host and "
                                  f"{sorted(e.device_inputs)} on the device, got {sorted(on_host)} on "
                                  "the host")
-            e.host.write({k: inputs[k] for k in e.host.static}, bs, padded, self.count % 2)
+            e.host.write({k: inputs[k] for k in e.host.static}, padded, self.count % 2)
             inputs = {k: v for k, v in inputs.items() if k not in e.host.static}
         for k, src in inputs.items():
-            dst = e.static[k]
-            dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src, non_blocking=True)
-            if padded > bs:
-                dst[bs:padded].copy_(e.pad[k].expand_as(dst[bs:padded]))
+            host_io.fill_rows(e.static[k], src, padded, e.pad[k])
         out = self._replay(e, name, padded)
         if e.host is not None:
             self.published = {k: self._host_slot(e, name, padded, k, out[k], bs) for k in e.publish}
@@ -228,7 +225,7 @@ class GraphRunner:
         slot = count % 2
         raw = self.out_slots[(name, padded, key)][slot][: out.numel() * out.element_size()]
         view = raw.view(out.dtype).view(out.shape)[:bs]
-        return HostSlot(view, e.host.done[slot], self, (name, padded, key, slot), count)
+        return HostSlot(view, e.host.done[slot], self.slot_writer, (name, padded, key, slot), count)
 
     def read_back(self, key: str) -> HostSlot | None:
         """Output `key` of the last `run`, on its way to the host in a pinned slot (its

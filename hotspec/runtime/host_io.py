@@ -4,7 +4,7 @@ pinned memory, in two slots chosen by a step counter on the device.
 Between two decode graphs the stream used to run a host-to-device copy of the step's inputs and a
 device-to-host copy of its tokens: ~1-3 us of transfer each, but each also waits for the op
 before it and delays the graph after it, ~20 us a step in all (`decode_bench.py --step-timeline`;
-RESULTS "Session 22": 0.02-0.03 ms of a 3.83 ms 8B step and of a 0.48 ms SmolLM2 step). Here the
+RESULTS "Session 22": 0.02-0.03 ms of a 3.83 ms 8B step, 0.01-0.02 of a 0.48 ms SmolLM2 step). Here the
 graph itself moves the bytes: its first kernel (`fetch`) reads the inputs from a pinned host
 buffer over PCIe into the static buffers, its last (`publish`) writes the outputs the host reads
 into another pinned buffer; the stream runs graph after graph.
@@ -64,6 +64,16 @@ def _bump_kernel(COUNTER):
 Tensors = dict[str, torch.Tensor]
 
 
+def fill_rows(dst: torch.Tensor, src: torch.Tensor, padded: int, pad: torch.Tensor) -> None:
+    """A static buffer's rows for one run: src's rows (and columns: it may be narrower) first, then
+    copies of the padding row `pad` up to `padded` rows (on the host or the device; the device's
+    copies are asynchronous)."""
+    bs = src.shape[0]
+    dst[(slice(0, bs),) + tuple(slice(0, n) for n in src.shape[1:])].copy_(src, non_blocking=True)
+    if padded > bs:
+        dst[bs:padded].copy_(pad.expand_as(dst[bs:padded]))
+
+
 def layout_of(example: Tensors) -> tuple[dict[str, tuple[int, int]], int]:
     """Each tensor's region in one byte buffer, (byte offset, bytes per batch row), 16-byte
     aligned, in the dict's order; and the buffer's size."""
@@ -109,17 +119,13 @@ class HostInputs:
         """The bytes a graph of `padded` rows fetches: every input's first `padded` rows."""
         return -(-max(off + row * padded for off, row in self.layout.values()) // 4) * 4
 
-    def write(self, inputs: Tensors, bs: int, padded: int, slot: int) -> None:
-        """Rows 0..bs-1 of each input, then the padding rows up to `padded`, into mirror `slot`
+    def write(self, inputs: Tensors, padded: int, slot: int) -> None:
+        """Each input's rows, then the padding rows up to `padded`, into mirror `slot`
         (after the last replay that read it: at once with at most one step in flight)."""
         if self.used[slot]:
             self.done[slot].synchronize()
-        mirror = self.mirrors[slot]
         for k, src in inputs.items():
-            dst = mirror[k]
-            dst[(slice(0, bs),) + tuple(slice(0, s) for s in src.shape[1:])].copy_(src)
-            if padded > bs:
-                dst[bs:padded].copy_(self.pad[k].expand_as(dst[bs:padded]))
+            fill_rows(self.mirrors[slot][k], src, padded, self.pad[k])
 
     def replayed(self, slot: int) -> None:
         """After the replay that read `slot` was enqueued."""
@@ -166,14 +172,15 @@ class HostSlot:
     (its event) and reads the pinned slot the graph wrote. A slot is rewritten by the replay two
     steps later; reading after that is an error, not another step's tokens."""
 
-    def __init__(self, view: torch.Tensor, event: torch.cuda.Event, owner: Any, key: Any,
-                 count: int) -> None:
-        self.view, self.event, self._owner, self._key, self.count = view, event, owner, key, count
+    def __init__(self, view: torch.Tensor, event: torch.cuda.Event, writers: dict[Any, int],
+                 key: Any, count: int) -> None:
+        """writers[key]: the count of the replay that last wrote this slot (the owner updates it)."""
+        self.view, self.event, self._writers, self._key, self.count = view, event, writers, key, count
         self._read: Any = None
 
     def tolist(self) -> Any:
         if self._read is None:
-            if self._owner.slot_writer.get(self._key) != self.count:
+            if self._writers.get(self._key) != self.count:
                 raise RuntimeError(f"read-back of replay {self.count} after its pinned slot was "
                                    "reused: read a step's outputs before launching two more")
             self.event.synchronize()
