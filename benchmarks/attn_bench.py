@@ -11,9 +11,9 @@ Verify's attention is the largest single item of a speculative step on the H200 
     draft_extend  num_steps + 1 rows, causal
 
 and for each, the kernel's automatic choice beside: the custom mask packed into a word per row
-(`bits`, the default since session 7) or a byte per slot (`bytes`, HOTSPEC_ATTN_MASK_BITS=0);
-forced kv-tile rows (`n32`, `n128`; HOTSPEC_ATTN_BLOCK_N), query-tile rows (`m16`, `m32`, `m64`)
-and kv split counts (`s1`, `s4`, `s8`, `s16`). The split count follows
+(`bits`, the default) or a byte per slot (`bytes`, what masks wider than 64 slots use); forced
+kv-tile rows (`n32`, `n128`), query-tile rows (`m16`, `m32`, `m64`) and kv split counts (`s1`,
+`s4`, `s8`, `s16`): TritonBackend's constructor options. The split count follows
 `max_kv`, which the engine sets to the static context bound (`--static-kv`) rather than the real
 length (`--context`); `real-kv` rows plan with the real length. Every variant is checked against
 the torch reference backend (max abs error) before it is timed.

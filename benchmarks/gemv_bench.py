@@ -4,11 +4,9 @@
     python benchmarks/gemv_bench.py --quick          # small config grid, a first look
 
 Per (shape, M) it times F.linear (for the silu_mul down projections: fused_kernels.silu_mul then
-F.linear, the engine's two kernels today, and F.linear alone) and every Triton config of a pruned
-sweep (phase 1: tiles, split-K and warps at num_stages=3; phase 2: stages 2 and 4 for the best
-two). Persistent programs (1/2/4 per SM looping over column tiles) were a phase 3 until session 8
-measured them slower at every 8B shape (RESULTS "Session 8") and they were removed. A config is
-timed only after its output matched the fp32 reference; failures are reported.
+F.linear, the engine's two kernels, and F.linear alone) and every Triton config of a pruned sweep
+(phase 1: tiles, split-K and warps at num_stages=3; phase 2: stages 2 and 4 for the best two). A
+config is timed only after its output matched the fp32 reference; failures are reported.
 
 Timing: the weights are `copies` distinct tensors totalling >= ~1 GB (at most 512 copies: >= 340
 MB for SmolLM2's; either way the 50 MB L2 never holds the next one). One call per copy is captured

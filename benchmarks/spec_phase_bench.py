@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -91,7 +90,7 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=["5,1,6", "6,8,16"])
     p.add_argument("--hot", default="full,32768")
     p.add_argument("--modes", default="graphed,eager",
-                   help="graphed, eager, or graphed-mN (N query rows per attention tile)")
+                   help="graphed and/or eager")
     p.add_argument("--phases", default="draft,verify,draft_extend",
                    help="draft, verify, draft_extend (each its own graph), or step alone: the "
                         "engine's default fused step graph (fuse_spec_step)")
@@ -133,15 +132,10 @@ def main() -> None:
         for shape in args.shapes:
             steps, topk, ntok = (int(x) for x in shape.split(","))
             for mode in args.modes.split(","):
-                # "graphed-m16": graphed with 16 query rows per attention tile in the uniform
-                # phases (HOTSPEC_ATTN_BLOCK_M, read when the backend is built), an A/B in one
-                # process
-                graph_mode, _, tile_rows = mode.partition("-m")
-                os.environ["HOTSPEC_ATTN_BLOCK_M"] = tile_rows or "0"
                 cfg = EngineConfig(
                     device="auto", dtype="auto", skip_tokenizer_init=True, kv_cache_memory_gb=2.0,
                     max_model_len=args.max_model_len or args.context + 64, max_num_seqs=max(batch_sizes),
-                    cuda_graph_max_bs=max(batch_sizes), disable_cuda_graph=(graph_mode == "eager"),
+                    cuda_graph_max_bs=max(batch_sizes), disable_cuda_graph=(mode == "eager"),
                     speculative_algorithm=algorithm, speculative_draft_model_path=str(head),
                     speculative_num_steps=steps, speculative_eagle_topk=topk,
                     speculative_num_draft_tokens=ntok, speculative_token_map=tmap,

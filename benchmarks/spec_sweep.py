@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({
             "variant": name, **s, **st, "speedup": s["tokens_per_s"] / v["tokens_per_s"],
             "decode_speedup": s["decode_tokens_per_s"] / v["decode_tokens_per_s"],
-            # wall per decode step as the engine ran it (prefill steps excluded); until session 8
-            # this was per batch-full of verify passes, which overstates it once batches thin out
+            # wall per decode step as the engine ran it (prefill steps excluded), not per
+            # batch-full of verify passes, which would overstate it once batches thin out
             "ms_per_spec_step": 1e3 * s["decode_s"] / max(s["decode_steps"], 1),
             "verify_passes_per_step": steps / max(s["decode_steps"], 1),
             "greedy_identical": f"{same}/{n}", "engine_overrides": over,

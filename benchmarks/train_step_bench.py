@@ -6,7 +6,7 @@ hidden 576, vocabulary 49,152, 30 layers, EAGLE-3 aux features of 3 x 576), so t
 budget of a device call can be planned and the step made faster before a long run.
 
     python benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 49152 --ttt 7 --steps 10
-    python benchmarks/train_step_bench.py ... --sdpa efficient --kernels   # A/B, kernel table
+    python benchmarks/train_step_bench.py ... --kernels   # and the kernel table
 
 Prints ms per step, training tokens per second (response positions counted by the loss at step
 0), and with --kernels the top kernels of one step (torch.profiler, CUDA only).
@@ -15,7 +15,6 @@ Prints ms per step, training tokens per second (response positions counted by th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hotspec.benchmark.random_models import random_state  # noqa: E402
 from hotspec.models.build import build_target  # noqa: E402
 from hotspec.models.config import ModelConfig  # noqa: E402
-from hotspec.training import head_forward  # noqa: E402
 from hotspec.training.config import TrainConfig  # noqa: E402
 from hotspec.training.features import FeatureBlock  # noqa: E402
 from hotspec.training.head_init import aux_layers, build_head, head_config  # noqa: E402
@@ -63,16 +61,6 @@ def synthetic_block(cfg: ModelConfig, n_aux: int, records: int, lengths: tuple[i
         argmax=tokens.roll(-1))
 
 
-def sdpa_context(name: str) -> contextlib.AbstractContextManager:
-    if name == "default":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH,
-               "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
-    return sdpa_kernel([backend])
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -85,13 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=100)
     p.add_argument("--steps", type=int, default=10, help="timed steps (after 2 warm-up steps)")
     p.add_argument("--layers", type=int, default=None, help="target layers (default: 30)")
-    p.add_argument("--sdpa", choices=("default", "efficient", "math", "cudnn"), default="default")
     p.add_argument("--kernels", action="store_true", help="CUDA: top kernels of one step")
-    p.add_argument("--dense-mask", action="store_true",
-                   help="A/B: attention through SDPA and the dense TTT mask (the trainer before "
-                        "head_forward.ttt_attention)")
-    p.add_argument("--host-data", action="store_true",
-                   help="A/B: features stay in host memory (copied every step)")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -102,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     data = synthetic_block(cfg, len(aux), args.records, (args.min_len, args.max_len),
                            args.prompt_len, dtype, seed=0, n_ids=min(args.draft_vocab, cfg.vocab_size))
     counts = np.bincount(data.tokens.numpy(), minlength=cfg.vocab_size)
-    if not args.host_data:
-        data = data.to(dev)  # as train-draft does when the features fit
-    if args.dense_mask:
-        head_forward.ttt_attention = head_forward.dense_ttt_attention
+    data = data.to(dev)  # as train-draft does when the features fit
     with tempfile.TemporaryDirectory() as tmp:
         vocab = choose_draft_vocab("EAGLE3", args.draft_vocab, counts, [2], Path(tmp))
         head = build_head(target, config, "EAGLE3", vocab.draft_to_target, dev, seed=0)
@@ -116,33 +95,30 @@ def main(argv: list[str] | None = None) -> int:
                           Path(tmp) / "ckpt", {})
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
         times, counted = [], []
-        with sdpa_context(args.sdpa):
-            for s in range(2 + args.steps):
-                batch = trainer.batch(s)
-                sync()
-                t0 = time.perf_counter()
-                out = trainer.train_step(batch)
-                sync()
-                if s >= 2:
-                    times.append(time.perf_counter() - t0)
-                    counted.append(out.counted[0])
-            if args.kernels and dev.type == "cuda":
-                from torch.profiler import ProfilerActivity, profile
+        for s in range(2 + args.steps):
+            batch = trainer.batch(s)
+            sync()
+            t0 = time.perf_counter()
+            out = trainer.train_step(batch)
+            sync()
+            if s >= 2:
+                times.append(time.perf_counter() - t0)
+                counted.append(out.counted[0])
+        if args.kernels and dev.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile
 
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    trainer.train_step(trainer.batch(0))
-                    sync()
-                rows_ = sorted((e for e in prof.key_averages() if e.device_type.name == "CUDA"),
-                               key=lambda e: -e.device_time_total)
-                total = sum(e.device_time_total for e in rows_) / 1e3
-                print(f"one step: {total:.1f} ms of kernel time")
-                for e in rows_[:15]:
-                    print(f"  {e.device_time_total / 1e3:8.2f} ms  x{e.count:5d}  {e.key[:90]}")
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                trainer.train_step(trainer.batch(0))
+                sync()
+            rows_ = sorted((e for e in prof.key_averages() if e.device_type.name == "CUDA"),
+                           key=lambda e: -e.device_time_total)
+            total = sum(e.device_time_total for e in rows_) / 1e3
+            print(f"one step: {total:.1f} ms of kernel time")
+            for e in rows_[:15]:
+                print(f"  {e.device_time_total / 1e3:8.2f} ms  x{e.count:5d}  {e.key[:90]}")
     med = statistics.median(times)
-    variant = "dense mask" if args.dense_mask else "ttt_attention"
-    variant += ", host data" if args.host_data else ""
     print(f"{dev.type} {str(dtype).removeprefix('torch.')}: batch {args.batch_size}, draft vocab "
-          f"{args.draft_vocab}, TTT {args.ttt}, {variant}, sdpa {args.sdpa}: {med * 1e3:.1f} ms/step, "
+          f"{args.draft_vocab}, TTT {args.ttt}: {med * 1e3:.1f} ms/step, "
           f"{statistics.mean(counted) / med:.0f} loss positions/s")
     return 0
 

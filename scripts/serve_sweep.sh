@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Request-rate sweep of `hotspec serve`, vanilla and speculative (issue 7), in one shot:
+# Request-rate sweep of `hotspec serve`, vanilla and speculative, in one shot:
 # start both servers side by side, wait for /health, run benchmarks/load_test.py against each
 # (Poisson rates, streaming clients, 10 % hang-ups, greedy spot check), write the JSON to $OUT,
 # stop the servers. Exit status: load_test's (1 when any check failed), or 2 when a server did not
-# come up. The caller sets PYTHONPATH (scripts/gpu_job.sh does: the repo, /tmp/site with the
-# carried wheels and the staged default model).
+# come up. The caller sets PYTHONPATH: the repo, and on the GPU /tmp/site with the carried wheels
+# and the default model, as scripts/gpu_job.sh stages them.
 #   bash scripts/serve_sweep.sh
 # Knobs (environment; defaults meant for one H200 and SmolLM2-135M within ~150 s, unmeasured):
 #   SERVE_ARGS  engine options for both servers (default: --kv-cache-memory-gb 8)

@@ -22,7 +22,8 @@ def prefill_logits(engine: Engine, prompts: list[list[int]]) -> torch.Tensor:
         r.blocks = engine.allocator.allocate(-(-len(r.prompt_token_ids) // engine.block_size))
     try:
         fb = prefill_batch(reqs, [r.prompt_token_ids for r in reqs], engine.block_size, engine.device)
-        runner = engine.worker.runner if hasattr(engine.worker, "runner") else engine.worker.target_runner
+        worker = engine.worker
+        runner = worker.runner if hasattr(worker, "runner") else worker.phases.target_runner
         hidden, _ = runner.forward(fb)
         return engine.target.compute_logits(hidden[last_token_index(fb)])
     finally:
@@ -129,8 +130,9 @@ def write_gemma_gguf(path):
 
 def interpreter_ab(monkeypatch, path, entry: str, switch: str, values, **llm_kw):
     """Greedy bf16 tokens of the model at `path` through Triton's interpreter (CPU tensors take the
-    fused kernels), once per value of the zero-argument switch `hotspec.layers.fused.<switch>`;
-    per run: (tokens of two prompts, the row count of every call to `fused.<entry>`)."""
+    fused kernels), once per value of `hotspec.layers.fused.<switch>` (a function in its place,
+    or None: the real one); per run: (tokens of two prompts, the row count of every call to
+    `fused.<entry>`)."""
     from hotspec.entrypoints.llm import LLM
     from hotspec.layers import fused
     from hotspec.sampling_params import SamplingParams
@@ -142,8 +144,9 @@ def interpreter_ab(monkeypatch, path, entry: str, switch: str, values, **llm_kw)
     rows: list[int] = []
     monkeypatch.setattr(fused, entry, lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
     runs = []
+    original = getattr(fused, switch)
     for value in values:
-        monkeypatch.setattr(fused, switch, lambda v=value: v)
+        monkeypatch.setattr(fused, switch, original if value is None else value)
         rows.clear()
         llm = LLM(str(path), device="cpu", dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=1,
                   **llm_kw)

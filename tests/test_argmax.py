@@ -46,15 +46,11 @@ def test_argmax_rows_is_torch_argmax(n, dtype) -> None:
 
 def test_argmax_dispatch_keeps_leading_dims(monkeypatch) -> None:
     """`argmax` over [B, N, V] (verify's logits) gives [B, N]; the kernel path when fused kernels
-    apply (forced here, on the CPU), torch's otherwise; a bad switch value is an error naming it."""
+    apply (forced here, on the CPU), torch's otherwise."""
     x = _rows(6, 300, torch.float32, seed=3).view(2, 3, 300)
-    monkeypatch.setattr(am.fused, "enabled", lambda t, *p: True)
-    assert torch.equal(am.argmax(x), x.argmax(-1)) and am.argmax(x).shape == (2, 3)
-    am._switch.cache_clear()
-    monkeypatch.setenv("HOTSPEC_TRITON_ARGMAX", "yes")
-    with pytest.raises(ValueError, match="HOTSPEC_TRITON_ARGMAX='yes'"):
-        am._switch()
-    am._switch.cache_clear()
+    for kernel in (True, False):
+        monkeypatch.setattr(am.fused, "enabled", lambda t, *p, k=kernel: k)
+        assert torch.equal(am.argmax(x), x.argmax(-1)) and am.argmax(x).shape == (2, 3)
 
 
 def test_second_destination_gets_the_same_indices(monkeypatch) -> None:

@@ -1,6 +1,7 @@
-"""benchmarks/attn_bench.py (the GPU session's attention-kernel A/B) runs end to end on the CPU in
-Triton's interpreter at tiny shapes: every phase shape and variant agrees with the torch reference
-backend, and the table lists them all. (Its timings only mean something on the GPU.)"""
+"""benchmarks/attn_bench.py (the attention kernel timed per phase and tile choice) runs end to end
+on the CPU in Triton's interpreter at tiny shapes: every phase shape and variant agrees with the
+torch reference backend, and the table lists them all. (Its timings only mean something on the
+GPU.)"""
 
 from __future__ import annotations
 

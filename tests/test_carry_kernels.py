@@ -43,9 +43,9 @@ def test_from_carry_kernel_matches_torch(b, keys, monkeypatch) -> None:
     x, carry = _case(b, keys, seed=b * 10 + keys)
     assert (x["src"] >= 0).any() or b == 1
     calls = []
-    real = launches.carry_pick
+    real = cp.carry_pick
     monkeypatch.setattr(launches.fused, "enabled", lambda *t: True)
-    monkeypatch.setattr(launches, "carry_pick", lambda *a: calls.append(len(a[1])) or real(*a))
+    monkeypatch.setattr(cp, "carry_pick", lambda *a: calls.append(len(a[1])) or real(*a))
     got = launches.from_carry(x, carry)
     want = _torch_from_carry(x, carry)
     assert got.keys() == want.keys() and "unused" not in got
@@ -57,7 +57,7 @@ def test_from_carry_kernel_matches_torch(b, keys, monkeypatch) -> None:
 def test_from_carry_without_fused_kernels_is_torch(monkeypatch) -> None:
     x, carry = _case(5, 2, seed=1)
     monkeypatch.setattr(launches.fused, "enabled", lambda *t: False)
-    monkeypatch.setattr(launches, "carry_pick", lambda *a: pytest.fail("kernel used"))
+    monkeypatch.setattr(cp, "carry_pick", lambda *a: pytest.fail("kernel used"))
     got, want = launches.from_carry(x, carry), _torch_from_carry(x, carry)
     assert all(torch.equal(got[k], want[k]) for k in want)
 
@@ -89,9 +89,9 @@ def _put_case(b: int, seed: int) -> tuple[dict, dict, dict]:
 def test_to_carry_stores_values_plus_addends(kernel, monkeypatch) -> None:
     carry, values, plus = _put_case(5, seed=3)
     calls = []
-    real = launches.carry_put
+    real = cp.carry_put
     monkeypatch.setattr(launches.fused, "enabled", lambda *t: kernel)
-    monkeypatch.setattr(launches, "carry_put", lambda items: calls.append(len(items)) or real(items))
+    monkeypatch.setattr(cp, "carry_put", lambda items: calls.append(len(items)) or real(items))
     launches.to_carry(carry, values, plus=plus)
     for k, v in values.items():
         want = v + plus[k] if k in plus else v

@@ -112,7 +112,8 @@ def test_chunked_draft_prefill_writes_the_same_caches(models: dict[str, Path], s
             steps += 1
         assert steps == (1 if budget is None else -(-len(prompt) // budget))
         slots = torch.tensor(req.slots(0, len(prompt), BLOCK))
-        kv = [c[:, slots].clone() for runner in (engine.worker.target_runner, engine.worker.draft_runner)
+        phases = engine.worker.phases
+        kv = [c[:, slots].clone() for runner in (phases.target_runner, phases.draft_runner)
               for c in (runner.kv.k, runner.kv.v)]
         states.append((req.output_token_ids, req.spec_state, kv))
         engine.abort(req)

@@ -8,8 +8,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from hotspec.spec.frontier import next_frontier_torch  # noqa: E402
-from hotspec.spec.frontier_kernel import next_frontier  # noqa: E402
+from hotspec.speculative.frontier import next_frontier_torch  # noqa: E402
+from hotspec.speculative.frontier_kernel import next_frontier  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -13,6 +13,8 @@ from hotspec.models.default_model import default_model_path
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint
 from hotspec.runtime.graph_runner import GraphRunner
+from hotspec.speculative.io import DraftIn, ExtendIn, ExtendOut
+from hotspec.speculative.tree import DraftTree
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Name three fruits:", "Hello"]
 N = 10
@@ -100,21 +102,24 @@ def test_draft_buffers_sized_from_head_and_static_pass_matches_eager(eagle_head,
     ext_in, ext_out = seen["draft_extend"]
     assert ext_out["logits"].shape == (3, len(hot))  # written by the 777-row head, nothing else
 
+    # The same phases through static buffers, sized from the inputs' own declarations.
+    phases, shapes = worker.phases, worker.phases.shapes
     static = GraphRunner(torch.device("cpu"), "static", [1, 2, 4])
-    static.register("draft_extend", worker.draft_extend_phase, worker._example_extend)
-    static.register("draft", worker.draft_phase, worker._example_draft)
+    extend = static.register("draft_extend", phases.draft_extend, lambda bs: ExtendIn.example(shapes, bs),
+                             ExtendOut)
+    draft = static.register("draft", phases.draft_tree, lambda bs: DraftIn.example(shapes, bs), DraftTree)
     static.capture_all()
     assert "S" in static.report()
-    worker.max_kv = worker.max_blocks_per_seq * worker.block_size  # the static bound
-    out = static.run("draft_extend", ext_in)
-    assert out["logits"].shape == (3, len(hot))
+    phases.max_kv = shapes.max_blocks_per_seq * worker.block_size  # the static bound
+    out = extend.run(ExtendIn.of(ext_in))
+    assert out.logits.shape == (3, len(hot))
     for k in ("topk_logp", "feature", "logits"):
-        torch.testing.assert_close(out[k], ext_out[k], rtol=1e-4, atol=1e-4)
-    assert torch.equal(out["topk_ids"], ext_out["topk_ids"])
+        torch.testing.assert_close(getattr(out, k), ext_out[k], rtol=1e-4, atol=1e-4)
+    assert torch.equal(out.topk_ids, ext_out["topk_ids"])
     # the draft tree built through static buffers only ever proposes hot tokens
     d_in, _ = seen["draft"]
-    tree = static.run("draft", d_in)
-    assert set(tree["tokens"][:, 1:].flatten().tolist()) <= set(hot)
+    tree = draft.run(DraftIn.of(d_in))
+    assert set(tree.tokens[:, 1:].flatten().tolist()) <= set(hot)
 
 
 def test_hot_vocab_size_disagreeing_with_head_is_refused(target_cfg, tmp_path):

@@ -262,34 +262,6 @@ def test_choose_keeps_cublas_where_it_measured_faster():
     assert gk.choose(1, 576, 576, heuristic=False) == gk.CONFIGS[(1, 576, 576, False)]
 
 
-def test_config_overrides(monkeypatch):
-    """HOTSPEC_GEMV_CONFIGS replaces or adds table rows (A/B runs in the decode step); the
-    overriding config runs and matches F.linear; a malformed entry is an error naming it."""
-    monkeypatch.setenv("HOTSPEC_GEMV_CONFIGS", "1,4096,14336,silu=16,512,4,4,2; 1,28672,4096=16,256,1,4,4;"
-                       " 1,96,200=16,128,2,4,2; 1,4096,4096=4,1024,1,4,1,2; 1,576,576=2,576,1,4,1,0")
-    gk.overrides.cache_clear()
-    try:
-        assert gk.choose(1, 4096, 14336, silu_mul=True) == gk.GemvConfig(16, 512, 4, 4, 2)
-        assert gk.choose(1, 28672, 4096) == gk.GemvConfig(16, 256, 1, 4, 4)  # was cuBLAS
-        assert gk.choose(1, 4096, 4096) == gk.GemvConfig(4, 1024, 1, 4, 1, PIPE=2)
-        assert gk.choose(1, 576, 576) == gk.GemvConfig(2, 576, 1, 4, 1, PIPE=0)  # resident
-        assert gk.choose(1, 6144, 4096) == gk.CONFIGS[(1, 6144, 4096, False)]  # untouched
-        assert gk.choose(1, 28672, 4096, heuristic=False) == gk.GemvConfig(16, 256, 1, 4, 4)
-        cfg = gk.choose(1, 96, 200)
-        assert cfg == gk.GemvConfig(16, 128, 2, 4, 2)
-        x, w = _inputs(1, 96, 200, False, seed=5)
-        _check(gk.gemv(x, w, config=cfg), x, w, False)
-        for bad in ("1,4096,4096=8,512,1,4", "1,4096=8,512,1,4,3", "1,4096,4096,gelu=8,512,1,4,3",
-                    "1,4096,4096=8,0,1,4,3", "1,4096,4096=8,512,1,4,3,3", "x"):
-            monkeypatch.setenv("HOTSPEC_GEMV_CONFIGS", bad)
-            gk.overrides.cache_clear()
-            with pytest.raises(ValueError, match="HOTSPEC_GEMV_CONFIGS entry"):
-                gk.choose(1, 4096, 4096)
-    finally:
-        monkeypatch.delenv("HOTSPEC_GEMV_CONFIGS")
-        gk.overrides.cache_clear()
-
-
 @pytest.mark.gpu
 def test_every_config_the_engine_chooses():
     """What the engine runs: each measured CONFIGS entry, and the heuristic config for unmeasured

@@ -3,18 +3,69 @@ capture failures (strict by default, opt-in eager fallback that is reported and 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 from hotspec.runtime.graph_runner import GraphCaptureError, GraphRunner, default_batch_sizes
+from hotspec.runtime.phase_io import PhaseIO
 
 
-def _phase(x):
-    return {"y": x["a"] * 2 + x["b"].sum(-1)}
+@dataclass(kw_only=True)
+class AB(PhaseIO):
+    a: torch.Tensor
+    b: torch.Tensor
 
 
-def _example(bs):
-    return {"a": torch.zeros(bs), "b": torch.ones(bs, 5)}
+@dataclass(kw_only=True)
+class A(PhaseIO):
+    a: torch.Tensor
+
+
+@dataclass(kw_only=True)
+class Y(PhaseIO):
+    y: torch.Tensor
+
+
+@dataclass(kw_only=True)
+class YZ(PhaseIO):
+    y: torch.Tensor
+    z: torch.Tensor
+
+
+@dataclass(kw_only=True)
+class Mixed(PhaseIO):
+    a: torch.Tensor
+    i: torch.Tensor
+    t: torch.Tensor
+    d: torch.Tensor
+
+
+@dataclass(kw_only=True)
+class YN(PhaseIO):
+    y: torch.Tensor
+    n: torch.Tensor
+
+
+def _phase(x: AB) -> Y:
+    return Y(y=x.a * 2 + x.b.sum(-1))
+
+
+def _example(bs: int) -> AB:
+    return AB(a=torch.zeros(bs), b=torch.ones(bs, 5))
+
+
+def test_typed_phase_graph_takes_and_returns_its_types():
+    r = GraphRunner(torch.device("cpu"), "static", [1, 2, 4])
+    g = r.register("p", _phase, _example, Y)
+    r.capture_all()
+    out = g.run(AB(a=torch.tensor([1.0, 2.0]), b=torch.ones(2, 5)))
+    assert isinstance(out, Y) and out.y.tolist() == [7.0, 9.0]
+    with pytest.raises(ValueError, match="registered already"):
+        r.register("p", _phase, _example, Y)
+    with pytest.raises(TypeError):
+        AB.of({"a": torch.ones(1), "c": torch.ones(1)})  # a mistyped name fails at once
 
 
 def test_default_batch_sizes():
@@ -25,7 +76,7 @@ def test_default_batch_sizes():
 
 def test_static_mode_pads_and_matches_eager():
     r = GraphRunner(torch.device("cpu"), "static", [1, 2, 4])
-    r.register("p", _phase, _example)
+    r.register("p", _phase, _example, Y)
     r.capture_all()
     assert r.phases["p"].static["b"].shape == (4, 5)  # allocated once, at the largest size
     x = {"a": torch.tensor([1.0, 2.0, 3.0]), "b": torch.arange(9.0).view(3, 3)}  # narrower b
@@ -38,14 +89,14 @@ def test_static_mode_pads_and_matches_eager():
 
 def test_capture_failure_is_an_error_by_default():
     r = GraphRunner(torch.device("cpu"), "cuda", [1, 2])  # no CUDA here: capture must fail
-    r.register("draft_extend", _phase, _example)
+    r.register("draft_extend", _phase, _example, Y)
     with pytest.raises(GraphCaptureError, match="draft_extend.*batch size 1.*--allow-eager-fallback"):
         r.capture_all()
 
 
 def test_eager_fallback_is_opt_in_reported_and_counted(caplog):
     r = GraphRunner(torch.device("cpu"), "cuda", [1, 2], allow_eager_fallback=True)
-    r.register("verify", _phase, _example)
+    r.register("verify", _phase, _example, Y)
     with caplog.at_level("WARNING"):
         r.capture_all()
     assert r.fallbacks == 2
@@ -61,8 +112,8 @@ def test_borrowed_outputs_are_views_of_the_graph_and_the_rest_copies():
     phase replays again: for outputs read at once); every other output is the caller's own copy."""
     dev = torch.device("cuda")
     r = GraphRunner(dev, "cuda", [1, 2])
-    r.register("p", lambda x: {"y": x["a"] * 2, "z": x["a"] + 1},
-               lambda bs: {"a": torch.zeros(bs, device=dev)}, device_inputs=("a",))
+    r.register("p", lambda x: YZ(y=x.a * 2, z=x.a + 1), lambda bs: A(a=torch.zeros(bs, device=dev)),
+               YZ, device_inputs=("a",))
     r.capture_all()
     out = r.run("p", {"a": torch.tensor([3.0, 4.0], device=dev)}, borrow=("y",))
     graph_out = r.graphs[("p", 2)][1]
@@ -87,7 +138,7 @@ def test_launch_and_read_back_do_not_wait_for_later_device_work(published):
 
     dev = torch.device("cuda")
     r = GraphRunner(dev, "cuda", [1, 2])
-    r.register("p", lambda x: {"y": x["a"] * 2}, lambda bs: {"a": torch.zeros(bs, device=dev)},
+    r.register("p", lambda x: Y(y=x.a * 2), lambda bs: A(a=torch.zeros(bs, device=dev)), Y,
                publish=("y",) if published else ())
     r.capture_all()
     torch.cuda.synchronize()
@@ -140,7 +191,7 @@ def test_host_input_layout_is_aligned_views_of_one_buffer():
 
 def test_run_needs_every_static_input():
     r = GraphRunner(torch.device("cpu"), "static", [1, 2])
-    r.register("p", _phase, _example)
+    r.register("p", _phase, _example, Y)
     with pytest.raises(ValueError, match="phase 'p' takes inputs \\['a', 'b'\\], got \\['a'\\]"):
         r.run("p", {"a": torch.ones(1)})
 
@@ -148,14 +199,14 @@ def test_run_needs_every_static_input():
 def _mixed_runner(dev):
     r = GraphRunner(dev, "cuda", [1, 4])
 
-    def phase(x):
-        return {"y": x["a"] * 2 + x["t"].sum(-1) + x["d"], "n": x["i"] + 1}
+    def phase(x: Mixed) -> YN:
+        return YN(y=x.a * 2 + x.t.sum(-1) + x.d, n=x.i + 1)
 
-    def example(bs):
-        return {"a": torch.zeros(bs, device=dev), "i": torch.full((bs,), -1, dtype=torch.long, device=dev),
-                "t": torch.ones(bs, 6, dtype=torch.int32, device=dev), "d": torch.zeros(bs, device=dev)}
+    def example(bs: int) -> Mixed:
+        return Mixed(a=torch.zeros(bs, device=dev), i=torch.full((bs,), -1, dtype=torch.long, device=dev),
+                     t=torch.ones(bs, 6, dtype=torch.int32, device=dev), d=torch.zeros(bs, device=dev))
 
-    r.register("p", phase, example, device_inputs=("d",), publish=("n",))
+    r.register("p", phase, example, YN, device_inputs=("d",), publish=("n",))
     r.capture_all()
     return r
 

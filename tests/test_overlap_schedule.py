@@ -13,7 +13,7 @@ from engine_utils import save_tiny_llama
 
 from hotspec import LLM, SamplingParams
 from hotspec.config import ConfigError, EngineConfig
-from hotspec.engine.engine import Engine
+from hotspec.engine.builder import EngineBuilder
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint
 from hotspec.runtime.graph_runner import GraphRunner
@@ -55,7 +55,7 @@ def _prompts(n: int = 5, seed: int = 0) -> list[list[int]]:
 
 
 def _static(monkeypatch):
-    monkeypatch.setattr(Engine, "_graph_runner",
+    monkeypatch.setattr(EngineBuilder, "_graph_runner",
                         lambda self: GraphRunner(self.device, "static", [1, 2, 4, 8]))
 
 
@@ -108,7 +108,7 @@ def test_steps_overlap_and_foreseen_finishes_launch_nothing(target):
     while engine.has_unfinished():
         outs = engine.step()
         counts.append(sum(len(o.new_token_ids) for o in outs))
-        assert worker.launched <= 1
+        assert len(worker.launches) <= 1
     # prefill gives one token each; then 3 + 5 + 7 tokens come from exactly that many launched rows
     assert counts[0] == 3 and sum(counts) == 4 + 6 + 8
     assert sum(launched) == 3 + 5 + 7
@@ -159,7 +159,7 @@ def test_abort_with_a_step_in_flight(target, head, spec):
     engine.step()  # prefill
     engine.step()  # launch step 1
     engine.step()  # launch step 2, emit step 1
-    assert engine.worker.ahead(a) == 1
+    assert engine.worker.launches.ahead(a) == 1
     n = len(a.output_token_ids)
     engine.abort(a)
     while engine.has_unfinished():
@@ -203,17 +203,26 @@ def test_overlap_needs_the_fused_speculative_step():
 
 
 def test_profiling_phases_reads_every_step_first(target, head):
-    """The benchmark switches phase profiling on mid-life (`worker.profile`): the engine then reads
-    the launched step before it runs the phases one by one, and the tokens do not change."""
+    """The benchmark builds an engine with the phase graphs (profile_phases), times it with
+    profiling off (the fused step, overlapped), then switches phase profiling on mid-life
+    (`worker.profile`): the engine then reads the launched step before it runs the phases one by
+    one, and the tokens do not change. Without the phase graphs that switch is a clear error."""
     kw = _kw(target, SPEC["tree"], head)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     ref = _run(LLM(**kw), _prompts(3), params)
-    llm = LLM(**dict(kw, overlap_schedule=True))
+    plain = LLM(**dict(kw, overlap_schedule=True)).engine
+    plain.add_request(_prompts(1)[0], params)
+    plain.step()
+    plain.worker.profile = True
+    with pytest.raises(RuntimeError, match="phase graphs were not built"):
+        plain.step()
+    llm = LLM(**dict(kw, overlap_schedule=True, profile_phases=True))
     engine = llm.engine
+    engine.worker.profile = False
     reqs = [engine.add_request(p, params) for p in _prompts(3)]
     for _ in range(3):
         engine.step()
-    assert engine.worker.launched == 1
+    assert len(engine.worker.launches) == 1
     engine.worker.profile = True
     while engine.has_unfinished():
         engine.step()

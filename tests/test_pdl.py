@@ -1,4 +1,4 @@
-"""Programmatic Dependent Launch (layers/pdl.py; HOTSPEC_PDL, HOTSPEC_PDL_ALL): timing only.
+"""Programmatic Dependent Launch (layers/pdl.py; the pdl switch of hotspec/envs.py): timing only.
 
 On the GPU, a chain of kernels where each reads the one before (norm -> GEMV -> norm -> GEMV ...)
 gives the same bits with PDL as without, eagerly and replayed from a CUDA graph many times (a
@@ -10,18 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hotspec import envs
 from hotspec.layers import pdl
 
 
-def _env_error(monkeypatch, var: str, value: str, read, match: str) -> None:
-    """Setting `var` to `value` makes the cached reader `read` raise a ValueError matching `match`;
-    the variable and the cache are cleared afterwards."""
-    monkeypatch.setenv(var, value)
-    read.cache_clear()
-    with pytest.raises(ValueError, match=match):
-        read()
-    monkeypatch.delenv(var)
-    read.cache_clear()
+def _pdl_switch(monkeypatch, on: bool) -> None:
+    monkeypatch.setattr(envs, "switches", lambda: envs.Switches(pdl=on))
 
 
 def _eager_and_replayed(run) -> torch.Tensor:
@@ -40,8 +34,7 @@ def _eager_and_replayed(run) -> torch.Tensor:
 
 
 def test_never_on_without_a_hopper_gpu(monkeypatch):
-    monkeypatch.setattr(pdl, "_switch", lambda: True)
-    monkeypatch.setattr(pdl, "_all_switch", lambda: "1")
+    _pdl_switch(monkeypatch, True)
     assert not pdl.enabled(torch.device("cpu"))
     assert not pdl.chained(torch.device("cpu"), 8) and pdl.launch_kwargs(torch.device("cpu"), 8) == {}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -50,27 +43,17 @@ def test_never_on_without_a_hopper_gpu(monkeypatch):
 
 
 def test_other_kernels_are_chained_only_in_steps_of_several_rows(monkeypatch):
-    """The measured rule (RESULTS "Session 9"): chaining the norms, RoPE and attention pays at
-    8-12 rows and costs at one row; HOTSPEC_PDL_ALL=1 / 0 override it; any other value is an
-    error that names the choices."""
+    """The measured rule: chaining the norms, RoPE and attention pays at 8-12 rows and costs at
+    one row, except before the resident GEMV."""
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(pdl, "enabled", lambda device: True)
-    monkeypatch.setattr(pdl, "_all_switch", lambda: "auto")
     assert [pdl.chained(dev, rows) for rows in (1, 2, 12)] == [False, True, True]
     assert pdl.launch_kwargs(dev, 12) == {"launch_pdl": True} and pdl.launch_kwargs(dev, 1) == {}
-    # a kernel before the resident GEMV is chained at one row too (RESULTS "Session 21")
+    # a kernel before the resident GEMV is chained at one row too
     assert pdl.chained(dev, 1, before_resident=True)
     assert pdl.launch_kwargs(dev, 1, before_resident=True) == {"launch_pdl": True}
-    monkeypatch.setattr(pdl, "_all_switch", lambda: "1")
-    assert pdl.chained(dev, 1)
-    monkeypatch.setattr(pdl, "_all_switch", lambda: "0")
+    monkeypatch.setattr(pdl, "enabled", lambda device: False)
     assert not pdl.chained(dev, 12) and not pdl.chained(dev, 1, before_resident=True)
-    monkeypatch.undo()
-    pdl._all_switch.cache_clear()
-    monkeypatch.setenv("HOTSPEC_PDL_ALL", "yes")
-    with pytest.raises(ValueError, match="auto .*1 or 0"):
-        pdl._all_switch()
-    pdl._all_switch.cache_clear()
 
 
 def _chain(x, ws, nw):
@@ -80,25 +63,24 @@ def _chain(x, ws, nw):
     h = x
     for w in ws:
         h, _ = rms_norm(h, nw, 1e-5)
-        h = gemv(h, w, config=choose(1, *w.shape))
+        h = gemv(h, w, config=choose(h.shape[0], *w.shape))
     return h
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("chain_all", [False, True], ids=["gemv", "all"])
-def test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph(monkeypatch, chain_all):
-    """`all`: the norms PDL-launched too (each waits first thing; `pdl.chained`)."""
+@pytest.mark.parametrize("rows", [1, 8])
+def test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph(monkeypatch, rows):
+    """At 8 rows the norms are PDL-launched too (each waits first thing; `pdl.chained`)."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     ws = [(torch.randn(4096, 4096, generator=g, device=dev) * 0.02).to(torch.bfloat16) for _ in range(6)]
     nw = torch.ones(4096, device=dev, dtype=torch.bfloat16)
-    x = torch.randn(1, 4096, generator=g, device=dev).to(torch.bfloat16)
-    monkeypatch.setattr(pdl, "_switch", lambda: False)
+    x = torch.randn(rows, 4096, generator=g, device=dev).to(torch.bfloat16)
+    _pdl_switch(monkeypatch, False)
     ref = _chain(x, ws, nw)
-    monkeypatch.setattr(pdl, "_switch", lambda: True)
-    monkeypatch.setattr(pdl, "_all_switch", lambda: "1" if chain_all else "0")
+    _pdl_switch(monkeypatch, True)
     assert pdl.enabled(dev), "the H200 is compute capability 9.0"
-    assert pdl.chained(dev, 1) == chain_all
+    assert pdl.chained(dev, rows) == (rows > 1)
     assert torch.equal(_chain(x, ws, nw), ref)
     _chain(x, ws, nw)  # warm-up before capture
     torch.cuda.synchronize()
@@ -114,111 +96,67 @@ def test_pdl_chain_equals_plain_eagerly_and_in_a_cuda_graph(monkeypatch, chain_a
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", [None, "EAGLE3"], ids=["vanilla", "eagle3"])
 def test_engine_bf16_tokens_equal_with_and_without_pdl(monkeypatch, algo):
-    """PDL off, on for the GEMVs only, on by default (every Triton kernel of a step of several
-    rows: verify, the tree draft) and on for every Triton kernel (HOTSPEC_PDL_ALL=1): the same
-    bf16 greedy tokens, vanilla and with the shipped EAGLE-3 head (draft, verify, draft_extend)."""
+    """PDL off and on (the GEMVs, and every Triton kernel of a step of several rows: verify, the
+    tree draft): the same bf16 greedy tokens, vanilla and with the shipped EAGLE-3 head (draft,
+    verify, draft_extend)."""
     from hotspec import LLM, SamplingParams
 
     prompts = ["The capital of France is", "def quicksort(arr):", "List three colours:"]
     params = SamplingParams(temperature=0, max_tokens=24)
 
-    def run(on: bool, chain: str) -> list[list[int]]:
-        monkeypatch.setattr(pdl, "_switch", lambda: on)
-        monkeypatch.setattr(pdl, "_all_switch", lambda: chain)
+    def run(on: bool) -> list[list[int]]:
+        _pdl_switch(monkeypatch, on)
         llm = LLM(dtype="bfloat16", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=3,
                   cuda_graph_max_bs=4, **({"speculative_algorithm": algo} if algo else {}))
         return [o.token_ids for o in llm.generate(prompts, params)]
 
-    ref = run(False, "0")
-    assert run(True, "0") == ref
-    assert run(True, "auto") == ref
-    assert run(True, "1") == ref
-    monkeypatch.setattr(pdl, "_preload_switch", lambda: False)  # HOTSPEC_PDL_PRELOAD=0 (default 1)
-    assert run(True, "auto") == ref
+    assert run(True) == run(False)
 
 
 def test_gemvs_prefetch_only_weights_that_fit_in_l2(monkeypatch):
     """prefetch_cols: the whole panel for a weight within a third of L2, nothing for a larger one
-    (a prefetch that L2 cannot hold is a second read), HOTSPEC_PDL_PREFETCH over both."""
+    (a prefetch that L2 cannot hold is a second read)."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(pdl, "l2_bytes", lambda index: 50 << 20)  # the H200's L2
-    monkeypatch.setattr(pdl, "_prefetch_override", lambda: None)
-    monkeypatch.setattr(pdl, "_prefetch_l2_fraction", lambda: 1 / 3)
 
     def weight(n: int, k: int) -> SimpleNamespace:
         return SimpleNamespace(device=torch.device("cuda", 0), numel=lambda: n * k, element_size=lambda: 2)
 
     assert pdl.prefetch_cols(weight(3072, 576)) == -1  # SmolLM2 gate_up, 3.5 MB
     assert pdl.prefetch_cols(weight(4096, 4096)) == 0  # 8B o_proj, 33.5 MB
-    assert pdl.prefetch_cols(torch.zeros(4, 4)) == 0  # not a CUDA weight: PDL is off anyway
-    monkeypatch.setattr(pdl, "_prefetch_l2_fraction", lambda: 0.7)  # HOTSPEC_PDL_PREFETCH_L2=0.7
-    assert pdl.prefetch_cols(weight(4096, 4096)) == -1
     assert pdl.prefetch_cols(weight(6144, 4096)) == 0  # 8B qkv, 50.3 MB
-    monkeypatch.setattr(pdl, "_prefetch_override", lambda: 512)
-    assert pdl.prefetch_cols(weight(4096, 4096)) == 512
-
-
-def test_a_bad_prefetch_share_is_an_error_that_names_the_variable(monkeypatch):
-    _env_error(monkeypatch, "HOTSPEC_PDL_PREFETCH_L2", "half", pdl._prefetch_l2_fraction,
-               r"HOTSPEC_PDL_PREFETCH_L2='half': use a share of L2 in \[0, 1\]")
-    assert pdl._prefetch_l2_fraction() == 1 / 3
+    assert pdl.prefetch_cols(torch.zeros(4, 4)) == 0  # not a CUDA weight: PDL is off anyway
 
 
 def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
-    """fused.describe, logged at start-up beside the CUDA-graph table: an A/B switch left set, or
-    no PDL on an older GPU, shows there rather than only as a slower step."""
+    """fused.describe, logged at start-up beside the CUDA-graph table: a switch left off, or no
+    PDL on an older GPU, shows there rather than only as a slower step."""
     from hotspec.layers import fused
 
     assert fused.describe(torch.device("cpu")) == "torch layer code (not CUDA)"
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(fused, "_available", lambda: True)
     monkeypatch.setattr(pdl, "enabled", lambda device: True)
-    monkeypatch.setattr(pdl, "_all_switch", lambda: "auto")
     line = fused.describe(dev)
-    assert "Triton GEMV" in line and "norm folded into the GEMV" in line
-    assert "in steps of more than one row" in line and "HOTSPEC_PDL_PRELOAD=0 turns it off" in line
-    monkeypatch.setattr(fused, "_norm_gemv_allowed", lambda: False)
-    monkeypatch.setattr(pdl, "_all_switch", lambda: "0")
-    line = fused.describe(dev)
-    assert "HOTSPEC_NORM_GEMV=0" in line and "HOTSPEC_PDL_ALL=0" in line
-    from hotspec.layers.attention import triton_backend
-
-    monkeypatch.setattr(triton_backend, "_FOLD_ROPE", True)
-    assert "folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)" in fused.describe(dev)
-    monkeypatch.setattr(triton_backend, "_FOLD_ROPE", False)
-    assert "in their own kernel (HOTSPEC_ATTN_ROPE=0)" in fused.describe(dev)
-    assert "kv splits" not in fused.describe(dev)
-    monkeypatch.setattr(triton_backend, "_ROW_SPLITS", 8)
-    assert "at most 8 kv splits with several rows per request" in fused.describe(dev)
-    from hotspec.layers import argmax
-
-    monkeypatch.setattr(argmax, "_switch", lambda: True)
-    assert "Triton greedy argmax (HOTSPEC_TRITON_ARGMAX=0 turns it off)" in fused.describe(dev)
-    monkeypatch.setattr(argmax, "_switch", lambda: False)
-    assert "torch greedy argmax (HOTSPEC_TRITON_ARGMAX=0)" in fused.describe(dev)
+    assert "Triton GEMV" in line and "the norm folded in at one row" in line
+    assert "in steps of more than one row" in line and "first weight tile before its wait" in line
+    monkeypatch.setattr(envs, "switches", lambda: envs.Switches(gemv=False))
+    assert "cuBLAS only (the gemv switch off)" in fused.describe(dev)
     monkeypatch.setattr(pdl, "enabled", lambda device: False)
     assert "no PDL" in fused.describe(dev)
     monkeypatch.setattr(fused, "_available", lambda: False)
     assert fused.describe(dev).startswith("torch layer code")
 
 
-def test_preload_rule_and_bad_value(monkeypatch):
-    """HOTSPEC_PDL_PRELOAD: on by default (0 off); only with PDL, on eligible launches
-    (one row) whose shortest K slice holds a whole tile; another value is an error naming the
-    variable."""
-    pdl._preload_switch.cache_clear()
-    monkeypatch.delenv("HOTSPEC_PDL_PRELOAD", raising=False)
+def test_preload_rule():
+    """A GEMV program preloads its first tile only with PDL, on eligible launches (one row) whose
+    shortest K slice holds a whole tile."""
     assert pdl.preloads(True, True, 4096, 512), "on by default"
     assert not pdl.preloads(False, True, 4096, 512), "no PDL: no wait to load before"
     assert not pdl.preloads(True, False, 4096, 512), "not an eligible launch"
     assert pdl.preloads(True, True, 576, 512), "a ragged rest is the loop's"
     assert not pdl.preloads(True, True, 511, 512), "not one whole tile"
-    monkeypatch.setattr(pdl, "_preload_switch", lambda: False)
-    assert not pdl.preloads(True, True, 4096, 512), "HOTSPEC_PDL_PRELOAD=0"
-    monkeypatch.undo()
-    _env_error(monkeypatch, "HOTSPEC_PDL_PRELOAD", "2", pdl._preload_switch,
-               r"HOTSPEC_PDL_PRELOAD='2': use 1 \(the default\) or 0")
 
 
 @pytest.mark.parametrize("kind", ["plain", "silu", "split2", "norm", "ragged", "ragged-split2",
@@ -277,9 +215,10 @@ def test_preload_at_real_shapes_gives_the_same_bits(monkeypatch, shape):
             return ng.norm_gemv(x, r, nw, 1e-5, w, cfg)[0]
         return gk.gemv(x, w, silu_mul=kind == "down", config=cfg)
 
+    rule = pdl.preloads
     outs = []
     for on in (False, True):
-        monkeypatch.setattr(pdl, "_preload_switch", lambda on=on: on)
+        monkeypatch.setattr(pdl, "preloads", lambda *a, on=on: on and rule(*a))
         outs.append(_eager_and_replayed(run))
     assert torch.equal(outs[1], outs[0])
 
@@ -287,7 +226,7 @@ def test_preload_at_real_shapes_gives_the_same_bits(monkeypatch, shape):
 def test_only_the_8b_o_proj_at_one_row_runs_resident(monkeypatch):
     """fused.gemv_resident (which chains the split combine before o_proj) follows the GEMV table:
     the 8B o_proj shape at one row is the resident kernel; more rows, other shapes, fp32, a bias
-    or HOTSPEC_GEMV=0 are not."""
+    or the gemv switch off are not."""
     from torch import nn
 
     from hotspec.layers import fused
@@ -300,7 +239,7 @@ def test_only_the_8b_o_proj_at_one_row_runs_resident(monkeypatch):
     assert not fused.gemv_resident(bf16, 1, smol.to(torch.bfloat16))
     assert not fused.gemv_resident(torch.zeros(1), 1, o8b.float())
     assert not fused.gemv_resident(bf16, 1, nn.Linear(4096, 4096).to(torch.bfloat16))
-    monkeypatch.setattr(fused, "_gemv_allowed", lambda: False)
+    monkeypatch.setattr(envs, "switches", lambda: envs.Switches(gemv=False))
     assert not fused.gemv_resident(bf16, 1, o8b)
 
 
@@ -331,7 +270,7 @@ def test_gpu_resident_o_proj_engine_tokens_equal_without_pdl(monkeypatch, tmp_pa
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
     def run(on: bool) -> list[int]:
-        monkeypatch.setattr(pdl, "_switch", lambda: on)
+        _pdl_switch(monkeypatch, on)
         engine = random_engine(tmp_path / str(on), layers=4, seed=22, shape=shape, algo=algo)
         toks = greedy_tokens(engine, prompt, params)[0]
         engine.graphs.close()

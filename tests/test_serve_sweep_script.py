@@ -1,8 +1,8 @@
-"""scripts/serve_sweep.sh (issue 7's request-rate sweep, run on the H200) end to end on the CPU with
+"""scripts/serve_sweep.sh (the request-rate sweep of `hotspec serve`) end to end on the CPU with
 the default model: both servers come up, the load test passes, the vanilla server really is
 vanilla (no tau; with no --model, `hotspec serve` would otherwise speculate with the shipped head,
-which made session 4's H200 sweep compare two speculative servers) and the speculative one
-speculates. A baseline that speculates is refused before any load is sent."""
+and the sweep would compare two speculative servers) and the speculative one speculates. A
+baseline that speculates is refused before any load is sent."""
 
 from __future__ import annotations
 

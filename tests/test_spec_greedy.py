@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hotspec import LLM, SamplingParams
-from hotspec.engine.engine import Engine
+from hotspec.engine.builder import EngineBuilder
 from hotspec.engine.kv_pool import KVPool
 from hotspec.models.default_model import default_model_path
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
@@ -136,7 +136,7 @@ def test_oracle_draft_accepts_every_token(shape, smol_llm, monkeypatch):
     long = smol_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n + 8, ignore_eos=True))
     seqs = [tok.encode(p) + o.token_ids for p, o in zip(prompts, long)]
     oracle = OracleDraft(seqs, smol_llm.engine.model_config.vocab_size, like=None)
-    monkeypatch.setattr(Engine, "_load_draft", lambda self: oracle)
+    monkeypatch.setattr(EngineBuilder, "_load_draft", lambda self: oracle)
     oracle.config = type("C", (), {"num_key_value_heads": 1, "head_dim": 8})()
     llm = LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE",
               speculative_draft_model_path="oracle", speculative_num_steps=steps,

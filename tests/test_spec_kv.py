@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-import hotspec.engine.eagle_worker as eagle_worker
+import hotspec.speculative.worker as eagle_worker
 from hotspec import LLM, SamplingParams
 from hotspec.engine.engine import Engine
 from hotspec.engine.request import Request, Status
@@ -214,7 +214,8 @@ def check_against_fresh_prefill(engine: Engine, req: Request, monkeypatch: pytes
         bs = engine.block_size
         running = torch.tensor(req.slots(0, n, bs))
         scratch = torch.tensor(fresh.slots(0, n, bs))
-        for name, kv in (("target", worker.target_runner.kv), ("draft", worker.draft_runner.kv)):
+        phases = worker.phases
+        for name, kv in (("target", phases.target_runner.kv), ("draft", phases.draft_runner.kv)):
             for cache in (kv.k, kv.v):  # [layers, slots, kv heads, head dim]
                 err = max_rel_err(cache[:, running], cache[:, scratch], dim=1)
                 assert err < REL_TOL, f"{name} KV differs from a fresh prefill: {err:.2e}"

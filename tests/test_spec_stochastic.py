@@ -23,13 +23,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import hotspec.engine.eagle_phases as eagle_phases
+import hotspec.speculative.phases as eagle_phases
 from hotspec import LLM, SamplingParams
 from hotspec.layers.sampler import random_uniform, sample_from_probs
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint
-from hotspec.spec.tree import DraftTree
-from hotspec.spec.verify import STREAM_BONUS, STREAM_COIN, Acceptance, _walk
+from hotspec.speculative.tree import DraftTree
+from hotspec.speculative.verify import STREAM_BONUS, STREAM_COIN, Acceptance, _walk
 
 VOCAB = 16
 PROMPT = [2, 7, 1, 8, 2, 8]  # its top-p 0.9 cuts are >= 6e-5 from any cumulative mass

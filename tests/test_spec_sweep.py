@@ -1,4 +1,4 @@
-"""benchmarks/spec_sweep.py (the GPU session's tree-shape / fused-step / token-map comparison) runs
+"""benchmarks/spec_sweep.py (the tree-shape / fused-step / token-map comparison on the GPU) runs
 end to end on the CPU on a tiny random target: one row per variant, greedy outputs identical to
 vanilla for every variant (lossless), and bad variants are refused before anything loads."""
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hotspec.spec.tree import build_tree
-from hotspec.spec.verify import _walk, verify_greedy
+from hotspec.speculative.tree import build_tree
+from hotspec.speculative.verify import _walk, verify_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

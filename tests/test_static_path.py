@@ -10,7 +10,7 @@ import torch
 from engine_utils import save_tiny_llama
 
 from hotspec import LLM, SamplingParams
-from hotspec.engine.engine import Engine
+from hotspec.engine.builder import EngineBuilder
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint
 from hotspec.runtime.graph_runner import GraphRunner
@@ -28,7 +28,7 @@ def tiny(tmp_path_factory):
 def _static(monkeypatch):
     def runner(self):
         return GraphRunner(self.device, "static", [1, 2, 4, 8])
-    monkeypatch.setattr(Engine, "_graph_runner", runner)
+    monkeypatch.setattr(EngineBuilder, "_graph_runner", runner)
 
 
 @pytest.mark.parametrize("spec,fused", [(None, False), ((3, 1, 4), False), ((4, 3, 8), False),

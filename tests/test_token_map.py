@@ -12,9 +12,9 @@ import torch
 
 from hotspec.entrypoints.cli import main
 from hotspec.errors import ModelLoadError
-from hotspec.spec import corpus
-from hotspec.spec.token_map import load_token_map
-from hotspec.spec.token_map_builder import build_token_map, end_of_turn_ids, save_token_map
+from hotspec.speculative import corpus
+from hotspec.speculative.token_map import load_token_map
+from hotspec.speculative.token_map_builder import build_token_map, end_of_turn_ids, save_token_map
 
 VOCAB = 49152  # SmolLM2
 IM_END = 2  # SmolLM2's EOS and end-of-turn token, <|im_end|>

@@ -34,6 +34,7 @@ from hotspec.models.eagle import EagleHead
 from hotspec.models.eagle3 import Eagle3Head
 from hotspec.models.loader import load_checkpoint
 from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch
+from hotspec.speculative.io import DraftIn
 from hotspec.training.config import TrainConfig, TrainConfigError
 from hotspec.training.data import load_dataset
 from hotspec.training.head_forward import unroll
@@ -214,9 +215,10 @@ def test_training_forward_matches_engine(arch: str, fused_kernels: bool, runs: d
     reqs = [Request(-1 - i, p, SamplingParams(temperature=0.0), 0) for i, p in enumerate(prompts)]
     for r in reqs:
         r.blocks = engine.allocator.allocate(-(-(len(r.prompt_token_ids) + worker.reserve) // 16))
-    monkeypatch.setattr(worker, "max_kv", max(map(len, prompts)) + worker.reserve)  # as step() does
+    phases = worker.phases
+    monkeypatch.setattr(phases, "max_kv", max(map(len, prompts)) + worker.reserve)  # as step() does
     captured: list[torch.Tensor] = []
-    topk = worker._topk
+    topk = phases.draft_topk
 
     def capture(h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = topk(h, k)
@@ -228,22 +230,22 @@ def test_training_forward_matches_engine(arch: str, fused_kernels: bool, runs: d
     try:
         with torch.inference_mode():
             fb = prefill_batch(reqs, prompts, engine.block_size, engine.device)
-            hidden, aux = worker.target_runner.forward(fb)
+            hidden, aux = phases.target_runner.forward(fb)
             last = last_token_index(fb)
             roots = engine.target.compute_logits(hidden[last]).argmax(-1)
             features = torch.cat(aux, -1) if aux else hidden
             shifted = [p[1:] + [int(t)] for p, t in zip(prompts, roots)]
             dfb = prefill_batch(reqs, shifted, engine.block_size, engine.device)
             dfb.hidden_in = features
-            h_logits, h_feat = worker.draft_runner.forward(dfb)
+            h_logits, h_feat = phases.draft_runner.forward(dfb)
             step0 = head.compute_logits(h_logits)
             for r, p in zip(reqs, prompts):
                 r.seq_len = len(p)
-            logp, ids, _ = worker._topk(h_logits[last], 1)
-            monkeypatch.setattr(worker, "_topk", capture)
-            worker.draft_phase({"seq": torch.tensor([len(p) for p in prompts]),
-                                "tables": block_table_tensor(reqs, engine.device), "root": roots,
-                                "topk_logp": logp, "topk_ids": ids, "feature": h_feat[last]})
+            logp, ids, _ = phases.draft_topk(h_logits[last], 1)
+            monkeypatch.setattr(phases, "draft_topk", capture)
+            phases.draft_tree(DraftIn(seq=torch.tensor([len(p) for p in prompts]),
+                                      tables=block_table_tensor(reqs, engine.device), root=roots,
+                                      topk_logp=logp, topk_ids=ids, feature=h_feat[last]))
     finally:
         for r in reqs:
             engine.allocator.free(r.blocks)

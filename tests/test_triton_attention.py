@@ -229,7 +229,8 @@ def test_packed_mask_bits_keep_every_slot(m: int) -> None:
 
 @pytest.mark.parametrize("phase", ["verify", "draft", "padding-rows"])
 def test_custom_mask_as_bits_matches_the_reference(phase: str) -> None:
-    """The packed-word mask path (HOTSPEC_ATTN_MASK_BITS) gives the reference's attention."""
+    """The packed-word mask path (the default for masks of <= 64 slots) gives the reference's
+    attention."""
     if phase == "verify":
         n, prefix = 8, [0, 21, 70]
         case = make_case(q_lens=[n] * 3, kv_lens=[p + n for p in prefix], width=n, hq=6, hkv=2, d=64,
@@ -298,7 +299,7 @@ def _rope_case(group: int, dtype: torch.dtype, seed: int, kv_lens: list[int], d:
 @pytest.mark.parametrize("case", ["g4-bf16", "g3-f32", "g1-bf16"])
 @pytest.mark.parametrize("splits", [1, 2, 5])
 def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
-    """HOTSPEC_ATTN_ROPE: the attention kernel rotating q and storing the step's K and V itself
+    """The RoPE fold: the attention kernel rotating q and storing the step's K and V itself
     gives the bits of fused_kernels.rope_store followed by attention: the output, and the caches
     (the new token's slot included, every other slot untouched)."""
     from hotspec.layers import fused_kernels as fk
@@ -321,7 +322,7 @@ def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
 
 
 def test_rope_fold_refuses_what_it_does_not_handle() -> None:
-    """Only decode batches (one row, no custom mask), and only with the switch on."""
+    """Only decode batches (one row, no custom mask), and only with fold_rope on."""
     fb, q, kc, vc, rope = _rope_case(2, BF16, seed=42, kv_lens=[5, 9])
     off = TritonBackend(PAGE, fold_rope=False)
     off.plan(fb)
@@ -505,29 +506,15 @@ def _launch_rule_case(monkeypatch):
 def test_split_counts_one_wave_for_multi_row_phases(monkeypatch) -> None:
     """kv splits at a server's static bound (8192) with 8 programs before splitting, on 132 SMs:
     decode aims at two waves (32 splits, the bound's limit); verify, draft and draft_extend (more
-    than one query row per request) at one wave (132 // 8 = 16); HOTSPEC_ATTN_ROW_SPLITS=S caps
-    them at S instead (64: the two-wave count); anything but a count is an error naming it."""
-    monkeypatch.delenv("HOTSPEC_ATTN_ROW_SPLITS", raising=False)
-    assert triton_backend._row_splits_switch() == 0
-    monkeypatch.setenv("HOTSPEC_ATTN_ROW_SPLITS", "8")
-    assert triton_backend._row_splits_switch() == 8
-    monkeypatch.setenv("HOTSPEC_ATTN_ROW_SPLITS", "-1")
-    with pytest.raises(ValueError, match=r"HOTSPEC_ATTN_ROW_SPLITS='-1': use 0"):
-        triton_backend._row_splits_switch()
+    than one query row per request) at one wave (132 // 8 = 16)."""
     backend, cuda, decode, verify = _launch_rule_case(monkeypatch)
     counts = {}
-    for cap in (0, 8, 64):
-        backend.row_splits = cap
-        for name, fb in (("decode", decode), ("verify", verify)):
-            fb.max_kv = 8192
-            backend.plan(fb)
-            counts[name, cap] = backend._splits(fb.attn_meta, 8, 64, cuda)
-    assert counts["decode", 0] == counts["decode", 8] == counts["decode", 64] == 32
-    assert counts["verify", 0] == 16
-    assert counts["verify", 8] == 8
-    assert counts["verify", 64] == 32
-    # one wave already: no split; a short static bound limits the count as before
-    backend.row_splits = 0
+    for name, fb in (("decode", decode), ("verify", verify)):
+        fb.max_kv = 8192
+        backend.plan(fb)
+        counts[name] = backend._splits(fb.attn_meta, 8, 64, cuda)
+    assert counts == {"decode": 32, "verify": 16}
+    # one wave already: no split; a short static bound limits the count
     assert backend._splits(verify.attn_meta, 132, 64, cuda) == 1
     verify.max_kv = 576
     backend.plan(verify)
@@ -611,17 +598,10 @@ def test_gpu_v_early_same_bits(splits, monkeypatch) -> None:
     _v_early_same_bits(BF16, 128, 32, 8, 600, splits, monkeypatch)
 
 
-def test_rope_fold_switch(monkeypatch) -> None:
-    """HOTSPEC_ATTN_ROPE: on by default, 0 turns it off, anything else is an error naming it; the
-    fold applies to decode-like batches only (one row per request, no custom mask)."""
-    monkeypatch.delenv("HOTSPEC_ATTN_ROPE", raising=False)
-    assert triton_backend._rope_switch()
-    monkeypatch.setenv("HOTSPEC_ATTN_ROPE", "0")
-    assert not triton_backend._rope_switch()
-    monkeypatch.setenv("HOTSPEC_ATTN_ROPE", "yes")
-    with pytest.raises(ValueError, match=r"HOTSPEC_ATTN_ROPE='yes': use 1 \(the default\) or 0"):
-        triton_backend._rope_switch()
-    backend = TritonBackend(PAGE, fold_rope=True)
+def test_rope_fold_applies_to_decode_batches_only() -> None:
+    """The fold is on by default, for decode-like batches only (one row per request, no custom
+    mask)."""
+    backend = TritonBackend(PAGE)
     decode = make_case(q_lens=[1, 1], kv_lens=[3, 9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
     verify = make_case(q_lens=[2, 2], kv_lens=[3, 9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
                        masks=[tree_mask(2), tree_mask(2)])[0]
@@ -631,7 +611,7 @@ def test_rope_fold_switch(monkeypatch) -> None:
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int) -> None:
-    """models/llama.Attention.attend: with a backend that folds RoPE (HOTSPEC_ATTN_ROPE), a decode
+    """models/llama.Attention.attend: with a backend that folds RoPE (the default), a decode
     batch skips fused_kernels.rope_store and gives the layer's output and caches bit for bit.
     (The fused path runs for CUDA tensors only; here it is forced, in the interpreter.)"""
     from types import SimpleNamespace
@@ -693,7 +673,7 @@ def _gpu_fold_case(shape: dict, batch: int, dtype: torch.dtype, seed: int):
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "fp32"])
 def test_gpu_rope_fold(shape, batch, dtype) -> None:
-    """HOTSPEC_ATTN_ROPE at the real heads, automatic splits over the engine's static bound:
+    """The RoPE fold at the real heads, automatic splits over the engine's static bound:
     rope_store + attention's caches and output, bit for bit, ten launches in a row (a race
     between the new token's store and its load would show as an occasional difference). fp32
     too: EAGLE's verify (rope_store) and vanilla decode (the fold) must agree there exactly."""
@@ -703,11 +683,11 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
     k, v, pos, loc, cos, sin = rope.k, rope.v, rope.positions, rope.loc, rope.cos, rope.sin
     scale = shape["d"] ** -0.5
     kc0, vc0 = kc.clone(), vc.clone()
-    base = TritonBackend(PAGE)
+    base = TritonBackend(PAGE, fold_rope=False)
     base.plan(fb)
     q_rot = fk.rope_store(q, k, v, pos, cos, sin, kc, vc, loc)
     want = base.forward(fb, q_rot, kc, vc, scale)
-    folded = TritonBackend(PAGE, fold_rope=True)
+    folded = TritonBackend(PAGE)
     folded.plan(fb)
     bad = []
     for i in range(10):
@@ -724,16 +704,23 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
     assert not bad, "; ".join(bad)
 
 
+def _fold_rope(monkeypatch, fold: bool) -> None:
+    """Engines built from here on fold RoPE into decode attention (the default) or not (decode
+    then takes rope_store, as every other phase)."""
+    if not fold:
+        monkeypatch.setattr(TritonBackend, "folds_rope", lambda self, fb: False)
+
+
 def _random_weight_engine(fold: bool, monkeypatch, layers: int = 6):
     """engine_utils.random_engine (SmolLM2's shape, random bf16 weights, graphed decode at batch
     1, 2 and 4) with the RoPE fold on or off."""
-    monkeypatch.setattr(triton_backend, "_FOLD_ROPE", fold)
+    _fold_rope(monkeypatch, fold)
     return random_engine(layers=layers)
 
 
 @pytest.mark.gpu
 def test_gpu_rope_fold_engine_tokens_random_weights(monkeypatch) -> None:
-    """HOTSPEC_ATTN_ROPE in the engine without a model file: SmolLM2-shaped random weights (near
+    """The RoPE fold in the engine without a model file: SmolLM2-shaped random weights (near
     uniform logits, so any bit of difference soon changes a greedy token), three requests in a
     graphed batch of four (one padded row): the same tokens with the fold as without."""
     from hotspec.sampling_params import SamplingParams
@@ -745,6 +732,7 @@ def test_gpu_rope_fold_engine_tokens_random_weights(monkeypatch) -> None:
     def run(fold: bool) -> list[list[int]]:
         engine = _random_weight_engine(fold, monkeypatch)
         toks = greedy_tokens(engine, prompts, params)
+        monkeypatch.undo()
         assert engine.graphs.batch_sizes == [1, 2, 4], "three requests replay the graph of four"
         return toks
 
@@ -755,15 +743,12 @@ def test_gpu_rope_fold_engine_tokens_random_weights(monkeypatch) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", ["EAGLE", "EAGLE3"])
-@pytest.mark.parametrize("row_splits", [0, 64], ids=["one_wave", "two_waves"])
-def test_gpu_eagle_equals_vanilla_random_weights_fp32(monkeypatch, tmp_path, algo, row_splits) -> None:
+def test_gpu_eagle_equals_vanilla_random_weights_fp32(tmp_path, algo) -> None:
     """Lossless without a model file: graphed EAGLE with a random head (its drafts mostly
     rejected, so every accept length occurs) gives the graphed vanilla engine's float32 greedy
-    tokens, SmolLM2-shaped random weights, three requests in a batch of four; with verify's,
-    draft's and draft_extend's kv splits at one wave (the default) and at two (as decode's)."""
+    tokens, SmolLM2-shaped random weights, three requests in a batch of four."""
     from hotspec.sampling_params import SamplingParams
 
-    monkeypatch.setattr(triton_backend, "_ROW_SPLITS", row_splits)
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (6, 50, 260)]
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -781,19 +766,28 @@ def test_gpu_eagle_equals_vanilla_random_weights_fp32(monkeypatch, tmp_path, alg
 
 @pytest.mark.gpu
 def test_gpu_triton_argmax_engine_tokens_random_weights(monkeypatch) -> None:
-    """HOTSPEC_TRITON_ARGMAX (the PDL-launched argmax over the bf16 logits) in the graphed
-    engine, SmolLM2-shaped random weights (near-uniform logits, so a wrong pick soon shows):
-    the same greedy tokens as torch.argmax over float32 logits, three requests in a batch of 4."""
-    from hotspec.layers import argmax as am
+    """The Triton argmax (PDL-launched, over the bf16 logits) in the graphed engine,
+    SmolLM2-shaped random weights (near-uniform logits, so a wrong pick soon shows): the same
+    greedy tokens as torch.argmax in its place, three requests in a batch of 4."""
+    from hotspec.layers import argmax_kernel
     from hotspec.sampling_params import SamplingParams
+
+    def torch_rows(rows, use_pdl=False, out2=None):
+        out = rows.argmax(-1)
+        if out2 is not None:
+            out2[: out.numel()].copy_(out)
+        return out
 
     gen = torch.Generator().manual_seed(8)
     prompts = [torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (9, 40, 200)]
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
 
     def run(triton_argmax: bool) -> list[list[int]]:
-        monkeypatch.setattr(am, "_switch", lambda: triton_argmax)
-        return greedy_tokens(_random_weight_engine(True, monkeypatch), prompts, params)
+        if not triton_argmax:
+            monkeypatch.setattr(argmax_kernel, "argmax_rows", torch_rows)
+        toks = greedy_tokens(_random_weight_engine(True, monkeypatch), prompts, params)
+        monkeypatch.undo()
+        return toks
 
     want = run(False)
     assert all(len(t) == 48 for t in want)
@@ -802,8 +796,8 @@ def test_gpu_triton_argmax_engine_tokens_random_weights(monkeypatch) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", [None, "EAGLE3"], ids=["vanilla", "eagle3"])
-def test_gpu_engine_tokens_equal_with_attention_switches(monkeypatch, algo) -> None:
-    """HOTSPEC_ATTN_ROPE on the default model: the engine's bf16 greedy tokens under strict CUDA
+def test_gpu_engine_tokens_equal_with_and_without_the_rope_fold(monkeypatch, algo) -> None:
+    """The RoPE fold on the default model: the engine's bf16 greedy tokens under strict CUDA
     graphs are those without the fold, vanilla and with the shipped EAGLE-3 head (its draft steps
     of one row take the fold too)."""
     from hotspec import LLM, SamplingParams
@@ -812,9 +806,11 @@ def test_gpu_engine_tokens_equal_with_attention_switches(monkeypatch, algo) -> N
     params = SamplingParams(temperature=0, max_tokens=24)
 
     def run(fold: bool) -> list[list[int]]:
-        monkeypatch.setattr(triton_backend, "_FOLD_ROPE", fold)
+        _fold_rope(monkeypatch, fold)
         llm = LLM(dtype="bfloat16", device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=3,
                   cuda_graph_max_bs=4, **({"speculative_algorithm": algo} if algo else {}))
-        return [o.token_ids for o in llm.generate(prompts, params)]
+        toks = [o.token_ids for o in llm.generate(prompts, params)]
+        monkeypatch.undo()
+        return toks
 
     assert run(True) == run(False)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from hotspec.benchmark.hf_baseline import HFRun, hf_generate_prompts, hf_unsupported_reason
 from hotspec.benchmark.spec_bench import BatchRun, LoadedTarget, run_categories, run_with_engine, warm_up
 from hotspec.config import EngineConfig
+from hotspec.engine.builder import resolve_device_dtype
 from hotspec.engine.engine import Engine
 from hotspec.errors import HotspecError
 from hotspec.sampling_params import SamplingParams
@@ -89,4 +90,7 @@ def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opt
         _log("speculative: profiled pass (phase times)")
         return runs, run_categories(engine, groups, opts.params), PROFILED_SEPARATELY
 
-    return run_with_engine(cfg, target, run)
+    # Profiled passes run the phase graphs, built only for an engine that profiles phases (the
+    # timed pass on CUDA turns profiling off and replays the fused step).
+    profiles = profile_pass or resolve_device_dtype(cfg)[0].type != "cuda"
+    return run_with_engine(replace(cfg, profile_phases=True) if profiles else cfg, target, run)

@@ -22,10 +22,10 @@ from hotspec.benchmark.device import sync
 from hotspec.config import EngineConfig
 from hotspec.engine.builder import load_target as load_target_parts
 from hotspec.engine.engine import Engine
-from hotspec.engine.spec_stats import SpecStats
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.sampling_params import SamplingParams
+from hotspec.speculative.stats import SpecStats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

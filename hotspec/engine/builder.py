@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from hotspec import envs
 from hotspec.config import ConfigError, EngineConfig
 from hotspec.engine.block_allocator import BlockAllocator
 from hotspec.engine.kv_pool import KVPool
+from hotspec.engine.launches import Launches
 from hotspec.engine.request import Request
 from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend
@@ -37,6 +40,7 @@ class Worker(Protocol):
 
     reserve: int  # KV slots a step writes beyond seq_len
     max_advance: int  # positions a step advances a request by, at most
+    launches: Launches  # launched steps the host has not read (engine/launches.py)
 
     def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]: ...
 
@@ -45,16 +49,10 @@ class Worker(Protocol):
     @property
     def overlapping(self) -> bool: ...
 
-    @property
-    def launched(self) -> int: ...
-
     def launch(self, reqs: list[Request]) -> None: ...
 
     def collect(self) -> tuple[list[Request], list[list[int]]]: ...
 
-    def ahead(self, req: Request) -> int: ...
-
-    def discard_launches(self) -> None: ...
 
 
 def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
@@ -78,19 +76,26 @@ def load_target(cfg: EngineConfig) -> tuple[ModelConfig, LlamaForCausalLM, PreTr
     return model_cfg, target, None if cfg.skip_tokenizer_init else load_tokenizer(path)
 
 
-class EngineBuilder:
-    """The construction half of Engine (a mixin: Engine sets these attributes in _setup)."""
+@dataclass
+class EngineParts:
+    """What an engine runs on: the worker, the graphs it replays, the KV blocks it allocates,
+    and the draft head (None without speculation)."""
 
-    cfg: EngineConfig
-    model_config: ModelConfig
-    target: LlamaForCausalLM
-    device: torch.device
-    dtype: torch.dtype
-    block_size: int
-    max_model_len: int
-    allocator: BlockAllocator
+    worker: Worker
     graphs: GraphRunner
-    draft: DraftHead
+    allocator: BlockAllocator
+    draft: DraftHead | None
+
+
+class EngineBuilder:
+    """Builds an engine's parts around a loaded target (`build`)."""
+
+    def __init__(self, cfg: EngineConfig, model_config: ModelConfig, target: LlamaForCausalLM,
+                 device: torch.device, dtype: torch.dtype, max_model_len: int) -> None:
+        self.cfg, self.model_config, self.target = cfg, model_config, target
+        self.device, self.dtype = device, dtype
+        self.block_size, self.max_model_len = cfg.block_size, max_model_len
+        self.draft: DraftHead | None = None
 
     def _blocks_for(self, n_slots: int) -> int:
         return -(-n_slots // self.block_size)
@@ -120,9 +125,14 @@ class EngineBuilder:
         sizes = default_batch_sizes(min(self.cfg.cuda_graph_max_bs, self.cfg.max_num_seqs))
         return GraphRunner(self.device, mode, sizes, self.cfg.allow_eager_fallback)
 
-    def _build_worker(self) -> Worker:
-        from hotspec.engine.eagle_worker import EagleWorker
+    def build(self) -> EngineParts:
         from hotspec.engine.vanilla_worker import VanillaWorker
+        from hotspec.speculative.worker import EagleWorker
+
+        # The environment switches, read (and checked) once, before any layer asks for them.
+        off = [f.metadata["env"] for f in fields(envs.Switches) if not getattr(envs.switches(), f.name)]
+        if off:
+            log.warning("switched off: %s (debugging; hotspec/envs.py)", ", ".join(f"{n}=0" for n in off))
 
         c = self.model_config
         per_slot = KVPool.bytes_per_slot(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
@@ -133,22 +143,22 @@ class EngineBuilder:
         worker: Worker
         if self.cfg.speculative_algorithm is None:
             num_blocks = self._kv_blocks(per_slot)
-            self.allocator = BlockAllocator(num_blocks, first_block=1)
+            allocator = BlockAllocator(num_blocks, first_block=1)
             runner = ModelRunner(self.target, self._target_pool(num_blocks), backend)
             worker = VanillaWorker(self.target, runner, self.graphs, self.block_size, self.device,
                                    max_blocks, overlap=self._overlap(),
                                    max_rows=self.cfg.max_num_seqs)
         else:
-            self.draft = self._load_draft()
-            d = self.draft.config
+            draft = self.draft = self._load_draft()
+            d = draft.config
             per_slot += KVPool.bytes_per_slot(1, d.num_key_value_heads, d.head_dim, self.dtype)
             num_blocks = self._kv_blocks(per_slot)
-            self.allocator = BlockAllocator(num_blocks, first_block=1)
+            allocator = BlockAllocator(num_blocks, first_block=1)
             steps, topk, ntok = self.cfg.spec_shape
-            draft_pool = self.draft.make_kv_pool(num_blocks + 1, self.block_size, self.dtype, self.device)
+            draft_pool = draft.make_kv_pool(num_blocks + 1, self.block_size, self.dtype, self.device)
             worker = EagleWorker(
-                self.target, self.draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
-                ModelRunner(self.draft, draft_pool, backend), self.graphs, self.block_size, self.device,
+                self.target, draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
+                ModelRunner(draft, draft_pool, backend), self.graphs, self.block_size, self.device,
                 steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases,
                 fuse_step=self.cfg.fuse_spec_step, overlap=self._overlap(),
                 max_rows=self.cfg.max_num_seqs)
@@ -164,7 +174,7 @@ class EngineBuilder:
             log.info("overlap schedule off: %s", "--no-overlap-schedule"
                      if self.cfg.overlap_schedule is False else
                      "the speculative step runs as three phase graphs (--no-fuse-spec-step)")
-        return worker
+        return EngineParts(worker, self.graphs, allocator, self.draft)
 
     def _overlap(self) -> bool:
         """EngineConfig.overlap_schedule, with None resolved: on with CUDA graphs and a fused
@@ -180,7 +190,7 @@ class EngineBuilder:
         path, algorithm = self._draft_source()
         head = load_draft_head(path, self.target, algorithm, self.dtype, self.device)
         if self.cfg.speculative_token_map is not None:
-            from hotspec.spec.token_map import apply_token_map, load_token_map
+            from hotspec.speculative.token_map import apply_token_map, load_token_map
 
             apply_token_map(head, self.target, load_token_map(self.cfg.speculative_token_map,
                                                                self.model_config.vocab_size))
@@ -195,12 +205,16 @@ class EngineBuilder:
         assert algorithm is not None  # only called for speculative engines
         if path is not None:
             return path, algorithm
-        if self.cfg.model is not None:
+        from hotspec.models.default_model import (
+            DEFAULT_DRAFT_ALGORITHM,
+            default_draft_head,
+            is_default_model,
+        )
+
+        if not is_default_model(self.cfg.model):
             raise ConfigError("speculative_algorithm needs speculative_draft_model_path (a folder "
                               "with config.json and the head's weights); only the default model "
                               "has a built-in draft head")
-        from hotspec.models.default_model import DEFAULT_DRAFT_ALGORITHM, default_draft_head
-
         if algorithm != DEFAULT_DRAFT_ALGORITHM:
             log.warning("speculative_algorithm %s: the default model's built-in draft head is %s "
                         "and runs as such", algorithm, DEFAULT_DRAFT_ALGORITHM)

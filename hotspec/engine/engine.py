@@ -32,9 +32,9 @@ class StepOutput:
     new_token_ids: list[int]
 
 
-class Engine(EngineBuilder):
-    """Requests in, tokens out. Construction (device, KV pools, backend, graphs, worker) lives in
-    EngineBuilder (engine/builder.py); this class owns the request lifecycle."""
+class Engine:
+    """Requests in, tokens out. Construction (device, KV pools, backend, graphs, worker) is
+    EngineBuilder's (engine/builder.py); this class owns the request lifecycle."""
 
     def __init__(self, cfg: EngineConfig) -> None:
         model_cfg, target, tokenizer = load_target(cfg)
@@ -81,7 +81,9 @@ class Engine(EngineBuilder):
         # may have half-written KV or draft state (see fail_in_flight).
         self.in_flight: list[Request] = []
         self._prefill_turn = True  # decode_during_prefill: whose turn the next step is
-        self.worker: Worker = self._build_worker()
+        parts = EngineBuilder(cfg, model_cfg, target, device, dtype, self.max_model_len).build()
+        self.worker: Worker = parts.worker
+        self.graphs, self.allocator, self.draft = parts.graphs, parts.allocator, parts.draft
         # Rows of launched steps dropped because their request had finished by the time they were
         # read (overlap schedule: EOS, stop strings, aborts), a metric of the schedule's waste.
         self.dropped_rows = 0
@@ -140,7 +142,7 @@ class Engine(EngineBuilder):
         too: the step's outputs, their last tokens included, were lost."""
         victims = self.in_flight or [*self.waiting, *self.prefilling, *self.running]
         self.in_flight = []
-        self.worker.discard_launches()  # uncollected steps (overlap) die with the step that failed
+        self.worker.launches.clear()  # uncollected steps (overlap) die with the step that failed
         for req in victims:
             if req.status is not Status.FINISHED:
                 req.error = error
@@ -191,10 +193,10 @@ class Engine(EngineBuilder):
             outs = self._drain()
             reqs = self._reserve_step_slots()
         launched = set(reqs)
-        self.in_flight = reqs + [r for r in self.running if worker.ahead(r) and r not in launched]
+        self.in_flight = reqs + [r for r in self.running if worker.launches.ahead(r) and r not in launched]
         if reqs:
             worker.launch(reqs)
-        while worker.launched > (1 if reqs else 0):
+        while len(worker.launches) > (1 if reqs else 0):
             outs += self._emit(*worker.collect())
         self.in_flight = []
         return self._served(outs)
@@ -202,7 +204,7 @@ class Engine(EngineBuilder):
     def _room(self, req: Request) -> int:
         """KV slots `req` may need for its next step: its unread steps may each advance it by the
         worker's most, then the step writes `reserve` slots."""
-        return req.seq_len + self.worker.ahead(req) * self.worker.max_advance + self.worker.reserve
+        return req.seq_len + self.worker.launches.ahead(req) * self.worker.max_advance + self.worker.reserve
 
     def _grow(self, reqs: list[Request]) -> bool:
         """Room for the next step of `reqs`, without preempting; False if the blocks ran out."""
@@ -217,14 +219,14 @@ class Engine(EngineBuilder):
         """Whether `req` is not launched now, because its unread steps end it (max_tokens: each
         step emits at least one token) or may (the context limit, at each step's largest
         advance); it is launched again once they are read, if it goes on."""
-        ahead = self.worker.ahead(req)
+        ahead = self.worker.launches.ahead(req)
         return ahead > 0 and (len(req.output_token_ids) + ahead >= req.params.max_tokens
                               or self._room(req) + 1 >= self.max_model_len)
 
     def _drain(self) -> list[StepOutput]:
         """Collect every launched step (the overlap schedule's; none otherwise)."""
         outs: list[StepOutput] = []
-        while self.worker.launched:
+        while self.worker.launches:
             outs += self._emit(*self.worker.collect())
         return outs
 
@@ -254,6 +256,9 @@ class Engine(EngineBuilder):
         outs = self._emit([r for r, _ in done], [t for _, t in done])
         self.in_flight = []
         return outs
+
+    def _blocks_for(self, n_slots: int) -> int:
+        return -(-n_slots // self.block_size)
 
     def _grow_to(self, req: Request, n_slots: int) -> None:
         extra = self._blocks_for(n_slots) - len(req.blocks)

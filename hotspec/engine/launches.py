@@ -27,7 +27,6 @@ import torch
 
 from hotspec.engine.request import Request
 from hotspec.layers import fused
-from hotspec.runtime.carry_kernels import MAX_PAIRS, carry_pick, carry_put, pickable, puttable
 
 Tensors = dict[str, torch.Tensor]
 
@@ -77,12 +76,14 @@ def from_carry(x: Tensors, carry: Tensors) -> Tensors:
     src = x["src"]
     keys = [k for k in carry if k in x]
     fast: list[str] = []
-    if fused.enabled(src) and src.dtype == torch.int64 and src.dim() == 1 and src.stride(0) == 1:
-        fast = [k for k in keys if pickable(x[k], carry[k], src)]
     out = dict(x)
-    for i in range(0, len(fast), MAX_PAIRS):
-        group = fast[i : i + MAX_PAIRS]
-        out.update(zip(group, carry_pick(src, [(x[k], carry[k]) for k in group])))
+    if fused.enabled(src) and src.dtype == torch.int64 and src.dim() == 1 and src.stride(0) == 1:
+        from hotspec.runtime.carry_kernels import MAX_PAIRS, carry_pick, pickable
+
+        fast = [k for k in keys if pickable(x[k], carry[k], src)]
+        for i in range(0, len(fast), MAX_PAIRS):
+            group = fast[i : i + MAX_PAIRS]
+            out.update(zip(group, carry_pick(src, [(x[k], carry[k]) for k in group])))
     rest = [k for k in keys if k not in fast]
     if rest:
         take = src >= 0
@@ -106,11 +107,13 @@ def to_carry(carry: Tensors, values: Tensors, plus: Tensors | None = None) -> No
                              f"{values[k].shape[0]}; size the carry for the largest batch")
     fast: list[str] = []
     if keys and fused.enabled(values[keys[0]]):
+        from hotspec.runtime.carry_kernels import MAX_PAIRS, carry_put, puttable
+
         shape = values[keys[0]].shape  # one kernel stores vectors of one length
         fast = [k for k in keys if puttable(values[k], carry[k], plus.get(k))
                 and values[k].shape == shape]
-    for i in range(0, len(fast), MAX_PAIRS):
-        carry_put([(values[k], plus.get(k), carry[k]) for k in fast[i : i + MAX_PAIRS]])
+        for i in range(0, len(fast), MAX_PAIRS):
+            carry_put([(values[k], plus.get(k), carry[k]) for k in fast[i : i + MAX_PAIRS]])
     for k in keys:
         if k not in fast:
             v = values[k] + plus[k] if k in plus else values[k]
@@ -160,22 +163,3 @@ class Launches:
         self._queue.clear()
         self._ahead.clear()
         self._rows = {}
-
-
-class LaunchingWorker:
-    """What the engine asks a worker about its unread steps (both workers launch and collect)."""
-
-    launches: Launches
-
-    @property
-    def launched(self) -> int:
-        """Launched steps not yet read."""
-        return len(self.launches)
-
-    def ahead(self, req: Request) -> int:
-        """Launched steps of `req` that the host has not read."""
-        return self.launches.ahead(req)
-
-    def discard_launches(self) -> None:
-        """Forget unread steps (after a failed step: their requests are failed)."""
-        self.launches.clear()

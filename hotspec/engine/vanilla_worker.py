@@ -10,39 +10,46 @@ positions, KV slots and sampling offsets are known ahead of the tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
-from hotspec.engine.launches import HostCopy, Launches, LaunchingWorker, to_carry
+from hotspec.engine.launches import HostCopy, Launches, to_carry
 from hotspec.engine.request import Request, Status
 from hotspec.layers.argmax import argmax
-from hotspec.layers.sampler import SamplingTensors, sample
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch
 from hotspec.runtime.decode_inputs import decode_inputs
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
-from hotspec.runtime.graph_runner import GraphRunner, Tensors
+from hotspec.runtime.graph_runner import GraphRunner
 from hotspec.runtime.model_runner import ModelRunner
+from hotspec.runtime.phase_io import PhaseIO, Sampled, Tensors, example_sampling, sampling_fields
+
+_CPU = torch.device("cpu")  # the graph runner moves host inputs to the device itself
 
 
-def sampling_inputs(reqs: list[Request], device: torch.device,
-                    ahead: list[int] | None = None) -> Tensors:
-    """Per-row sampling tensors; the RNG offset is the request's generated-token count (plus
-    `ahead[i]` tokens of launched steps the host has not read yet)."""
-    counts = [len(r.output_token_ids) + (ahead[i] if ahead else 0) for i, r in enumerate(reqs)]
-    st = SamplingTensors.from_params([r.params for r in reqs], [r.seed for r in reqs], counts, device)
-    return {"temperature": st.temperature, "top_p": st.top_p, "top_k": st.top_k,
-            "min_p": st.min_p, "seeds": st.seeds, "offsets": st.offsets}
+@dataclass(kw_only=True)
+class DecodeIn(Sampled):
+    ids: torch.Tensor  # [B] long: each request's last token (0 where `src` names a carry row)
+    seq: torch.Tensor  # [B] long: its position (the tokens in the KV cache)
+    tables: torch.Tensor  # [B, max_blocks] int32
+    src: torch.Tensor | None = None  # [B] long, overlap schedule: the carry row, or -1 (the host's)
+
+    @classmethod
+    def example(cls, bs: int, max_blocks: int, device: torch.device, sampled: bool,
+                carried: bool) -> DecodeIn:
+        """Static shapes; padding rows read the host's (zero) token at position 0 of block 0."""
+        return cls(ids=torch.zeros(bs, dtype=torch.long, device=device),
+                   seq=torch.zeros(bs, dtype=torch.long, device=device),
+                   tables=torch.zeros(bs, max_blocks, dtype=torch.int32, device=device),
+                   src=torch.full((bs,), -1, dtype=torch.long, device=device) if carried else None,
+                   **(example_sampling(bs, device) if sampled else {}))
 
 
-def example_sampling(bs: int, device: torch.device) -> Tensors:
-    """Static-buffer shapes (and padding rows: greedy) of `sampling_inputs`."""
-    f, i = torch.float32, torch.long
-    return {"temperature": torch.zeros(bs, dtype=f, device=device),
-            "top_p": torch.ones(bs, dtype=f, device=device),
-            "top_k": torch.full((bs,), -1, dtype=i, device=device),
-            "min_p": torch.zeros(bs, dtype=f, device=device),
-            "seeds": torch.zeros(bs, dtype=i, device=device),
-            "offsets": torch.zeros(bs, dtype=i, device=device)}
+@dataclass(kw_only=True)
+class DecodeOut(PhaseIO):
+    next: torch.Tensor  # [B] long: the next token of each request
 
 
 def prefill_chunks(reqs: list[Request], chunks: list[int] | None) -> tuple[list[list[int]], list[bool]]:
@@ -63,11 +70,10 @@ def prefill_chunks(reqs: list[Request], chunks: list[int] | None) -> tuple[list[
 def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
     if all(r.params.temperature == 0 for r in reqs):
         return argmax(logits)
-    x = sampling_inputs(reqs, logits.device)
-    return sample(logits, x["temperature"], x["top_p"], x["top_k"], x["min_p"], x["seeds"], x["offsets"])
+    return Sampled(**sampling_fields(reqs, logits.device)).sampling().sample(logits)
 
 
-class VanillaWorker(LaunchingWorker):
+class VanillaWorker:
     reserve = 1  # KV slots a step writes beyond seq_len
     max_advance = 1  # positions a step advances a request by, at most
 
@@ -80,12 +86,18 @@ class VanillaWorker(LaunchingWorker):
         self.max_kv = max_blocks_per_seq * block_size
         self.overlap = overlap
         self.launches = Launches()
-        if overlap:  # sized for the largest batch a decode pass runs: padded graph or eager
-            self.carry = {"ids": torch.zeros(max(max_rows, graphs.max_bs), dtype=torch.long, device=device)}
-        graphs.register("decode", self.decode_phase, self._example, publish=("next",))
-        graphs.register("decode[sample]", self.decode_sample_phase,
-                        lambda bs: dict(self._example(bs), **example_sampling(bs, device)),
-                        publish=("next",))
+        # overlap: the tokens the next launch reads, sized for the largest batch a decode pass
+        # runs (padded graph or eager)
+        self.carry: Tensors = {"ids": torch.zeros(max(max_rows, graphs.max_bs), dtype=torch.long,
+                                                  device=device)} if overlap else {}
+
+        def example(sampled: bool) -> Callable[[int], DecodeIn]:
+            return lambda bs: DecodeIn.example(bs, max_blocks_per_seq, device, sampled, overlap)
+
+        self.decode_graph = graphs.register("decode", self.decode, example(False), DecodeOut,
+                                            publish=("next",))
+        self.decode_sample_graph = graphs.register("decode[sample]", self.decode_sample,
+                                                   example(True), DecodeOut, publish=("next",))
 
     @property
     def overlapping(self) -> bool:
@@ -127,21 +139,17 @@ class VanillaWorker(LaunchingWorker):
         seq = [r.seq_len + a for r, a in zip(reqs, ahead)]
         if self.graphs.mode == "eager":
             self.max_kv = max(seq) + 1
-        host = torch.device("cpu")  # the graph runner copies host inputs into its buffers
-        x: Tensors = {"ids": torch.tensor([0 if a else r.last_token for r, a in zip(reqs, ahead)],
-                                          dtype=torch.long),
-                      "seq": torch.tensor(seq, dtype=torch.long),
-                      "tables": block_table_tensor(reqs, host)}
-        if self.overlap:
-            x["src"] = torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
+        greedy = all(r.params.temperature == 0 for r in reqs)
+        x = DecodeIn(ids=torch.tensor([0 if a else r.last_token for r, a in zip(reqs, ahead)],
+                                      dtype=torch.long),
+                     seq=torch.tensor(seq, dtype=torch.long), tables=block_table_tensor(reqs, _CPU),
+                     src=torch.tensor(self.launches.src_rows(reqs), dtype=torch.long) if self.overlap
+                     else None, **({} if greedy else sampling_fields(reqs, _CPU, ahead)))
+        graph = self.decode_graph if greedy else self.decode_sample_graph
         # (borrowed from the graph: the graph publishes it to the host, or HostCopy copies it out
         # before the next launch)
-        if all(r.params.temperature == 0 for r in reqs):
-            out = self.graphs.run("decode", x, borrow=("next",))
-        else:
-            out = self.graphs.run("decode[sample]", dict(x, **sampling_inputs(reqs, host, ahead)),
-                                  borrow=("next",))
-        self.launches.push(reqs, self.graphs.read_back("next") or HostCopy(out["next"]))
+        out = graph.run(x, borrow=("next",))
+        self.launches.push(reqs, graph.read_back("next") or HostCopy(out.next))
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:
         """The oldest launched step's requests and their tokens: the one host sync of a step.
@@ -153,13 +161,13 @@ class VanillaWorker(LaunchingWorker):
                 r.seq_len += 1
         return reqs, [[t] for t in tokens]
 
-    def _logits(self, x: Tensors, float32: bool = True) -> torch.Tensor:
+    def _logits(self, x: DecodeIn, float32: bool = True) -> torch.Tensor:
         """The LM head's output for the step's rows. Overlap: a row's token comes from the last
         step's carry (`src`), or the host's (`src` -1); runtime/decode_inputs does that and
         the slots and lengths in one kernel."""
-        seq, tables = x["seq"], x["tables"]
-        carried = (x["src"], self.carry["ids"]) if self.overlap else ()
-        ids, loc, q_lens, kv_lens = decode_inputs(x["ids"], seq, tables, self.block_size, *carried)
+        seq, tables = x.seq, x.tables
+        carried = (x.src, self.carry["ids"]) if x.src is not None else ()
+        ids, loc, q_lens, kv_lens = decode_inputs(x.ids, seq, tables, self.block_size, *carried)
         fb = ForwardBatch(
             mode=ForwardMode.DECODE, input_ids=ids, positions=seq, out_cache_loc=loc,
             q_lens=q_lens, kv_lens=kv_lens, block_tables=tables, width=1, max_q=1,
@@ -167,26 +175,16 @@ class VanillaWorker(LaunchingWorker):
         hidden, _ = self.runner.forward(fb)
         return self.target.compute_logits(hidden, float32)
 
-    def _next(self, nxt: torch.Tensor) -> Tensors:
+    def decode(self, x: DecodeIn) -> DecodeOut:
+        """`decode`, greedy: the argmax of the LM head's own output, no float32 copy (the same
+        index); with the overlap schedule the argmax kernel also writes the carry (no copy kernel
+        after it)."""
+        carry = self.carry["ids"] if self.overlap else None
+        return DecodeOut(next=argmax(self._logits(x, float32=False), also=carry))
+
+    def decode_sample(self, x: DecodeIn) -> DecodeOut:
+        """`decode[sample]`: one token drawn per row with its sampling parameters."""
+        nxt = x.sampling().sample(self._logits(x))
         if self.overlap:  # what the next launch reads for rows it has not collected yet
             to_carry(self.carry, {"ids": nxt})
-        return {"next": nxt}
-
-    def decode_phase(self, x: Tensors) -> Tensors:
-        # greedy: the argmax of the LM head's own output, no float32 copy (the same index); with
-        # the overlap schedule the argmax kernel also writes the carry (no copy kernel after it)
-        carry = self.carry["ids"] if self.overlap else None
-        return {"next": argmax(self._logits(x, float32=False), also=carry)}
-
-    def decode_sample_phase(self, x: Tensors) -> Tensors:
-        return self._next(sample(self._logits(x), x["temperature"], x["top_p"], x["top_k"],
-                                 x["min_p"], x["seeds"], x["offsets"]))
-
-    def _example(self, bs: int) -> Tensors:
-        dev = self.device
-        x = {"ids": torch.zeros(bs, dtype=torch.long, device=dev),
-             "seq": torch.zeros(bs, dtype=torch.long, device=dev),
-             "tables": torch.zeros(bs, self.max_blocks_per_seq, dtype=torch.int32, device=dev)}
-        if self.overlap:  # padding rows read the host's (zero) token
-            x["src"] = torch.full((bs,), -1, dtype=torch.long, device=dev)
-        return x
+        return DecodeOut(next=nxt)

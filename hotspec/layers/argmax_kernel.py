@@ -1,11 +1,11 @@
 """Greedy argmax over a vocabulary row, split across many programs.
 
 torch.argmax reduces a row in one thread block: over the 8B shape's 128,256 logits at batch 1
-that one block took 28 us of the 3.98 ms decode step on the H200 (RESULTS "Session 12"), with
-the rest of the card idle. Here each row is cut into chunks: one program per (row, chunk) finds
-the chunk's largest value and its first index, then one program per row picks the largest of
-those, the first on ties. The result is torch.argmax's: the first index of the maximum, NaN
-counting as larger than everything (torch's rule), for any float dtype (no cast needed).
+that one block works while the rest of the card idles. Here each row is cut into chunks: one
+program per (row, chunk) finds the chunk's largest value and its first index, then one program
+per row picks the largest of those, the first on ties. The result is torch.argmax's: the first
+index of the maximum, NaN counting as larger than everything (torch's rule), for any float dtype
+(no cast needed).
 """
 
 from __future__ import annotations

@@ -1,18 +1,21 @@
 """When to use the fused Triton kernels (layers/fused_kernels.py), and thin entry points to them.
 
 They run for CUDA tensors whenever Triton imports; everything else (the CPU, CI) takes the torch
-reference code next to each call site. `HOTSPEC_FUSED_KERNELS=0` turns them off on CUDA too, to
-compare the two paths on a GPU.
+reference code next to each call site. The `fused_kernels` switch (hotspec/envs.py) turns them off
+on CUDA too, to compare the two paths on a GPU. Nothing here imports Triton until a fast path
+runs, so the engine runs on a CPU torch without Triton.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import torch
+
+from hotspec import envs
 
 if TYPE_CHECKING:
     from hotspec.layers.gemv_kernels import GemvConfig
@@ -22,9 +25,11 @@ log = logging.getLogger("hotspec")
 
 @functools.cache
 def _available() -> bool:
-    if os.environ.get("HOTSPEC_FUSED_KERNELS", "1") == "0":
+    if not envs.switches().fused_kernels:
         return False
     try:
+        if importlib.util.find_spec("triton") is None:  # the CPU torch wheel has none
+            raise ImportError("no module named 'triton'")
         import hotspec.layers.fused_kernels  # noqa: F401
     except ImportError as e:  # no triton: the torch path, said once where it costs speed
         if torch.cuda.is_available():
@@ -45,23 +50,18 @@ def enabled(x: torch.Tensor, *params: torch.Tensor) -> bool:
 
 def describe(device: torch.device) -> str:
     """One line for the start-up log: which layer-kernel paths run on `device` and the switch that
-    turns each off, so an A/B run or a missing Triton shows at start-up, not only in a profile."""
+    turns each off, so a switch or a missing Triton shows at start-up, not only in a profile."""
     if device.type != "cuda":
         return "torch layer code (not CUDA)"
     if not _available():
-        return "torch layer code (fused Triton kernels unavailable or HOTSPEC_FUSED_KERNELS=0)"
-    from hotspec.layers import argmax, pdl
-    from hotspec.layers.attention import triton_backend
+        return "torch layer code (Triton unavailable or the fused_kernels switch off)"
+    from hotspec.layers import pdl
 
     return "; ".join([
-        "fused Triton norms and RoPE",
-        "Triton GEMV where faster than cuBLAS" if _gemv_allowed() else "cuBLAS only (HOTSPEC_GEMV=0)",
-        "norm folded into the GEMV at one row" if _norm_gemv_allowed()
-        else "no norm-GEMV (HOTSPEC_NORM_GEMV=0)",
+        "fused Triton norms, RoPE and greedy argmax",
+        "Triton GEMV where faster than cuBLAS, the norm folded in at one row" if _gemv_allowed()
+        else "cuBLAS only (the gemv switch off)",
         pdl.describe(device),
-        triton_backend.describe(),
-        "Triton greedy argmax (HOTSPEC_TRITON_ARGMAX=0 turns it off)" if argmax._switch()
-        else "torch greedy argmax (HOTSPEC_TRITON_ARGMAX=0)",
     ])
 
 
@@ -74,8 +74,8 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False,
     """The Triton decode GEMV's config (layers/gemv_kernels.py) for `x @ weight.T` (x [M, K], or
     [M, 2K] = [gate | up] with silu_mul) when it runs here and measured faster than cuBLAS for the
     shape, else None (the caller runs nn.Linear); heuristic=False: table rows only (see
-    gemv_kernels.choose). bf16/fp16 only: float32 stays with torch.
-    `HOTSPEC_GEMV=0` keeps every Linear on cuBLAS (an A/B switch for the benchmarks)."""
+    gemv_kernels.choose). bf16/fp16 only: float32 stays with torch. The gemv switch off
+    (hotspec/envs.py) keeps every Linear on cuBLAS."""
     if not _gemv_allowed():
         return None
     if x.dim() != 2 or x.stride(1) != 1:
@@ -98,24 +98,15 @@ def _gemv_choice(x: torch.Tensor, m: int, weight: torch.Tensor, silu_mul: bool, 
 def gemv_resident(like: torch.Tensor, rows: int, lin: torch.nn.Linear) -> bool:
     """Whether `linear(lin, x)` for an x of `rows` rows in `like`'s dtype and device runs the
     resident GEMV (gemv_kernels, PIPE 0), whose kernels before it are then PDL-chained
-    (pdl.chained's `before_resident`). The 8B o_proj at one row, since session 21."""
+    (pdl.chained's `before_resident`): the 8B o_proj at one row."""
     if lin.bias is not None or not _gemv_allowed():
         return False
     cfg = _gemv_choice(like, rows, lin.weight, False, True)
     return cfg is not None and cfg.PIPE == 0
 
 
-@functools.cache
 def _gemv_allowed() -> bool:
-    return os.environ.get("HOTSPEC_GEMV", "1") != "0"
-
-
-@functools.cache
-def _norm_gemv_allowed() -> bool:
-    # the RMSNorm fused into the GEMV that reads it, at one row (layers/norm_gemv_kernel.py; on:
-    # 8B decode 4.50 -> 4.33 ms with the gate_up tie, SmolLM2 0.84 -> 0.74 ms on the H200, RESULTS
-    # "Session 8"); HOTSPEC_NORM_GEMV=0 turns it off for A/B runs
-    return os.environ.get("HOTSPEC_NORM_GEMV", "1") not in ("", "0")
+    return envs.switches().gemv
 
 
 def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor
@@ -124,7 +115,7 @@ def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.T
     one row, a GEMV config without split-K, the norm weight in x's dtype; else None."""
     if x.dim() != 2 or x.shape[0] != 1 or norm_weight.dtype != x.dtype:
         return None
-    if not _norm_gemv_allowed() or not enabled(x, norm_weight):
+    if not enabled(x, norm_weight):
         return None
     cfg = gemv_config(x, weight)
     if cfg is None and _gemv_allowed():

@@ -3,8 +3,7 @@
 A decode step of a Llama layer in plain torch is about 60 kernels: RMSNorm alone is seven
 (cast, square, mean, add, rsqrt, multiply, cast, weight), RoPE about ten per tensor, the KV store
 two. Inside a CUDA graph each still costs a few microseconds. These kernels bring a layer down to
-~10 launches (measured on the H200, Llama-3.1-8B shape, batch 1: ~1,900 -> 398 kernels and 8.0 ->
-4.8 ms per decode step; benchmarks/RESULTS.md, "Fused layer kernels"):
+~10 launches:
 
   rms_norm          [T, H]: y = w * (x * rsqrt(mean(x^2) + eps)), optionally after
                     s = x + residual (returned as the new residual)
@@ -133,7 +132,7 @@ def _rope_store_kernel(Q, K, V, Q_OUT, K_CACHE, V_CACHE, POS, LOC, COS, SIN,
     x1 = tl.load(src + d, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + d, mask=m, other=0.0).to(tl.float32)
     # rotate-half: [x1, x2] * [cos, cos] + [-x2, x1] * [sin, sin], with the fma spelled out as
-    # attention's _rotate spells it (HOTSPEC_ATTN_ROPE's fold must give these bits)
+    # attention's _rotate spells it (the attention's RoPE fold must give these bits)
     tl.store(dst + d, tl.fma(x1, cos, (-x2) * sin).to(dst.dtype.element_ty), mask=m)
     tl.store(dst + HALF + d, tl.fma(x2, cos, x1 * sin).to(dst.dtype.element_ty), mask=m)
 

@@ -31,7 +31,6 @@ F.linear up to the fp32 summation order (at most one ulp apart, bit-identical al
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 
@@ -59,21 +58,18 @@ class GemvConfig:
     PIPE: int = 1
 
 
-# Where the kernel beat cuBLAS on the H200 (benchmarks/gemv_bench.py, 2026-11-30; RESULTS.md,
-# "Session 5"): (M bucket, N, K, silu_mul) -> the fastest config. The 8B o row since session 21:
-# the resident kernel (PIPE 0), 4 rows x the whole 4096 columns per program at 4 warps; its
-# programs launch while the attention runs (the split combine PDL-chained before it) and load
-# their weights then, so less of o_proj's stream is left after the attention: the 8B decode step
-# at batch 1 3.82 against 3.86 ms (RESULTS "Session 21", alternated runs). Before, session 16's
-# 4 x 1024 tiles at PIPE=2 (3.95 against 3.98 ms with 8 x 512); PIPE=2 on the 8B qkv, down
-# and gate_up rows made the step slower (4.01-4.28 ms). Bucket 1 runs the multiply-reduce
-# kernel, 8 and 16 the tl.dot one. Measured and absent (cuBLAS was as fast or faster): the 8B
-# gate_up (28672 x 4096) at every M, every silu_mul down projection at M > 1 (each program
-# recomputes silu for 16 padded rows), and wins under 3 %.
+# Where the kernel beats cuBLAS on the H200 (benchmarks/gemv_bench.py; benchmarks/RESULTS.md):
+# (M bucket, N, K, silu_mul) -> the fastest config. Bucket 1 runs the multiply-reduce kernel, 8
+# and 16 the tl.dot one. The 8B o row is the resident kernel
+# (PIPE 0, 4 rows x the whole 4096 columns per program): its programs launch while the attention
+# runs (the split combine PDL-chained before it) and load their weights then, so less of
+# o_proj's stream is left after the attention. Absent (cuBLAS as fast or faster, or a win under
+# 3 %): the 8B gate_up (28672 x 4096) at every M, every silu_mul down projection at M > 1 (each
+# program recomputes silu for 16 padded rows), PIPE=2 on the 8B qkv, down and gate_up rows.
 CONFIGS: dict[tuple[int, int, int, bool], GemvConfig] = {
     # Llama-3.1-8B
     (1, 6144, 4096, False): GemvConfig(8, 512, 1, 4, 2),     # qkv     14.8 us vs 15.4
-    (1, 4096, 4096, False): GemvConfig(4, 4096, 1, 4, 1, PIPE=0),  # o, resident (3.82 vs 3.86 ms)
+    (1, 4096, 4096, False): GemvConfig(4, 4096, 1, 4, 1, PIPE=0),  # o, resident
     (1, 4096, 14336, True): GemvConfig(16, 512, 2, 4, 2),    # down    31.8 us vs 33.3 (+silu)
     (8, 4096, 4096, False): GemvConfig(32, 512, 1, 4, 4),    # o       11.3 us vs 12.7
     (16, 6144, 4096, False): GemvConfig(64, 256, 1, 4, 4),   # qkv     15.6 us vs 16.1
@@ -92,7 +88,7 @@ CONFIGS: dict[tuple[int, int, int, bool], GemvConfig] = {
 # Where the GEMV alone only ties cuBLAS but, with the add + RMSNorm before it folded in
 # (layers/norm_gemv_kernel.py, one row), saves that norm's kernel: (N, K) -> config.
 NORM_TIES: dict[tuple[int, int], GemvConfig] = {
-    # 8B gate_up 57.8 us vs 57.7; with the norm, decode 4.44 -> 4.33 ms (RESULTS "Session 8")
+    # 8B gate_up 57.8 us vs 57.7 alone; with the norm folded in, a faster decode step
     (28672, 4096): GemvConfig(16, 256, 1, 4, 4),
 }
 _SMS = 132  # H200; only the fallback heuristic uses it
@@ -106,44 +102,15 @@ def bucket(M: int) -> int:
     return 1 if M == 1 else 8 if M <= 8 else MAX_M
 
 
-@functools.cache
-def overrides() -> dict[tuple[int, int, int, bool], GemvConfig]:
-    """HOTSPEC_GEMV_CONFIGS, for A/B runs of the table inside the decode step (PDL and the
-    preload included, which gemv_bench.py's isolated timings leave out): entries
-    `M,N,K[,silu]=BLOCK_N,BLOCK_K,SPLIT_K,num_warps,num_stages` separated by `;`, each replacing
-    (or adding) the row for bucket(M), e.g. `1,4096,14336,silu=16,512,4,4,2`; a sixth value sets
-    PIPE (`...=8,1024,1,4,1,2`; 0 the resident kernel: `1,4096,4096=2,4096,1,4,1,0`). A bad
-    entry is an error naming the variable."""
-    raw = os.environ.get("HOTSPEC_GEMV_CONFIGS", "").strip()
-    out: dict[tuple[int, int, int, bool], GemvConfig] = {}
-    for entry in filter(None, (e.strip() for e in raw.split(";"))):
-        try:
-            key, val = entry.split("=")
-            parts = key.split(",")
-            if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3].strip() != "silu"):
-                raise ValueError
-            m, n, k = (int(p) for p in parts[:3])
-            vals = [int(v) for v in val.split(",")]
-            if len(vals) not in (5, 6) or min(m, n, k, *vals[:5]) < 1 or vals[5:] not in ([], [0], [1], [2]):
-                raise ValueError
-            cfg = GemvConfig(*vals)
-        except ValueError:
-            raise ValueError(f"HOTSPEC_GEMV_CONFIGS entry {entry!r}: use M,N,K[,silu]=BLOCK_N,"
-                             "BLOCK_K,SPLIT_K,num_warps,num_stages[,PIPE] (positive integers; "
-                             "PIPE 0, 1 or 2)") from None
-        out[(bucket(m), n, k, len(parts) == 4)] = cfg
-    return out
-
-
 def choose(M: int, N: int, K: int, silu_mul: bool = False, heuristic: bool = True
            ) -> GemvConfig | None:
     """The config to run x[M, K] @ w[N, K].T with, or None where cuBLAS is the faster choice.
-    heuristic=False: table rows (and HOTSPEC_GEMV_CONFIGS) only, for Linears never measured
-    against cuBLAS, such as the LM head."""
+    heuristic=False: table rows only, for Linears never measured against cuBLAS, such as the LM
+    head."""
     if not 1 <= M <= MAX_M:
         return None
     key = (bucket(M), N, K, silu_mul)
-    cfg = overrides().get(key) or CONFIGS.get(key)
+    cfg = CONFIGS.get(key)
     if cfg is None and heuristic and M == 1 and N * K <= _M1_MAX_WEIGHTS:
         cfg = GemvConfig(8, 512 if K >= 512 else 128, 1, 4, 3)
     return cfg
@@ -196,7 +163,7 @@ def _gemv_resident_kernel(X, W, Y, N, K, stride_wn, SILU: tl.constexpr, BLOCK_N:
     its split combine) the resident programs fill it with their weights; the programs that only
     become resident later load theirs as any GEMV does. No loop and no fp32 tile accumulator:
     [4, 4096] at 4 warps is 94 sm_90 registers, 64 of them the weights (the tiled kernel at
-    BLOCK_K = K: 255 and spills). More rows per register file share lost (RESULTS "Session 21")."""
+    BLOCK_K = K: 255 and spills)."""
     pid = tl.program_id(0)
     offs_n = tl.cast(pid, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, K_PAD)
@@ -359,7 +326,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
 
     bf16/fp16 only, 1 <= M <= 16, unit stride along K for x and w (x's row stride is free);
     anything else raises ValueError (callers fall back to F.linear). use_pdl: launch with
-    Programmatic Dependent Launch (layers/pdl.py; None: HOTSPEC_PDL on a Hopper GPU)."""
+    Programmatic Dependent Launch (layers/pdl.py; None: pdl.enabled)."""
     if x.dim() != 2 or w.dim() != 2:
         raise ValueError(f"gemv: x and w must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
@@ -402,7 +369,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
     return y
 
 
-
 def _gemv_resident(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig, silu_mul: bool,
                    use_pdl: bool | None) -> torch.Tensor:
     """gemv at PIPE 0 (`_gemv_resident_kernel`): one row, no split-K."""
@@ -413,8 +379,6 @@ def _gemv_resident(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig, silu_mul: 
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
     if cfg.BLOCK_K < k:
-        # (a shared-memory version, a Gluon kernel with cp.async chunks, measured 4.21 against
-        # 3.82 ms at the 8B o_proj in session 21 and was removed: `git show 85742ef`)
         raise ValueError(f"gemv: PIPE 0 (resident) holds the whole row slice: BLOCK_K {cfg.BLOCK_K} "
                          f"must be >= K {k}")
     _gemv_resident_kernel[(triton.cdiv(n, cfg.BLOCK_N),)](

@@ -13,8 +13,8 @@ from hotspec.layers.norm import RMSNorm
 
 def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Tensor:
     """lin(x) (x [..., in]): the Triton decode GEMV where it measured faster than cuBLAS (a few
-    rows, bf16, CUDA, no bias), else nn.Linear. heuristic=False: only where the GEMV table (or
-    HOTSPEC_GEMV_CONFIGS) has the shape's row."""
+    rows, bf16, CUDA, no bias), else nn.Linear. heuristic=False: only where the GEMV table has
+    the shape's row."""
     cfg = fused.gemv_config(x, lin.weight, heuristic=heuristic) if lin.bias is None else None
     return fused.gemv(x, lin.weight, cfg) if cfg is not None else lin(x)
 
@@ -22,8 +22,8 @@ def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Ten
 def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lin(norm(x + residual)), x + residual) for [T, H] x (residual None: lin(norm(x)), x): the
-    pre-norm step and the projection after it. One kernel for one row where enabled
-    (HOTSPEC_NORM_GEMV=1, layers/norm_gemv_kernel.norm_gemv), else the norm, then `linear`."""
+    pre-norm step and the projection after it. One kernel for one row where the GEMV runs
+    (layers/norm_gemv_kernel.norm_gemv), else the norm, then `linear`."""
     cfg = fused.norm_gemv_config(x, lin.weight, norm.weight) if lin.bias is None else None
     if cfg is not None:
         return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)

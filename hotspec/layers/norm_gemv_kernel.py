@@ -5,12 +5,8 @@ launch and ramp-up for a few KB of data. Here every program of the GEMV computes
 one row itself (the row is a few KB, read from L2) and program 0 stores the new residual, so the
 norm costs no kernel of its own. Rounded where layers/fused_kernels._rms_norm_kernel rounds, and
 tiled like layers/gemv_kernels' M == 1 path (its GemvConfig, without split-K, PIPE included). On
-by default where a GEMV config exists (layers/fused.norm_gemv_config); HOTSPEC_NORM_GEMV=0 turns
-it off.
-
-A 2..16-row version (tl.dot, for verify's rows at batch 1) was built and measured in session 9:
-the speculative step at batch 1 was slower with it (SmolLM2 4/8/12 1382 against 1482 tok/s,
-RESULTS "Session 9"), so it was removed.
+where a GEMV config exists (layers/fused.norm_gemv_config). One row only: at 2..16 rows (verify
+at batch 1) a tl.dot version makes the speculative step slower.
 """
 
 from __future__ import annotations

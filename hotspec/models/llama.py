@@ -81,7 +81,7 @@ class Attention(nn.Module):
         fold = None
         # (the KV pool is always in the model's dtype; another cache dtype takes the torch path)
         if fused.enabled(q) and k_cache.dtype == q.dtype:
-            if backend.folds_rope(fb):  # attention rotates and stores itself (HOTSPEC_ATTN_ROPE)
+            if backend.folds_rope(fb):  # the attention kernel rotates and stores itself
                 fold = RopeFold(k, v, fb.positions, fb.out_cache_loc, rope.cos, rope.sin)
             else:
                 q = fused.rope_store(q, k, v, fb.positions, rope.cos, rope.sin, k_cache, v_cache,
@@ -215,7 +215,6 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
         """The LM head's logits, in float32 (the samplers' dtype) or, with float32=False, in the
         model's dtype (for an argmax: widening changes no order, and saves a copy per step)."""
-        # cuBLAS unless HOTSPEC_GEMV_CONFIGS adds the LM head's shape (an A/B: a PDL-launched
-        # Triton GEMV would shorten the graph's plain tail, RESULTS "Session 13")
+        # table rows only: the LM head was never measured against cuBLAS
         logits = linear(self.lm_head, hidden, heuristic=False)
         return logits.float() if float32 else logits

@@ -1,9 +1,11 @@
 """One graph runner for every phase except prefill, keyed by (phase, batch size).
 
-A phase is a pure function of batch-leading tensors: `fn(inputs) -> outputs`. The runner owns one
-set of static input buffers per phase, allocated once at the largest captured batch size from an
-example the phase provides (so each buffer is sized from what fills it). Outputs are whatever the
-captured function allocates: sized by the module that writes them, by construction.
+A phase is a pure function of typed batch-leading tensors (runtime/phase_io.py): `fn(inputs) ->
+outputs`. `register` returns the phase's `PhaseGraph`, whose `run` takes and returns those types.
+The runner owns one set of static input buffers per phase, allocated once at the largest captured
+batch size from the input type's own declaration of its shapes (`example`), so each buffer is
+sized from what fills it. Outputs are whatever the captured function allocates: sized by the
+module that writes them, by construction.
 
 A batch of B requests replays the graph of the next captured size P >= B: rows B..P-1 are padding
 rows copied from the phase's example (null block, trash slots), which write nowhere that matters.
@@ -25,15 +27,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
 from hotspec.errors import HotspecError
 from hotspec.runtime import host_io
 from hotspec.runtime.host_io import HostInputs, HostSlot
+from hotspec.runtime.phase_io import PhaseIO, Tensors
 
-Tensors = dict[str, torch.Tensor]
 Phase = Callable[[Tensors], Tensors]
+In = TypeVar("In", bound=PhaseIO)
+Out = TypeVar("Out", bound=PhaseIO)
 log = logging.getLogger("hotspec.graphs")
 
 
@@ -69,6 +74,23 @@ class Replay:
         self.runner._replay(self.runner.phases[self.name], self.name, self.padded)
 
 
+class PhaseGraph(Generic[In, Out]):
+    """A registered phase: `run` replays its graph for a batch (or runs it; see GraphRunner)."""
+
+    def __init__(self, runner: GraphRunner, name: str, out_type: type[Out]) -> None:
+        self.runner, self.name, self.out_type = runner, name, out_type
+
+    def run(self, inputs: In, borrow: tuple[str, ...] = ()) -> Out:
+        return self.out_type.of(self.runner.run(self.name, inputs.tensors(), borrow=borrow))
+
+    def read_back(self, key: str) -> HostSlot | None:
+        """Output `key` of the last run, on its way to the host (GraphRunner.read_back)."""
+        return self.runner.read_back(key)
+
+    def captured(self, bs: int) -> Replay | None:
+        return self.runner.captured(self.name, bs)
+
+
 class GraphRunner:
     def __init__(self, device: torch.device, mode: str, batch_sizes: list[int],
                  allow_eager_fallback: bool = False) -> None:
@@ -93,11 +115,25 @@ class GraphRunner:
     def max_bs(self) -> int:
         return self.batch_sizes[-1]
 
-    def register(self, name: str, fn: Phase, example: Callable[[int], Tensors],
-                 device_inputs: tuple[str, ...] = (), publish: tuple[str, ...] = ()) -> None:
-        """Phase `name`. `device_inputs`: the inputs `run` gets as device tensors (from another
+    def register(self, name: str, fn: Callable[[In], Out], example: Callable[[int], In],
+                 out_type: type[Out], device_inputs: tuple[str, ...] = (),
+                 publish: tuple[str, ...] = ()) -> PhaseGraph[In, Out]:
+        """Phase `name`: `fn` of the inputs `example(bs)` declares (their static shapes, and
+        padding rows). `device_inputs`: the inputs `run` gets as device tensors (from another
         phase's outputs); the rest come from the host. On CUDA the graph fetches the host inputs
         itself and writes the `publish`ed outputs into pinned memory (`read_back`)."""
+        in_type = type(example(1))
+
+        def body(x: Tensors) -> Tensors:
+            return fn(in_type.of(x)).tensors()
+
+        self._register(name, body, lambda bs: example(bs).tensors(), device_inputs, publish)
+        return PhaseGraph(self, name, out_type)
+
+    def _register(self, name: str, fn: Phase, example: Callable[[int], Tensors],
+                  device_inputs: tuple[str, ...], publish: tuple[str, ...]) -> None:
+        if name in self.phases:
+            raise ValueError(f"phase {name!r} is registered already")
         static = example(self.max_bs) if self.mode != "eager" else {}
         pad = {k: v[:1].clone() for k, v in example(1).items()}
         e = _Entry(fn, static, pad, device_inputs, publish)

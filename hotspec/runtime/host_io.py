@@ -1,13 +1,13 @@
 """A graphed step's host inputs and read-back without copies on the stream: zero-copy through
 pinned memory, in two slots chosen by a step counter on the device.
 
-Between two decode graphs the stream used to run a host-to-device copy of the step's inputs and a
-device-to-host copy of its tokens: ~1-3 us of transfer each, but each also waits for the op
-before it and delays the graph after it, ~20 us a step in all (`decode_bench.py --step-timeline`;
-RESULTS "Session 22": 0.02-0.03 ms of a 3.83 ms 8B step, 0.01-0.02 of a 0.48 ms SmolLM2 step). Here the
-graph itself moves the bytes: its first kernel (`fetch`) reads the inputs from a pinned host
-buffer over PCIe into the static buffers, its last (`publish`) writes the outputs the host reads
-into another pinned buffer; the stream runs graph after graph.
+A host-to-device copy of a step's inputs and a device-to-host copy of its tokens between two
+graphs are ~1-3 us of transfer each, but each also waits for the op before it and delays the
+graph after it (`decode_bench.py --step-timeline` shows the gaps). Here the graph itself moves
+the bytes: its first kernel (`fetch`) reads the inputs from a pinned host buffer over PCIe into
+the static buffers, its last (`publish`) writes the outputs the host reads into another pinned
+buffer; the stream runs graph after graph. The kernels live in runtime/host_io_kernels.py,
+imported where a graph captures them (CUDA only).
 
 The host writes step N's inputs while step N-1 may still be running, so each pinned buffer has
 two slots: step N uses slot N % 2. The graph cannot be told N (that would be an input), so the
@@ -23,43 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
-
-from hotspec.layers import triton_interpret  # noqa: F401  (the interpreter fix)
 
 FETCH_BLOCK = 1024  # int32 words a fetch program reads (4 KiB: one round trip over PCIe)
 PUBLISH_BLOCK = 1024
-
-
-@triton.jit
-def _fetch_kernel(SRC, DST, COUNTER, NWORDS, SLOT_WORDS, BLOCK: tl.constexpr):
-    """DST[w] = SRC[slot * SLOT_WORDS + w] for this program's words w < NWORDS, slot = counter % 2."""
-    slot = tl.load(COUNTER) % 2
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < NWORDS
-    v = tl.load(SRC + slot * SLOT_WORDS + offs, mask=ok)
-    tl.store(DST + offs, v, mask=ok)
-
-
-@triton.jit
-def _publish_kernel(SRC, DST, COUNTER, NWORDS, SLOT_WORDS, BUMP: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: DST[slot * SLOT_WORDS + w] = SRC[w] for w < NWORDS, slot = counter % 2; with
-    BUMP the counter then counts the step (after every program of the graph read it)."""
-    c = tl.load(COUNTER)
-    base = DST + (c % 2) * SLOT_WORDS
-    for start in range(0, NWORDS, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ok = offs < NWORDS
-        tl.store(base + offs, tl.load(SRC + offs, mask=ok), mask=ok)
-    if BUMP:
-        tl.store(COUNTER, c + 1)
-
-
-@triton.jit
-def _bump_kernel(COUNTER):
-    tl.store(COUNTER, tl.load(COUNTER) + 1)
-
 
 Tensors = dict[str, torch.Tensor]
 
@@ -147,9 +113,11 @@ def fetch(src: torch.Tensor, dst: torch.Tensor, counter: torch.Tensor, nbytes: i
     if nbytes % 4 or src.dim() != 2 or src.shape[0] != 2 or nbytes > src.shape[1] or (
             dst.is_cuda and not src.is_pinned()):
         raise ValueError("fetch: a pinned [2, slot bytes] buffer, at most a slot of whole 4-byte words")
+    from hotspec.runtime.host_io_kernels import fetch_kernel
+
     n = nbytes // 4
-    _fetch_kernel[(triton.cdiv(n, FETCH_BLOCK),)](words(src), words(dst), counter, n,
-                                                  src.shape[1] // 4, BLOCK=FETCH_BLOCK)
+    fetch_kernel[(-(-n // FETCH_BLOCK),)](words(src), words(dst), counter, n, src.shape[1] // 4,
+                                          BLOCK=FETCH_BLOCK)
 
 
 def publish(src: torch.Tensor, dst: torch.Tensor, counter: torch.Tensor, bump: bool) -> None:
@@ -159,12 +127,16 @@ def publish(src: torch.Tensor, dst: torch.Tensor, counter: torch.Tensor, bump: b
     if dst.dim() != 2 or dst.shape[0] != 2 or dst.shape[1] < w.numel() * 4 or (
             src.is_cuda and not dst.is_pinned()):
         raise ValueError("publish: a pinned [2, slot bytes] buffer as large as the output")
-    _publish_kernel[(1,)](w, words(dst), counter, w.numel(), dst.shape[1] // 4, BUMP=bump,
-                          BLOCK=PUBLISH_BLOCK)
+    from hotspec.runtime.host_io_kernels import publish_kernel
+
+    publish_kernel[(1,)](w, words(dst), counter, w.numel(), dst.shape[1] // 4, BUMP=bump,
+                         BLOCK=PUBLISH_BLOCK)
 
 
 def bump(counter: torch.Tensor) -> None:
-    _bump_kernel[(1,)](counter)
+    from hotspec.runtime.host_io_kernels import bump_kernel
+
+    bump_kernel[(1,)](counter)
 
 
 class HostSlot:

@@ -18,8 +18,8 @@ gradients flow through them across steps.
 Attention of query (j, k) sees the step-0 keys at indices 0..j (causal) and the keys of steps
 1..k at the same index j. That is exactly the engine's view: the draft KV cache holds step-0
 entries for every committed position up to the root j (prefill and draft_extend write them),
-and a chain's deeper drafts see their own scratch slots (eagle_phases.draft_phase). The EAGLE-3
-reference code (SafeAILab/EAGLE traineagle3/cnets.py, copied into SpecForge core/eagle3.py) also
+and a chain's deeper drafts see their own scratch slots (speculative/phases.py, draft_tree). The
+EAGLE-3 reference code (SafeAILab/EAGLE traineagle3/cnets.py, copied into SpecForge core/eagle3.py) also
 hides the last k step-0 keys from step k (its shifted `attention_mask[:, :, ind0, ind1]`, questioned
 in SafeAILab/EAGLE#247); hotspec's draft phase does see them, so this trainer does too, and
 tests/test_train_draft.py checks training logits against the engine's for every step.

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from hotspec.entrypoints.llm import LLM
-from hotspec.spec.token_map_builder import end_of_turn_ids
+from hotspec.speculative.token_map_builder import end_of_turn_ids
 from hotspec.training.config import TrainConfig, TrainConfigError
 from hotspec.training.data import PromptSplit, build_shards, load_dataset, prepare_prompts
 from hotspec.training.features import FeatureBlock

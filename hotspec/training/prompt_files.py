@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hotspec.spec.corpus import JSON_SUFFIXES, conversation_turns, iter_records, turn_texts
+from hotspec.speculative.corpus import JSON_SUFFIXES, conversation_turns, iter_records, turn_texts
 
 _USER_ROLES = ("human", "user")
 _TEXT_KEYS = ("prompt", "instruction", "text")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from hotspec.sampling_params import SamplingParams
-from hotspec.spec.token_map_builder import end_of_turn_ids
+from hotspec.speculative.token_map_builder import end_of_turn_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

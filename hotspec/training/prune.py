@@ -25,7 +25,7 @@ import torch
 from hotspec.errors import ModelLoadError
 from hotspec.models.draft_checkpoint import save_draft_checkpoint
 from hotspec.models.draft_loader import draft_folder, read_draft_tensors, read_json_object
-from hotspec.spec.token_map import check_token_ids, load_token_map
+from hotspec.speculative.token_map import check_token_ids, load_token_map
 
 # Weight files the loader would read before (or instead of) the model.safetensors written here.
 _SHADOWING = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "pytorch_model.bin")

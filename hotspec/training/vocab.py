@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hotspec.spec.token_map_builder import rank_ids
+from hotspec.speculative.token_map_builder import rank_ids
 from hotspec.training.features import FeatureBlock
 
 

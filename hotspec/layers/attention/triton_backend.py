@@ -20,14 +20,12 @@ Design
     input_precision="ieee" (no tf32), so fp32 results match the reference closely.
 
 KV store: not the backend's. On CUDA the model's fused_kernels.rope_store rotates and stores the
-step's K/V (padding rows point at the trash slot), or, at decode (the RoPE fold,
-HOTSPEC_ATTN_ROPE), the attention kernel does (`folds_rope`); elsewhere base.store_kv's
-`index_copy_` calls do.
+step's K/V (padding rows point at the trash slot), or, at decode (the RoPE fold), the attention
+kernel does (`folds_rope`); elsewhere base.store_kv's `index_copy_` calls do.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +35,6 @@ from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.merge_kernels import combine_splits
 from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
-from hotspec.layers.switches import on_off
 from hotspec.runtime.forward_batch import ForwardBatch
 
 _LOG2E = 1.4426950408889634
@@ -57,59 +54,17 @@ class TritonPlan:
     m_custom: int = 0  # M, the custom mask's width
 
 
-_SPLIT_BLOCKS = int(os.environ.get("HOTSPEC_ATTN_SPLIT_BLOCKS", "4"))
-
-
-def _row_splits_switch() -> int:
-    v = os.environ.get("HOTSPEC_ATTN_ROW_SPLITS", "0")
-    if not v.isdigit():
-        raise ValueError(f"HOTSPEC_ATTN_ROW_SPLITS={v!r}: use 0 (the default: one wave of programs) "
-                         "or a positive cap on the kv splits")
-    return int(v)
-
-
 # Split counts. Decode (one query row per request) aims at two waves of programs: more, shorter
 # programs, and its combine reads one row per head. The phases of several query rows per request
 # (verify, draft, draft_extend) aim at one wave (SMs // programs): their combine reads every
 # split's partial row for each of t x Hq rows, and the split count follows the static context
-# bound, so at a server's bound most splits are dead at short real lengths. Measured on the H200
-# (RESULTS "Session 14", spec_phase_bench.py --max-model-len 8192, 8B shape, shapes 6,8,16): the
-# old two-wave count (up to 33 splits) against caps 4/8/16, verify at batch 1 5.08 ms against
-# 4.93 / 4.93 / 4.875, at batch 4 5.93 against 5.61 / 5.65 / 5.74; one wave is 16 splits at batch
-# 1 and 4 at batch 4, the best of each. HOTSPEC_ATTN_ROW_SPLITS=S instead caps those phases at S
-# splits (an A/B switch; 64 gives back the two-wave count).
-_ROW_SPLITS = _row_splits_switch()
+# bound, so at a server's bound most splits are dead at short real lengths. Either way a split
+# keeps at least SPLIT_BLOCKS kv tiles of that bound.
+SPLIT_BLOCKS = 4
 
 # Custom masks (verify, draft) of <= 64 slots travel as one int64 word per query row instead of a
-# byte per (row, slot). On the H200 (attn_bench.py, session 7) this cut verify's attention from
-# 7.86 to 6.51 us at batch 1 and from 9.96 to 8.30 us at batch 8. HOTSPEC_ATTN_MASK_BITS=0 keeps
-# the byte mask (an A/B switch; wider masks always use it).
-_MASK_BITS = os.environ.get("HOTSPEC_ATTN_MASK_BITS", "1") not in ("", "0")
+# byte per (row, slot), which makes verify's attention faster; wider masks use the bytes.
 MASK_BITS_MAX = 64  # tree slots one word holds
-
-
-def _rope_switch() -> bool:
-    return on_off("HOTSPEC_ATTN_ROPE", True)
-
-
-# The RoPE fold (HOTSPEC_ATTN_ROPE, on by default; 0 turns it off): at decode (one row per
-# request, no custom mask) the attention kernel rotates q itself and stores the step's K and V,
-# bit for bit as fused_kernels.rope_store would at every shape tested, which saves that kernel
-# per layer (`folds_rope`). On the H200 (RESULTS "Session 12", call 3), 8B shape: batch 1
-# 4.01-4.02 -> 3.98 ms, batch 8 4.82 -> 4.72 ms. On by default since session 12, when the engine
-# tests passed with it on the default model (graphed EAGLE == vanilla in fp32; the same bf16
-# greedy tokens with and without it, graphed and eager, with and without PDL).
-_FOLD_ROPE = _rope_switch()
-
-
-def describe() -> str:
-    """The attention's RoPE fold and split cap, for the start-up log."""
-    line = ("RoPE and the KV store folded into decode attention (HOTSPEC_ATTN_ROPE=0 unfolds them)"
-            if _FOLD_ROPE else "RoPE and the KV store in their own kernel (HOTSPEC_ATTN_ROPE=0)")
-    if _ROW_SPLITS:
-        line += (f"; at most {_ROW_SPLITS} kv splits with several rows per request, not one wave "
-                 "(HOTSPEC_ATTN_ROW_SPLITS)")
-    return line
 
 
 def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
@@ -129,27 +84,21 @@ def _pow2(x: int) -> int:
 class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None, mask_bits: bool | None = None,
-                 fold_rope: bool | None = None) -> None:
+                 num_stages: int | None = None, mask_bits: bool = True,
+                 fold_rope: bool = True) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         num_stages the kv loop's pipeline stages (None: `_stages`' rule);
-        mask_bits packs custom masks of <= 64 slots into a word per row (None: the
-        HOTSPEC_ATTN_MASK_BITS switch, on by default); fold_rope lets decode batches pass RoPE
-        and the KV store to the kernel (`folds_rope`; None: the HOTSPEC_ATTN_ROPE switch, on by
-        default)."""
-        self.mask_bits = _MASK_BITS if mask_bits is None else mask_bits
-        self.fold_rope = _FOLD_ROPE if fold_rope is None else fold_rope
+        mask_bits packs custom masks of <= 64 slots into a word per row (False: the byte mask
+        wider masks use); fold_rope lets decode batches pass RoPE and the KV store to the kernel
+        (`folds_rope`; False: their own kernel, as every other phase). The tests set these to
+        reach each kernel path at small sizes; the engine keeps the defaults."""
+        self.mask_bits = mask_bits
+        self.fold_rope = fold_rope
         self.block_size = block_size
-        # HOTSPEC_ATTN_BLOCK_N: kv rows per tile, every phase (an A/B switch for the benchmarks;
-        # unset: _block_n's rule)
-        self.block_n = block_n or int(os.environ.get("HOTSPEC_ATTN_BLOCK_N", "0")) or None
+        self.block_n = block_n
         self.block_m = block_m
-        # HOTSPEC_ATTN_BLOCK_M: query rows per tile of the uniform phases (decode, verify, draft,
-        # draft_extend), an A/B switch for the benchmarks: fewer rows, more and shorter programs
-        self.uniform_block_m = int(os.environ.get("HOTSPEC_ATTN_BLOCK_M", "0")) or None
         self.num_splits = num_splits
-        self.row_splits = _ROW_SPLITS
         self.num_warps = num_warps
         self.num_stages = num_stages
         self._sm_count: dict[int, int] = {}
@@ -183,15 +132,11 @@ class TritonBackend(AttentionBackend):
         return self._sm_count[idx]
 
     def _block_n(self, p: TritonPlan, is_fp32: bool, programs: int, dev: torch.device) -> int:
-        """kv rows per tile: the override (block_n, HOTSPEC_ATTN_BLOCK_N), else 32 in fp32; in 16
-        bits 32 for a decode batch (one row per request) of at most SMs // 16 programs before
-        splitting (8 on the H200: the 8B heads at batch 1), else 64. A decode program at batch 1
-        owns one tile of the kv range (the split count follows the static bound), and its time
-        is that tile's serial work, which a smaller tile shortens. Measured on the H200 (RESULTS
-        "Session 15", context 512, two runs each per call): 8B batch 1 3.92 against 3.95 ms with
-        64 rows in one call, 3.98 against 4.01-4.02 in another (16 rows: 3.93); 8B batch 2, 4
-        and 8 ties; SmolLM2's shape at batch 1 a tie, at batch 8 (24 programs) 0.81 against
-        0.79 ms, a loss."""
+        """kv rows per tile: the constructor's block_n, else 32 in fp32; in 16 bits 32 for a decode
+        batch (one row per request) of at most SMs // 16 programs before splitting (8 on the
+        H200: the 8B heads at batch 1), else 64. A decode program at batch 1 owns one tile of the
+        kv range (the split count follows the static bound), and its time is that tile's serial
+        work, which a smaller tile shortens; with more programs the larger tile is faster."""
         if self.block_n:
             return self.block_n
         if is_fp32:
@@ -210,24 +155,17 @@ class TritonBackend(AttentionBackend):
         sms = self._sms(dev)
         if programs >= sms or p.max_kv < 4 * block_n:
             return 1
-        if p.width == 1:  # decode: two waves (see _row_splits_switch's comment)
-            want, cap = triton.cdiv(2 * sms, programs), 64
-        elif self.row_splits > 0:  # the A/B cap
-            want, cap = triton.cdiv(2 * sms, programs), self.row_splits
+        if p.width == 1:  # decode: two waves (see SPLIT_BLOCKS' comment)
+            want = triton.cdiv(2 * sms, programs)
         else:  # several rows per request: one wave
-            want, cap = sms // programs, 64
-        # keep >= SPLIT_BLOCKS kv blocks of the static bound per split (HOTSPEC_ATTN_SPLIT_BLOCKS
-        # overrides it for A/B runs: fewer blocks per split shorten each program's serial loop at
-        # short real lengths, more splits lengthen the combine)
-        by_len = max(1, p.max_kv // (_SPLIT_BLOCKS * block_n))
-        return max(1, min(want, by_len, cap))
+            want = sms // programs
+        by_len = max(1, p.max_kv // (SPLIT_BLOCKS * block_n))
+        return max(1, min(want, by_len, 64))
 
     def _stages(self, p: TritonPlan) -> int:
         """Pipeline stages of the kv loop: the constructor's, else 1 for decode (one row per
         request, no custom mask) and 2 otherwise. A decode program at small batch owns one or
-        two tiles, so a prefetch stage only adds its prologue. Measured on the H200, 8B batch 1 (RESULTS
-        "Session 15" call 3 and "Session 17"): 4.00 against 4.01-4.02 ms, and 3.94-3.95 (replay
-        3.93) against 3.95-3.96 (3.94)."""
+        two tiles, so a prefetch stage only adds its prologue."""
         if self.num_stages is not None:
             return self.num_stages
         return 1 if p.width == 1 and p.custom_mask is None else 2
@@ -237,15 +175,15 @@ class TritonBackend(AttentionBackend):
         pipeline stage (nothing else moves them ahead; without it the SASS issues V's loads
         after the scores' and the softmax's barriers, a second memory round trip per tile) and
         with tiles of at most 32 rows (the batch-1 decode tile; V's registers are then live
-        during the scores). Measured on the H200 (RESULTS "Session 18"), 8B decode: batch 1
-        replay 3.87 against 3.88 ms in two alternated runs; with the 64-row tiles of batch 8
-        4.63 against 4.62, so those keep the old order."""
+        during the scores). The 64-row tiles of larger batches do not gain from it and keep V's
+        loads after the softmax."""
         return self._stages(p) == 1 and block_n <= 32
 
     def folds_rope(self, fb: ForwardBatch) -> bool:
-        """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: the
-        switch (HOTSPEC_ATTN_ROPE, or the constructor's fold_rope), and a decode-like batch (one
-        row per request, no custom mask)."""
+        """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: with
+        fold_rope (the default), a decode-like batch (one row per request, no custom mask). The
+        kernel then rotates q itself and stores the step's K and V, bit for bit as
+        fused_kernels.rope_store would, which saves that kernel per layer."""
         return self.fold_rope and fb.width == 1 and fb.custom_mask is None
 
     # -- forward ------------------------------------------------------------------------------
@@ -277,8 +215,6 @@ class TritonBackend(AttentionBackend):
         rows = p.max_q if p.width is None else p.width
         if self.block_m is not None:
             block_m = self.block_m
-        elif p.width is not None and self.uniform_block_m is not None:
-            block_m = self.uniform_block_m
         else:
             target = 32 if is_fp32 else 64
             block_m = min(target, _pow2(rows * gp))

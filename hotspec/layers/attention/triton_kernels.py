@@ -18,10 +18,8 @@ the device from kv_len), each program writes its normalised partial output and l
 Strides that do not depend on the batch's row count (q, k, v, out per token and head, the partials'
 per token and head, the RoPE fold's inputs) are compile-time constants: one specialization per
 model shape, with fewer parameter loads at each program's start and ~10 % fewer SASS instructions
-(1344 against 1496 at the 8B decode shape). Measured on the H200 (RESULTS "Session 19"): 8B batch
-1 3.92 (replay 3.91) against 3.93 (3.92) ms, in two alternated runs. Strides that follow the row
-count (the partials' per split, the block table's) stay arguments, so prefill's varying lengths
-do not compile new kernels.
+at the 8B decode shape. Strides that follow the row count (the partials' per split, the block
+table's) stay arguments, so prefill's varying lengths do not compile new kernels.
 
 F32_DOT: dots in fp32 with input_precision="ieee" (no tf32). Set for fp32 inputs, and for every
 dtype under TRITON_INTERPRET, whose tl.dot multiplies the raw uint16 bit patterns of bf16 tensors;
@@ -189,7 +187,7 @@ def paged_attn_fwd(
     tok = q_base + qi
     q_ptrs = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if ROPE:  # q arrives unrotated (HOTSPEC_ATTN_ROPE): rotate it as fused_kernels.rope_store does
+    if ROPE:  # q arrives unrotated (the RoPE fold): rotate it as fused_kernels.rope_store does
         pos = tl.load(POS + tok, mask=row_ok, other=0).to(tl.int64)
         q = _rotate(q, Q + tok[:, None] * stride_qt + head[:, None] * stride_qh, pos[:, None],
                     COS, SIN, stride_cs, d[None, :], row_ok[:, None] & d_ok[None, :], HEAD_DIM)

@@ -45,7 +45,7 @@ def next_frontier(f_score: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor,
                   base: int) -> Frontier:
     """As `next_frontier_torch`; one kernel on CUDA."""
     if fused.enabled(h_feat) and h_feat.stride(1) == 1:
-        from hotspec.spec.frontier_kernel import next_frontier as kernel
+        from hotspec.speculative.frontier_kernel import next_frontier as kernel
 
         return kernel(f_score, logp, ids, h_feat, f_mask, owns_next, base)
     return next_frontier_torch(f_score, logp, ids, h_feat, f_mask, owns_next, base)

@@ -23,7 +23,7 @@ import torch
 
 from hotspec.layers.argmax import argmax
 from hotspec.layers.sampler import random_uniform, sample_from_probs
-from hotspec.spec.tree import DraftTree
+from hotspec.speculative.tree import DraftTree
 
 STREAM_COIN, STREAM_BONUS = 1, 2
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import triton_interpret  # noqa: F401  (the interpreter fix)
-from hotspec.spec.frontier import Frontier
+from hotspec.speculative.frontier import Frontier
 
 
 def _pow2(n: int) -> int:

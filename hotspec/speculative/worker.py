@@ -1,16 +1,19 @@
-"""EAGLE speculative decoding: prefill, then per step draft -> verify (+accept) -> draft_extend.
+"""EAGLE speculative decoding: prefill, then per step draft -> verify -> accept -> draft_extend.
 
-The phases after prefill are pure tensor functions (engine/eagle_phases.py), served by the
+The phases after prefill are pure tensor functions (speculative/phases.py), served by the
 GraphRunner (CUDA graph, static buffers, or eager); this is the host side that chains them. Per-
 request draft state between steps lives on the Request (`_DraftState` rows): the draft's top-k for
 the token after the root and the draft feature that goes with it. Inside `step` the host reads
 exactly one tensor (accepted lengths and tokens).
 
-The fused step is launched (`launch`) and read (`collect`) separately, so that with the overlap
-schedule the engine can launch step N+1 before it reads step N (engine/launches.py). Step N+1
-then takes a request's sequence length, root token and RNG offset from the rows step N left in
-the `carry` buffers (seq + accept_len, the bonus token, offset + accept_len), and its draft state
-from step N's outputs, which stay on the device; blocks are reserved for the largest advance.
+Graphs: the fused `step` (and `step[sample]`) by default; the separate phase graphs (`draft`,
+`verify`, `verify[sample]`, `draft_extend`) only when the step runs as phases (`fuse_step` off)
+or the phases are profiled. The fused step is launched (`launch`) and read (`collect`)
+separately, so that with the overlap schedule the engine can launch step N+1 before it reads
+step N (engine/launches.py). Step N+1 then takes a request's sequence length, root token and RNG
+offset from the rows step N left in the `carry` buffers (seq + accept_len, the bonus token,
+offset + accept_len), and its draft state from step N's outputs, which stay on the device; blocks
+are reserved for the largest advance.
 """
 
 from __future__ import annotations
@@ -20,18 +23,35 @@ from dataclasses import dataclass
 
 import torch
 
-from hotspec.engine.eagle_phases import EaglePhases, emitted_rows
-from hotspec.engine.launches import HostCopy, Launches, LaunchingWorker
+from hotspec.engine.launches import HostCopy, Launches
 from hotspec.engine.request import Request, Status
-from hotspec.engine.spec_stats import SpecStats
-from hotspec.engine.vanilla_worker import prefill_chunks, sample_for, sampling_inputs
+from hotspec.engine.vanilla_worker import prefill_chunks, sample_for
 from hotspec.models.draft_head import DraftHead
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch
-from hotspec.runtime.graph_runner import GraphRunner, Tensors
+from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
 from hotspec.runtime.model_runner import ModelRunner
+from hotspec.runtime.phase_io import sampling_fields
+from hotspec.speculative.io import (
+    Accepted,
+    DraftIn,
+    DraftState,
+    ExtendIn,
+    ExtendOut,
+    SpecShapes,
+    StepIn,
+    StepOut,
+    VerifyIn,
+    emitted_rows,
+)
+from hotspec.speculative.phases import EaglePhases
+from hotspec.speculative.stats import SpecStats
+from hotspec.speculative.tree import DraftTree
 
 __all__ = ["EagleWorker", "SpecStats"]
+
+_STATE = ("topk_logp", "topk_ids", "feature")  # inputs the last step left on the device
+_CPU = torch.device("cpu")  # the graph runner moves host inputs to the device itself
 
 
 @dataclass
@@ -41,45 +61,72 @@ class _DraftState:
     feature: torch.Tensor  # [H] draft feature fed with the depth-1 candidates
 
 
-class EagleWorker(EaglePhases, LaunchingWorker):
+@dataclass
+class _PhaseGraphs:
+    """The step as separate phase graphs (--no-fuse-spec-step, or profiled phases)."""
+
+    draft: PhaseGraph[DraftIn, DraftTree]
+    verify: PhaseGraph[VerifyIn, Accepted]
+    verify_sample: PhaseGraph[VerifyIn, Accepted]
+    draft_extend: PhaseGraph[ExtendIn, ExtendOut]
+
+
+class EagleWorker:
     def __init__(self, target: LlamaForCausalLM, draft: DraftHead, target_runner: ModelRunner,
                  draft_runner: ModelRunner, graphs: GraphRunner, block_size: int,
                  device: torch.device, num_steps: int, topk: int, num_draft_tokens: int,
                  max_blocks_per_seq: int, profile: bool = False, fuse_step: bool = False,
                  overlap: bool = False, max_rows: int = 1) -> None:
-        super().__init__(target, draft, target_runner, draft_runner, block_size, device, num_steps,
-                         topk, num_draft_tokens, max_blocks_per_seq)
-        self.graphs = graphs
-        self.profile = profile
-        self.fuse_step = fuse_step  # one `step` graph, except while profiling phases
         if overlap and not fuse_step:
             raise ValueError("the overlap schedule launches the fused step graph: needs fuse_step")
+        self.target, self.draft, self.graphs, self.device = target, draft, graphs, device
+        self.block_size = block_size
+        self.profile = profile
+        self.fuse_step = fuse_step  # one `step` graph, except while profiling phases
         self.overlap = overlap
-        self.max_advance = self.width  # a step commits at most num_steps + 1 tokens
-        self.launches = Launches()
+        carry = None
         if overlap:  # what step N+1 reads of step N's rows (module docstring)
             rows = max(max_rows, graphs.max_bs)
-            self.carry = {k: torch.zeros(rows, dtype=torch.long, device=device)
-                          for k in ("seq", "root", "offsets")}
+            carry = {k: torch.zeros(rows, dtype=torch.long, device=device)
+                     for k in ("seq", "root", "offsets")}
+        shapes = SpecShapes(num_steps, topk, num_draft_tokens, max_blocks_per_seq, draft.hidden_size,
+                            draft.target_feature_size, target.lm_head.weight.dtype, device)
+        self.phases = EaglePhases(target, draft, target_runner, draft_runner, block_size, shapes, carry)
+        self.topk, self.width = topk, shapes.width
+        self.reserve = self.phases.reserve  # KV slots a step writes beyond seq_len
+        self.max_advance = self.width  # a step commits at most num_steps + 1 tokens
+        self.launches = Launches()
         self.stats = SpecStats()
         # the last step's per-request states and the batch tensors they are rows of
-        self._last_states: tuple[list[_DraftState], Tensors] | None = None
+        self._last_states: tuple[list[_DraftState], DraftState] | None = None
         self.restacks = 0  # steps that had to stack the states (the batch changed)
         ids = draft.to_target_ids(torch.arange(draft.draft_vocab_size, device=device))
         self.draft_vocab: frozenset[int] = frozenset(ids.tolist())  # host-side, for statistics
-        state = ("topk_logp", "topk_ids", "feature")  # inputs the last step left on the device
-        tree = ("tokens", "parents", "depth", "mask")
-        graphs.register("draft", self.draft_phase, self._example_draft, device_inputs=state)
-        graphs.register("verify", self.verify_phase, self._example_verify, device_inputs=tree)
-        graphs.register("verify[sample]", self.verify_sample_phase, self._example_verify_sample,
-                        device_inputs=tree)
-        graphs.register("draft_extend", self.draft_extend_phase, self._example_extend,
-                        device_inputs=("acc_tokens", "accept_len", "bonus", "acc_feature"))
-        if fuse_step:
-            graphs.register("step", self.step_phase, self._example_step, device_inputs=state,
-                            publish=("emitted",))
-            graphs.register("step[sample]", self.step_sample_phase, self._example_step_sample,
-                            device_inputs=state, publish=("emitted",))
+        self._register(shapes, carried=carry is not None)
+
+    def _register(self, s: SpecShapes, carried: bool) -> None:
+        """The graphs that run: the fused step's, and the phases' when the step runs as phases
+        or they are profiled (the phase benchmarks replay both)."""
+        p, g = self.phases, self.graphs
+        if self.fuse_step:
+            self.step_graph = g.register("step", p.step, lambda bs: StepIn.example(s, bs, carried=carried),
+                                         StepOut, device_inputs=_STATE, publish=("emitted",))
+            self.step_sample_graph = g.register(
+                "step[sample]", p.step, lambda bs: StepIn.example(s, bs, sampled=True, carried=carried),
+                StepOut, device_inputs=_STATE, publish=("emitted",))
+        self.phase_graphs: _PhaseGraphs | None = None
+        if not self.fuse_step or self.profile:
+            tree = ("tokens", "parents", "depth", "mask")
+            self.phase_graphs = _PhaseGraphs(
+                g.register("draft", p.draft_tree, lambda bs: DraftIn.example(s, bs), DraftTree,
+                           device_inputs=_STATE),
+                g.register("verify", p.verify_accept, lambda bs: VerifyIn.example(s, bs), Accepted,
+                           device_inputs=tree),
+                g.register("verify[sample]", p.verify_accept,
+                           lambda bs: VerifyIn.example(s, bs, sampled=True), Accepted,
+                           device_inputs=tree),
+                g.register("draft_extend", p.draft_extend, lambda bs: ExtendIn.example(s, bs),
+                           ExtendOut, device_inputs=("acc_tokens", "accept_len", "bonus", "acc_feature")))
 
     def _timed(self, phase: str, t0: float) -> float:
         self.stats.phase_calls[phase] += 1
@@ -96,9 +143,10 @@ class EagleWorker(EaglePhases, LaunchingWorker):
     def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:
         """Target and draft KV for `chunks[i]` pending tokens after seq_len (all when None); a
         request whose chunk was its last samples its next token and gets its draft state."""
+        p = self.phases
         tokens, final = prefill_chunks(reqs, chunks)
         fb = prefill_batch(reqs, tokens, self.block_size, self.device)
-        hidden, aux = self.target_runner.forward(fb)
+        hidden, aux = p.target_runner.forward(fb)
         last = last_token_index(fb)
         rows = [i for i, f in enumerate(final) if f]
         nxt: dict[int, int] = {}
@@ -112,9 +160,9 @@ class EagleWorker(EaglePhases, LaunchingWorker):
             after = nxt[i] if final[i] else (r.prompt_token_ids + r.output_token_ids)[r.seq_len + len(t)]
             shifted.append(t[1:] + [after])
         dfb = prefill_batch(reqs, shifted, self.block_size, self.device)
-        dfb.hidden_in = self._feature(hidden, aux)
-        h_logits, h_feat = self.draft_runner.forward(dfb)
-        logp, ids, _ = self._topk(h_logits[last], self.topk)
+        dfb.hidden_in = p.feature(hidden, aux)
+        h_logits, h_feat = p.draft_runner.forward(dfb)
+        logp, ids, _ = p.draft_topk(h_logits[last], self.topk)
         for i, (r, t) in enumerate(zip(reqs, tokens)):
             r.seq_len += len(t)
             if final[i]:
@@ -136,7 +184,7 @@ class EagleWorker(EaglePhases, LaunchingWorker):
             return self.collect()[1]
         return self._phases_step(reqs)
 
-    def _inputs(self, reqs: list[Request], src: bool) -> Tensors:
+    def _inputs(self, reqs: list[Request], src: bool, sampled: bool) -> StepIn:
         """The step's inputs: host tensors and the requests' draft states (device tensors); `src`:
         the rows of unread steps' outputs to read instead (the fused step, overlap schedule)."""
         ahead = [self.launches.ahead(r) for r in reqs]
@@ -144,41 +192,36 @@ class EagleWorker(EaglePhases, LaunchingWorker):
             raise RuntimeError("a speculative step was launched before the last one was read; "
                                "that needs the overlap schedule")
         if self.graphs.mode == "eager":
-            self.max_kv = max(r.seq_len + a * self.max_advance for r, a in zip(reqs, ahead)) + self.reserve
-        host = torch.device("cpu")  # the graph runner copies host inputs into its buffers
-        x: Tensors = {
-            "seq": torch.tensor([r.seq_len for r in reqs], dtype=torch.long),
-            "tables": block_table_tensor(reqs, host),
-            "root": torch.tensor([0 if a else r.last_token for r, a in zip(reqs, ahead)], dtype=torch.long),
-        }
-        if src:
-            x["src"] = torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
+            self.phases.max_kv = max(r.seq_len + a * self.max_advance
+                                     for r, a in zip(reqs, ahead)) + self.reserve
         # The same requests in the same order as the last step, holding the states it set: its
         # batch tensors serve as they are (no stack kernels).
         states, last = [r.spec_state for r in reqs], self._last_states
         if last is not None and len(last[0]) == len(states) and all(
                 a is b for a, b in zip(states, last[0])):
-            x.update(last[1])
+            state = last[1]
         else:
             self.restacks += 1
-            for f in ("topk_logp", "topk_ids", "feature"):
-                x[f] = torch.stack([getattr(s, f) for s in states])
-        return x
+            state = DraftState(**{f: torch.stack([getattr(s, f) for s in states]) for f in _STATE})
+        return StepIn(
+            seq=torch.tensor([r.seq_len for r in reqs], dtype=torch.long),
+            tables=block_table_tensor(reqs, _CPU),
+            root=torch.tensor([0 if a else r.last_token for r, a in zip(reqs, ahead)], dtype=torch.long),
+            src=torch.tensor(self.launches.src_rows(reqs), dtype=torch.long) if src else None,
+            **state.tensors(), **(sampling_fields(reqs, _CPU, ahead) if sampled else {}))
 
     @torch.inference_mode()
     def launch(self, reqs: list[Request]) -> None:
         """Enqueue the fused step for `reqs`; no host sync. Each request's draft state becomes its
         row of this step's outputs at once (they stay on the device)."""
         t0 = time.perf_counter()
-        x = self._inputs(reqs, src=self.overlap)
         greedy = all(r.params.temperature == 0 for r in reqs)
-        if not greedy:
-            ahead = [self.launches.ahead(r) for r in reqs]
-            x.update(sampling_inputs(reqs, torch.device("cpu"), ahead))
+        x = self._inputs(reqs, src=self.overlap, sampled=not greedy)
+        graph = self.step_graph if greedy else self.step_sample_graph
         # (borrowed from the graph: HostCopy copies it out before the next launch)
-        ext = self.graphs.run("step" if greedy else "step[sample]", x, borrow=("emitted",))
-        self._set_states(reqs, ext)
-        self.launches.push(reqs, self.graphs.read_back("emitted") or HostCopy(ext["emitted"]))
+        out = graph.run(x, borrow=("emitted",))
+        self._set_states(reqs, out)
+        self.launches.push(reqs, graph.read_back("emitted") or HostCopy(out.emitted))
         self._timed("step", t0)
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:
@@ -199,29 +242,30 @@ class EagleWorker(EaglePhases, LaunchingWorker):
             self.stats.accept_hist[a] += 1
         return emitted
 
-    def _set_states(self, reqs: list[Request], ext: Tensors) -> None:
+    def _set_states(self, reqs: list[Request], out: DraftState) -> None:
         for i, r in enumerate(reqs):
-            r.spec_state = _DraftState(ext["topk_logp"][i], ext["topk_ids"][i], ext["feature"][i])
-        self._last_states = ([r.spec_state for r in reqs],
-                             {f: ext[f] for f in ("topk_logp", "topk_ids", "feature")})
+            r.spec_state = _DraftState(out.topk_logp[i], out.topk_ids[i], out.feature[i])
+        state = DraftState(topk_logp=out.topk_logp, topk_ids=out.topk_ids, feature=out.feature)
+        self._last_states = ([r.spec_state for r in reqs], state)
 
     def _phases_step(self, reqs: list[Request]) -> list[list[int]]:
         """The step as three phase graphs (--no-fuse-spec-step, or phases profiled)."""
+        g = self.phase_graphs
+        if g is None:
+            raise RuntimeError("the phase graphs were not built: construct the engine with "
+                               "profile_phases (or without fuse_spec_step) to run phases one by one")
         t0 = time.perf_counter()
-        x = self._inputs(reqs, src=False)
-        base = {k: x[k] for k in ("seq", "tables")}
         greedy = all(r.params.temperature == 0 for r in reqs)
-        tree = self.graphs.run("draft", x)
+        x = self._inputs(reqs, src=False, sampled=not greedy)
+        tree = g.draft.run(DraftIn(seq=x.seq, tables=x.tables, root=x.root,
+                                            topk_logp=x.topk_logp, topk_ids=x.topk_ids,
+                                            feature=x.feature))
         t0 = self._timed("draft", t0)
-        verify_in = dict(base, **{k: tree[k] for k in ("tokens", "parents", "depth", "mask")})
-        if greedy:
-            acc = self.graphs.run("verify", verify_in)
-        else:
-            acc = self.graphs.run("verify[sample]",
-                                  dict(verify_in, **sampling_inputs(reqs, torch.device("cpu"))))
+        verify_in = VerifyIn(seq=x.seq, tables=x.tables, **tree.tensors(),
+                             **({} if greedy else sampling_fields(reqs, _CPU)))
+        acc = (g.verify if greedy else g.verify_sample).run(verify_in)
         t0 = self._timed("verify", t0)
-        ext = self.graphs.run("draft_extend", dict(base, **{
-            k: acc[k] for k in ("acc_tokens", "accept_len", "bonus", "acc_feature")}))
+        ext = g.draft_extend.run(ExtendIn(seq=x.seq, tables=x.tables, **acc.tensors()))
         self._timed("draft_extend", t0)
         rows = emitted_rows(acc).tolist()  # the one host sync of the step
         self._set_states(reqs, ext)

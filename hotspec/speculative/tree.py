@@ -13,12 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
+from hotspec.runtime.phase_io import PhaseIO
+
 # Log-probabilities are capped here so that a child never ties its parent's score.
 MAX_LOGP = -1e-6
 
 
-@dataclass
-class DraftTree:
+@dataclass(kw_only=True)
+class DraftTree(PhaseIO):
+    """What `draft` proposes and `verify` scores."""
+
     tokens: torch.Tensor  # [B, N] target token ids; column 0 is the root
     parents: torch.Tensor  # [B, N] tree index of the parent; the root's is 0 (itself)
     depth: torch.Tensor  # [B, N] 0 for the root
@@ -49,4 +53,4 @@ def build_tree(root: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor,
     for _ in range(max_depth):  # each pass adds one more generation of ancestors
         mask = eye | torch.gather(mask, 1, rows)
     depth = mask.sum(-1) - 1
-    return DraftTree(tree_tokens, tree_parents, depth, mask)
+    return DraftTree(tokens=tree_tokens, parents=tree_parents, depth=depth, mask=mask)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from hotspec.spec.corpus import iter_texts
+from hotspec.speculative.corpus import iter_texts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

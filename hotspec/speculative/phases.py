@@ -1,0 +1,229 @@
+"""The speculative step's phases after prefill: pure functions of typed batch-leading tensors.
+
+`draft` -> `verify` -> `accept` (with the KV commit) -> `draft_extend`, or all of them as one
+`step` (one CUDA graph per batch size, the default). Inputs and outputs are the types of
+speculative/io.py, which also declare the static shapes the graph runner allocates. No phase
+syncs with the host, so the GraphRunner serves each as a CUDA graph, from static buffers, or
+eagerly. A phase samples (tree rejection sampling) when its input carries sampling fields, else it
+is greedy. KV regions are described in runtime/forward_batch.py; target and draft pools share one
+block table. The host side that chains the phases is speculative/worker.py.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from hotspec.engine.launches import from_carry, to_carry
+from hotspec.layers.argmax import argmax
+from hotspec.layers.sampler import shape_logits_to_probs
+from hotspec.layers.topk_logp import topk_logp
+from hotspec.models.draft_head import DraftHead
+from hotspec.models.llama import LlamaForCausalLM
+from hotspec.runtime.batch_builder import slots_at
+from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
+from hotspec.runtime.model_runner import ModelRunner
+from hotspec.runtime.phase_io import Sampled, Tensors
+from hotspec.speculative.frontier import next_frontier
+from hotspec.speculative.io import (
+    Accepted,
+    DraftIn,
+    ExtendIn,
+    ExtendOut,
+    Rows,
+    SpecShapes,
+    StepIn,
+    StepOut,
+    VerifyIn,
+    emitted_rows,
+)
+from hotspec.speculative.tree import MAX_LOGP, DraftTree, build_tree
+from hotspec.speculative.verify import Acceptance, verify_greedy, verify_stochastic
+
+
+class Verified(NamedTuple):
+    """`verify`'s output, what `accept` judges: target logits and features of every tree node."""
+
+    tree: DraftTree
+    logits: torch.Tensor  # [B, N, V] target logits
+    feature: torch.Tensor  # [B, N, F] what the draft head reads of the target
+    slots: torch.Tensor  # [B, max(N, W)] KV slots of seq + 0, 1, ...
+
+
+class EaglePhases:
+    """The phases of one draft head over one target. `carry`: the overlap schedule's row buffers
+    ("seq", "root", "offsets"; engine/launches.py), which the fused step reads for rows with
+    `src` >= 0 and writes for the next step; None: no overlap schedule."""
+
+    def __init__(self, target: LlamaForCausalLM, draft: DraftHead, target_runner: ModelRunner,
+                 draft_runner: ModelRunner, block_size: int, shapes: SpecShapes,
+                 carry: Tensors | None = None) -> None:
+        self.target, self.draft = target, draft
+        self.target_runner, self.draft_runner = target_runner, draft_runner
+        self.block_size, self.shapes, self.carry = block_size, shapes, carry
+        self.num_steps, self.topk = shapes.num_steps, shapes.topk
+        self.num_draft_tokens, self.width = shapes.num_draft_tokens, shapes.width
+        self.scratch = self.topk * (self.num_steps - 1)  # draft-tree KV slots per request
+        self.reserve = max(self.num_draft_tokens, self.scratch, self.width)
+        self.max_kv = shapes.max_blocks_per_seq * block_size  # attention bound for static shapes
+        target.capture_layers = tuple(draft.aux_layer_ids)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def feature(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
+        """What the draft head reads from the target: EAGLE-3's aux layers, else the final hidden."""
+        return torch.cat(aux, dim=-1) if aux else hidden
+
+    def draft_topk(self, h_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The draft LM head's top-k: log-probs, target ids, and the logits (sized by the head)."""
+        logits = self.draft.draft_logits(h_logits)  # [T, draft_vocab]
+        logp, idx = topk_logp(logits, k, MAX_LOGP)
+        return logp, self.draft.to_target_ids(idx), logits
+
+    # -- phases (pure tensor functions; graph-capturable) --------------------------------------
+    def draft_tree(self, x: DraftIn) -> DraftTree:
+        """`draft`: num_steps - 1 draft forwards over the top-k frontier, then the best N-1 nodes."""
+        root, seq, tables = x.root, x.seq, x.tables
+        b, k, m, n_fw = root.shape[0], self.topk, self.scratch, self.num_steps - 1
+        dev = root.device
+        scores, tokens = [x.topk_logp], [x.topk_ids]
+        f_score, f_tok = x.topk_logp, x.topk_ids
+        f_global = torch.arange(k, device=dev).expand(b, k)
+        f_globals: list[torch.Tensor] = []  # each step's frontier: the parents of its k*k children
+        f_feat = x.feature.unsqueeze(1).expand(b, k, -1).reshape(b * k, -1)
+        if n_fw > 0:
+            # What the forwards need and that does not depend on what they draft, once for all
+            # steps (the loop is launch-bound): step s (1-based) writes scratch kv index
+            # (s-1)*k + i for frontier node i, at position seq + s - 1.
+            sidx = torch.arange(m, device=dev)
+            locs = slots_at(tables, seq.unsqueeze(1) + sidx, self.block_size)  # [B, M]
+            # (contiguous: with k == 1 the reshape is a strided view, and kernels read the rows of
+            # these with unit stride)
+            locs = locs.view(b, n_fw, k).transpose(0, 1).reshape(n_fw, b * k).contiguous()
+            steps = torch.arange(n_fw, device=dev).view(n_fw, 1, 1)
+            positions = (seq.view(1, b, 1) + steps).expand(n_fw, b, k).reshape(n_fw, b * k).contiguous()
+            owns = sidx.view(n_fw, k, 1) == sidx  # [S-1, K, M]: node i of step s sees its own slot
+            f_mask = owns[0].expand(b, k, m).contiguous()  # the roots see only their own slot
+            q_lens = torch.full((b,), k, dtype=torch.long, device=dev)
+            kv_lens = seq + m
+        for s in range(1, self.num_steps):
+            fb = ForwardBatch(
+                mode=ForwardMode.DRAFT, input_ids=f_tok.reshape(-1), positions=positions[s - 1],
+                out_cache_loc=locs[s - 1], q_lens=q_lens, kv_lens=kv_lens, block_tables=tables,
+                width=k, max_q=k, max_kv=self.max_kv, custom_mask=f_mask, hidden_in=f_feat)
+            h_logits, h_feat = self.draft_runner.forward(fb)
+            logp, ids, _ = self.draft_topk(h_logits, k)  # [B*K, K]
+            tokens.append(ids.view(b, k * k))
+            f_globals.append(f_global)
+            if s == self.num_steps - 1:
+                scores.append((f_score.unsqueeze(2) + logp.view(b, k, k)).view(b, k * k))
+                break
+            c_score, f_score, f_tok, f_global, f_feat, f_mask = next_frontier(
+                f_score, logp, ids, h_feat, f_mask, owns[s], k + (s - 1) * k * k)
+            scores.append(c_score)
+        parents = [torch.full((b, k), -1, dtype=torch.long, device=dev)]
+        if f_globals:  # every child of frontier node i has parent i: [B, S-1, K] -> [B, (S-1)*K*K]
+            fg = torch.stack(f_globals, 1)
+            parents.append(fg.unsqueeze(3).expand(b, n_fw, k, k).reshape(b, n_fw * k * k))
+        return build_tree(root, torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(parents, 1),
+                          self.num_draft_tokens, self.num_steps)
+
+    def verify(self, x: VerifyIn) -> Verified:
+        """`verify`: the target over every tree node; node i writes kv index seq + i. Also the
+        slots of kv indices seq + [0, max(N, W)), which the commit reuses."""
+        tree = DraftTree(tokens=x.tokens, parents=x.parents, depth=x.depth, mask=x.mask)
+        seq, tables = x.seq, x.tables
+        b, n = tree.tokens.shape
+        span = torch.arange(max(n, self.width), device=seq.device)
+        slots = slots_at(tables, seq.unsqueeze(1) + span, self.block_size)
+        fb = ForwardBatch(
+            mode=ForwardMode.VERIFY, input_ids=tree.tokens.reshape(-1),
+            positions=(seq.unsqueeze(1) + tree.depth).reshape(-1),
+            out_cache_loc=slots[:, :n].reshape(-1),
+            q_lens=torch.full((b,), n, dtype=torch.long, device=seq.device), kv_lens=seq + n,
+            block_tables=tables, width=n, max_q=n, max_kv=self.max_kv, custom_mask=tree.mask)
+        hidden, aux = self.target_runner.forward(fb)
+        logits = self.target.compute_logits(hidden).view(b, n, -1)
+        return Verified(tree, logits, self.feature(hidden, aux).view(b, n, -1), slots)
+
+    def accept(self, v: Verified, sampling: Sampled, with_slots: bool = False) -> Accepted:
+        """`accept`: the verdict (greedy, or tree rejection sampling when `sampling` has its
+        fields; greedy rows of a sampled batch use a one-hot target), then the commit: the
+        accepted nodes' target KV moves from seq + path[i] to seq + i (a chain's path is already a
+        prefix, so its move is a no-op); rows past the accepted length move trash. `with_slots`
+        passes the draft_extend rows' slots on (the fused step: no second lookup)."""
+        if sampling.temperature is None:
+            acc = verify_greedy(v.tree, v.logits, self.num_steps)
+        else:
+            acc = self._rejection_sample(v, sampling)
+        kv, slots = self.target_runner.kv, v.slots
+        b, w = acc.path.shape
+        keep = torch.arange(w, device=slots.device).unsqueeze(0) < acc.accept_len.unsqueeze(1)
+        src = torch.where(keep, torch.gather(slots, 1, acc.path), kv.trash_slot)
+        dst = torch.where(keep, slots[:, :w], kv.trash_slot)
+        kv.move_slots(src.reshape(-1), dst.reshape(-1))
+        f = v.feature
+        return Accepted(acc_tokens=torch.gather(v.tree.tokens, 1, acc.path), accept_len=acc.accept_len,
+                        bonus=acc.bonus,
+                        acc_feature=torch.gather(f, 1, acc.path.unsqueeze(2).expand(b, w, f.shape[-1])),
+                        slots=slots[:, :w] if with_slots else None)
+
+    def _rejection_sample(self, v: Verified, sampling: Sampled) -> Acceptance:
+        st = sampling.sampling()
+        b, n, vocab = v.logits.shape
+
+        def rep(t: torch.Tensor) -> torch.Tensor:
+            return t.repeat_interleave(n)
+
+        probs = shape_logits_to_probs(v.logits.view(b * n, vocab), rep(st.temperature), rep(st.top_p),
+                                      rep(st.top_k), rep(st.min_p)).view(b, n, vocab)
+        onehot = torch.zeros_like(probs).scatter_(2, argmax(v.logits).unsqueeze(-1), 1.0)
+        probs = torch.where((st.temperature == 0).view(b, 1, 1), onehot, probs)
+        return verify_stochastic(v.tree, probs, self.num_steps, st.seeds, st.offsets)
+
+    def verify_accept(self, x: VerifyIn) -> Accepted:
+        """The `verify` graph: verify, then accept (sampled when `x` has sampling fields)."""
+        return self.accept(self.verify(x), x)
+
+    def draft_extend(self, x: ExtendIn) -> ExtendOut:
+        """`draft_extend`: the draft over the accepted tokens (shifted by one, the bonus last) at a
+        fixed width of W rows per request; the next root state is row accept_len - 1."""
+        seq, tables, a = x.seq, x.tables, x.accept_len
+        b, w = x.acc_tokens.shape
+        dev = seq.device
+        d = torch.arange(w, device=dev).unsqueeze(0)
+        shifted = torch.cat([x.acc_tokens[:, 1:], x.acc_tokens[:, :1]], 1)
+        shifted = torch.where(d == (a - 1).unsqueeze(1), x.bonus.unsqueeze(1), shifted)
+        slots = x.slots if x.slots is not None else slots_at(tables, seq.unsqueeze(1) + d, self.block_size)
+        loc = torch.where(d < a.unsqueeze(1), slots, self.draft_runner.kv.trash_slot)
+        fb = ForwardBatch(
+            mode=ForwardMode.DRAFT_EXTEND, input_ids=shifted.reshape(-1),
+            positions=(seq.unsqueeze(1) + d).reshape(-1), out_cache_loc=loc.view(-1),
+            q_lens=a, kv_lens=seq + a, block_tables=tables, width=w, max_q=w, max_kv=self.max_kv,
+            hidden_in=x.acc_feature.reshape(b * w, -1))
+        h_logits, h_feat = self.draft_runner.forward(fb)
+        last = torch.arange(b, device=dev) * w + a - 1
+        logp, ids, logits = self.draft_topk(h_logits[last], self.topk)
+        return ExtendOut(topk_logp=logp, topk_ids=ids, feature=h_feat[last], logits=logits)
+
+    def step(self, x: StepIn) -> StepOut:
+        """`step`: draft -> verify -> accept -> draft_extend as one function (one graph per batch
+        size; sampled when `x` has sampling fields)."""
+        if self.carry is not None:
+            x = StepIn.of(from_carry(x.tensors(), self.carry))
+        tree = self.draft_tree(x)
+        rows = Rows(seq=x.seq, tables=x.tables)
+        verified = self.verify(VerifyIn(**rows.tensors(), **tree.tensors()))
+        acc = self.accept(verified, x, with_slots=True)
+        # What needs only the verdict runs before draft_extend, not after its LM head: small
+        # plain kernels at a graph's tail slow every launch of the replay; here they sit between
+        # two large phases instead.
+        emitted = emitted_rows(acc)
+        if self.carry is not None:  # seq + accepted, the bonus (next root), offset + emitted
+            a = acc.accept_len
+            offsets = {"offsets": x.offsets} if x.offsets is not None else {}
+            to_carry(self.carry, {"seq": x.seq, "root": acc.bonus} | offsets,
+                     plus={"seq": a} | ({"offsets": a} if offsets else {}))
+        ext = self.draft_extend(ExtendIn(**rows.tensors(), **acc.tensors()))
+        return StepOut(emitted=emitted, topk_logp=ext.topk_logp, topk_ids=ext.topk_ids,
+                       feature=ext.feature)
