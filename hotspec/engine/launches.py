@@ -13,9 +13,8 @@ Neither direction of the host<->device traffic may wait for the step in flight. 
 graph reads its host inputs from a pinned slot and publishes its output into another
 (runtime/host_io.py: `GraphRunner.read_back` gives a `HostSlot`, whose event is that replay's);
 elsewhere a step's output goes back through `HostCopy` (a pinned buffer and an event of its own,
-or a snapshot on the CPU). With a plain
-`tolist()` the host waited for step N+1 before it could read step N, and the schedule overlapped
-nothing (benchmarks/RESULTS.md, session 7).
+or a snapshot on the CPU). A plain `tolist()` would wait for step N+1 before it could read
+step N, and the schedule would overlap nothing.
 """
 
 from __future__ import annotations

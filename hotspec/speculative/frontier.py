@@ -12,7 +12,7 @@ for the next step:
           feature = h_feat[b*k + j // k], mask = f_mask[b, j // k] | owns_next
 
 In torch that is about ten small kernels, in a loop that is launch-bound; on CUDA it is one Triton
-program per request (spec/frontier_kernel.py). Dispatch through layers/fused.py's policy.
+program per request (speculative/frontier_kernel.py). Dispatch through layers/fused.py's policy.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Triton kernel of spec/frontier.py: one program per request computes its k*k child scores,
+"""The Triton kernel of speculative/frontier.py: one program per request computes its k*k child scores,
 selects the k best (k passes over at most 256 values in registers, each the largest (value,
 smallest index) pair strictly after the previous pick) and copies each pick's score, token,
 global index, parent feature row and parent mask row (| its own next slot)."""
@@ -59,7 +59,7 @@ def _frontier_kernel(F_SCORE, LOGP, IDS, H_FEAT, F_MASK, OWNS, C_SCORE, N_SCORE,
 def next_frontier(f_score: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor,
                   h_feat: torch.Tensor, f_mask: torch.Tensor, owns_next: torch.Tensor, base: int
                   ) -> Frontier:
-    """As spec/frontier.py's next_frontier_torch (same shapes and dtypes)."""
+    """As speculative/frontier.py's next_frontier_torch (same shapes and dtypes)."""
     b, k = f_score.shape
     hdim = h_feat.shape[1]
     m = f_mask.shape[2]

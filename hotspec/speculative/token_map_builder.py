@@ -1,7 +1,7 @@
 """Build an FR-Spec token map: count a corpus's target-token frequencies, keep the `size` most
 frequent ids (plus the tokens that end a turn, which the draft must always be able to propose).
 
-Corpus files are read by spec/corpus.py (streamed, never read whole): `.jsonl` and `.json`
+Corpus files are read by speculative/corpus.py (streamed, never read whole): `.jsonl` and `.json`
 (ShareGPT, truncated arrays included) records count their `text` and every turn; anything else is
 plain UTF-8 text, tokenized in paragraph-aligned chunks. Records or lines that cannot be decoded,
 or hold no text, are counted in `skipped`.
