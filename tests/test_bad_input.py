@@ -3,7 +3,9 @@ already in the engine finish exactly as if the bad one had never been sent."""
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,17 @@ def test_bad_prompt_in_a_batch_fails_the_call_and_the_engine_goes_on(tiny_llm: L
 # ---------------------------------------------------------------- command line
 
 
+@pytest.fixture(autouse=True)
+def hotspec_logger() -> Iterator[None]:
+    """main() points the "hotspec" logger at this test's stderr and stops its propagation: undone
+    after each test, so later tests' caplog still sees hotspec's messages."""
+    log = logging.getLogger("hotspec")
+    saved = log.handlers[:], log.propagate, log.level
+    yield
+    log.handlers[:], log.propagate = saved[0], saved[1]
+    log.setLevel(saved[2])
+
+
 def test_cli_missing_model_exits_2_with_an_error_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--model", "/nonexistent", "hi"]) == 2
     captured = capsys.readouterr()
@@ -158,12 +171,21 @@ def test_cli_missing_model_exits_2_with_an_error_line(capsys: pytest.CaptureFixt
     assert "Traceback" not in captured.err and captured.out == ""
 
 
-def test_cli_generates_text_on_the_default_model(capsys: pytest.CaptureFixture[str],
-                                                 smol_llm: LLM) -> None:
-    assert main(["generate", "--max-tokens", "8", "Hello"]) == 0
+@pytest.mark.parametrize("options,speculative", [
+    ([], True),  # the default model speculates with its shipped head
+    (["--no-default-head"], False),
+    (["--model", "DEFAULT_GGUF", "--speculative-algorithm", "EAGLE3"], True),  # the same head
+])
+def test_cli_generates_text_on_the_default_model(options: list[str], speculative: bool,
+                                                 capsys: pytest.CaptureFixture[str], smol_llm: LLM,
+                                                 default_gguf: Path) -> None:
+    options = [str(default_gguf) if o == "DEFAULT_GGUF" else o for o in options]
+    assert main(["generate", "--max-tokens", "8", "--dtype", "float32", *options, "Hello"]) == 0
     captured = capsys.readouterr()
     (expected,) = smol_llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=8))
     assert expected.text.strip()
     assert captured.out == expected.text + "\n"  # the CLI's stream is the API's greedy text
-    assert re.search(rf"\[{len(expected.token_ids)} tokens, finish: {expected.finish_reason}\]",
-                     captured.err)
+    tau = r", tau \d+\.\d\d" if speculative else ""
+    assert re.search(rf"\[{len(expected.token_ids)} tokens, finish: {expected.finish_reason}{tau}, "
+                     r"\d+\.\d tokens/s\]", captured.err), captured.err
+    assert ("draft head: " in captured.err) == speculative

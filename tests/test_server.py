@@ -176,9 +176,10 @@ BAD: list[tuple[str, str, Any, dict[str, str], int, str]] = [
     ("negative-temperature", CHAT, {"model": NAME, "messages": CHATS[0], "temperature": -1}, AUTH, 400,
      r"^temperature must be a finite number >= 0"),
     ("top-p-zero", C, {"model": NAME, "prompt": "x", "top_p": 0}, AUTH, 400, r"^top_p must be"),
-    ("n-2", C, {"model": NAME, "prompt": "x", "n": 2}, AUTH, 400, r"n=2 is not supported"),
+    ("n-2", C, {"model": NAME, "prompt": "x", "n": 2}, AUTH, 400,
+     r"^n is not supported by this server \(got 2\); omit it$"),
     ("logprobs", CHAT, {"model": NAME, "messages": CHATS[0], "logprobs": True}, AUTH, 400,
-     r"logprobs are not supported"),
+     r"^logprobs is not supported by this server"),
     ("batch-of-prompts", C, {"model": NAME, "prompt": ["a", "b"]}, AUTH, 400, r"batch of 2 prompts"),
     ("empty-prompt", C, {"model": NAME, "prompt": ""}, AUTH, 400, r"empty prompt"),
     ("ids-outside-vocab", C, {"model": NAME, "prompt": [1, 2, 10**7]}, AUTH, 400,
@@ -295,10 +296,10 @@ def test_serve_default_speculates_with_the_shipped_head(offline: Any) -> None:
     shipped EAGLE-3 head. Greedy chat and completions over HTTP equal the offline vanilla API's,
     and /metrics shows speculative requests and the head's hot-set coverage."""
     from hotspec.engine.engine import Engine
-    from hotspec.entrypoints.serve_cli import serve_config
+    from hotspec.entrypoints.engine_args import with_default_head
 
     args = build_parser().parse_args(["serve", "--dtype", "float32", "--device", "cpu"])
-    cfg = serve_config(engine_config(args), args.default_head)
+    cfg = with_default_head(engine_config(args), args.default_head)
     assert cfg.speculative_algorithm == "EAGLE3"
     engine = Engine(cfg)
     assert engine.draft is not None and engine.draft.draft_vocab_size == 8192

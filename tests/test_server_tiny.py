@@ -5,15 +5,18 @@ failures inside the engine contained to the requests they hit, and `hotspec serv
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -362,6 +365,163 @@ def test_no_tokenizer_needs_token_ids(tiny_dir: Path) -> None:
         r = httpx.post(srv.url + "/v1/completions", timeout=60,
                        json={"model": NAME, "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+# ---------------------------------------------------------------- malformed requests, one connection
+
+DEEP = b'{"model": "tiny", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # ~10 KB
+MALFORMED: list[tuple[str, str, bytes, str | None, str]] = [
+    # (id, path, raw body, param, message pattern)
+    ("lone-surrogate", "/v1/completions", b'{"model": "tiny", "prompt": "a\\ud800b", "max_tokens": 2}',
+     "prompt", r"^prompt contains a lone UTF-16 surrogate"),
+    ("lone-surrogate-chat", "/v1/chat/completions",
+     b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udfffx"}]}',
+     "messages.0.content", r"^messages\.0\.content contains a lone UTF-16 surrogate"),
+    ("lone-surrogate-key", "/v1/completions", b'{"model": "tiny", "prompt": "a", "\\ud800": 1}',
+     None, r"^the body contains a lone UTF-16 surrogate"),
+    ("nested-5000", "/v1/completions", DEEP, None, r"nests JSON deeper than 32 levels"),
+    ("nested-100", "/v1/chat/completions",
+     b'{"model": "tiny", "messages": ' + b"[" * 100 + b"]" * 100 + b"}", None, r"deeper than 32"),
+    ("int-of-5000-digits", "/v1/completions", b'{"model": "tiny", "prompt": "a", "seed": ' + b"7" * 5000
+     + b"}", None, r"an integer of more than 4300 digits"),
+    ("not-json", "/v1/completions", b"{'model': 'tiny'}", None, r"not valid JSON"),
+    ("invalid-utf8", "/v1/completions", b'{"model": "tiny", "prompt": "\xff"}', None, r"not valid JSON"),
+    ("array-body", "/v1/completions", b"[]", None, r"must be a JSON object, got list"),
+    ("messages-string", "/v1/chat/completions", b'{"model": "tiny", "messages": "hi"}', "messages",
+     r"messages: Input should be a valid list"),
+    ("empty-messages", "/v1/chat/completions", b'{"model": "tiny", "messages": []}', "messages",
+     r"messages: List should have at least 1 item"),
+    ("message-not-object", "/v1/chat/completions", b'{"model": "tiny", "messages": [7]}', "messages.0",
+     r"messages\.0: Input should be a valid dictionary"),
+    ("image-part", "/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": '
+     b'[{"type": "image_url", "image_url": {"url": "x"}}]}]}', "messages.0.content.0.type",
+     r"content parts of type 'image_url' are not supported; send text parts"),
+    ("part-without-text", "/v1/chat/completions",
+     b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text"}]}]}',
+     "messages.0.content.str", r"messages\.0\.content\.list\[TextPart\]\.0\.text: Field required"),
+    ("top-k-over-int64", "/v1/completions",
+     b'{"model": "tiny", "prompt": "a", "temperature": 1, "top_k": ' + str(2**70).encode() + b"}",
+     "top_k", r"^top_k must be an int in \[-1, 2\*\*63\)"),
+    ("max-tokens-float", "/v1/completions", b'{"model": "tiny", "prompt": "a", "max_tokens": 2.0}',
+     "max_tokens", r"max_tokens: Input should be a valid integer"),
+]
+# Fields of OpenAI's API this server does not implement: each refused by name, not ignored.
+UNSUPPORTED: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ("/v1/chat/completions", {"tool_choice": "auto"}),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}),
+    ("/v1/chat/completions", {"logprobs": True}),
+    ("/v1/chat/completions", {"prompt": "a"}),  # a completions field
+    ("/v1/completions", {"min_tokens": 2}),
+    ("/v1/completions", {"presence_penalty": 0.5}),
+    ("/v1/completions", {"frequency_penalty": -1}),
+    ("/v1/completions", {"n": 2}),
+    ("/v1/completions", {"best_of": 3}),
+    ("/v1/completions", {"logit_bias": {"5": 10}}),
+    ("/v1/completions", {"echo": True}),
+    ("/v1/completions", {"suffix": "end"}),
+    ("/v1/completions", {"max_completion_tokens": 3}),  # a chat field
+    ("/v1/completions", {"typo_temperature": 0.5}),  # unknown to OpenAI too
+]
+# What clients send by default, or send to mean "off": accepted.
+NEUTRAL: dict[str, Any] = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": False,
+                           "logit_bias": {}, "best_of": None, "tools": [], "user": "u-1",
+                           "metadata": {"k": "v"}, "store": False, "response_format": {"type": "text"}}
+
+
+def body_for(path: str, extra: dict[str, Any]) -> dict[str, Any]:
+    base: dict[str, Any] = {"model": NAME, "max_tokens": 2, "temperature": 0}
+    if path.endswith("chat/completions"):
+        return {**base, "messages": [{"role": "user", "content": "hi"}], **extra}
+    return {**base, "prompt": "alpha", **extra}
+
+
+@pytest.fixture
+def keep_alive(llm: LLM, caplog: pytest.LogCaptureFixture) -> Iterator[Callable[..., httpx.Response]]:
+    """post(path, body): over ONE keep-alive connection; each answer is checked to come back on
+    that connection, and the server's log to hold exactly one line per request, no traceback."""
+    uvicorn_log = logging.getLogger("uvicorn")  # does not propagate: tracebacks would be missed
+    uvicorn_log.addHandler(caplog.handler)
+    with caplog.at_level(logging.INFO), serve(llm.engine) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60) as client:
+        ports: set[int] = set()
+
+        def post(path: str, content: bytes, status: int) -> httpx.Response:
+            caplog.clear()
+            r = client.post(path, content=content, headers={"Content-Type": "application/json"})
+            ports.add(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+            assert r.status_code == status, r.text
+            assert r.headers.get("connection") != "close"
+            lines = [rec for rec in caplog.records if not rec.name.startswith("httpx")]
+            assert not any(rec.exc_info for rec in lines) and "Traceback" not in caplog.text
+            if status != 200:
+                assert [rec.levelno for rec in lines] == [logging.INFO], caplog.text
+                assert lines[0].getMessage() == f"POST {path} -> {status}: {r.json()['error']['message']}"
+            return r
+
+        yield post
+        assert len(ports) == 1, "the server closed the connection"
+    uvicorn_log.removeHandler(caplog.handler)
+    assert_idle(llm.engine)
+
+
+def ok(post: Callable[..., httpx.Response], path: str = "/v1/completions") -> None:
+    r = post(path, json.dumps(body_for(path, {})).encode(), 200)
+    assert r.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("path,body,param,pattern", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_malformed_request_gets_400_and_the_connection_serves_on(
+        keep_alive: Callable[..., httpx.Response], path: str, body: bytes, param: str | None,
+        pattern: str) -> None:
+    err = keep_alive(path, body, 400).json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert re.search(pattern, err["message"]), err["message"]
+    assert err["param"] == param
+    ok(keep_alive, path)
+
+
+def test_unsupported_fields_are_refused_by_name(keep_alive: Callable[..., httpx.Response]) -> None:
+    for path, extra in UNSUPPORTED:
+        (name, value), = extra.items()
+        err = keep_alive(path, json.dumps(body_for(path, extra)).encode(), 400).json()["error"]
+        assert err["param"] == name and err["code"] == "unsupported_parameter", (name, err)
+        assert err["message"].startswith(f"{name} is not supported by this server (got "), err
+    two = body_for("/v1/completions", {"tools": [{"type": "function"}], "min_tokens": 1})
+    err = keep_alive("/v1/completions", json.dumps(two).encode(), 400).json()["error"]
+    assert "tools is not supported" in err["message"] and "min_tokens is not supported" in err["message"]
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        neutral = {k: v for k, v in NEUTRAL.items() if k != "logprobs" or path.endswith("chat/completions")}
+        assert keep_alive(path, json.dumps(body_for(path, neutral)).encode(), 200).json()["choices"]
+    message = {"role": "user", "content": "hi", "name": "ann", "audio": {"id": "a"}}
+    err = keep_alive("/v1/chat/completions", json.dumps(body_for("/v1/chat/completions", {
+        "messages": [message]})).encode(), 400).json()["error"]
+    assert err["param"] == "messages.0.audio" and "messages.0.audio is not supported" in err["message"]
+
+
+def test_unexpected_error_is_a_500_with_one_traceback(llm: LLM, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """An exception nobody foresaw: a 500 in OpenAI's shape, its traceback logged once, and the
+    connection kept for the next request."""
+    from hotspec.entrypoints import routes_completions
+
+    async def broken(engine: Engine, prompt: str | list[int]) -> list[int]:
+        raise TypeError("injected")
+
+    monkeypatch.setattr(routes_completions, "_tokenize", broken)
+    uvicorn_log = logging.getLogger("uvicorn")
+    uvicorn_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO), serve(llm.engine) as srv, \
+                httpx.Client(base_url=srv.url, timeout=60) as client:
+            r = client.post("/v1/completions", json=body_for("/v1/completions", {}))
+            assert r.status_code == 500 and r.json()["error"]["message"] == "internal server error: TypeError"
+            tracebacks = [rec for rec in caplog.records if rec.exc_info]
+            assert len(tracebacks) == 1 and "POST /v1/completions -> 500" in tracebacks[0].getMessage()
+            r = client.post("/v1/chat/completions", json=body_for("/v1/chat/completions", {}))
+            assert r.status_code == 200 and r.headers.get("connection") != "close"
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
 
 
 # ---------------------------------------------------------------- `hotspec serve`, as a process

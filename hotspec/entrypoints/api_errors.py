@@ -1,7 +1,9 @@
 """Errors in OpenAI's JSON shape: `{"error": {"message", "type", "param", "code"}}`.
 
 Every failure the server answers goes through `APIError`, including FastAPI's own (unknown route,
-wrong method, request validation: mapped to 400, never 422) and unexpected exceptions (500).
+wrong method, request validation: mapped to 400, never 422) and unexpected exceptions (500). Each
+is logged as one line (method, path, status, message); only an unexpected exception adds its
+traceback. The connection stays open for the client's next request either way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("hotspec.server")
 
@@ -57,20 +60,53 @@ def validation_error(e: ValidationError | RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param=first)
 
 
+def _answer(request: Request, exc: APIError) -> JSONResponse:
+    level = logging.INFO if exc.status < 500 else logging.ERROR  # a client's mistake, or ours
+    log.log(level, "%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+    return exc.response()
+
+
+class CatchAll:
+    """ASGI middleware inside Starlette's error middleware: an unexpected exception is answered
+    with a 500 here, so Starlette never re-raises it into the server (which would log a second
+    traceback and close the connection). A response already started can only be cut short."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_marking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_marking)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("%s %s -> 500: unhandled %s", scope["method"], scope["path"],
+                          type(exc).__name__)
+            await APIError(500, f"internal server error: {type(exc).__name__}").response()(
+                scope, receive, send)
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error(exc).response()
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _answer(request, validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return APIError(exc.status_code, str(exc.detail)).response()
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _answer(request, APIError(exc.status_code, str(exc.detail)))
 
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
-        return APIError(500, f"internal server error: {type(exc).__name__}").response()
+    app.add_middleware(CatchAll)

@@ -32,11 +32,11 @@ SPEC_FIELDS = ("speculative_algorithm", "speculative_draft_model_path", "specula
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hotspec.entrypoints.cli import add_engine_args
+    from hotspec.entrypoints.engine_args import RawDescriptionHelpFormatter, add_engine_args
 
     p = sub.add_parser(
         "bench", help="benchmark speculative decoding against vanilla decoding on a prompt file",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, formatter_class=RawDescriptionHelpFormatter)
     add_engine_args(p)
     b = p.add_argument_group("benchmark")
     b.add_argument("--prompts", required=True, type=Path, metavar="FILE",
@@ -97,7 +97,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from hotspec.benchmark.prompts import BenchPrompt, prompt_ids, read_bench_prompts
     from hotspec.benchmark.report import build_results, plot, table, write_json
     from hotspec.benchmark.spec_bench import load_target
-    from hotspec.entrypoints.cli import engine_config
+    from hotspec.entrypoints.engine_args import engine_config
 
     cfg = engine_config(args)
     _check(args, cfg)

@@ -1,49 +1,32 @@
-"""`hotspec` command line. Engine options are generated from EngineConfig's fields, so the CLI and
-the Python API cannot drift apart (`speculative_num_steps` <-> `--speculative-num-steps`)."""
+"""`hotspec` command line: generate, serve, bench, train-draft, token-map, prune-draft. Engine
+options come from EngineConfig's fields (hotspec/entrypoints/engine_args.py)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-import types
-import typing
-from dataclasses import MISSING, fields
-from typing import Any
+import time
+from dataclasses import fields
 
 from hotspec.config import EngineConfig
+from hotspec.entrypoints.engine_args import (
+    HelpFormatter,
+    add_default_head_arg,
+    add_engine_args,
+    engine_config,
+    with_default_head,
+)
 from hotspec.errors import HotspecError
 
-
-def _base_type(tp: Any) -> type:
-    if isinstance(tp, str):
-        tp = eval(tp, {"int": int, "float": float, "str": str, "bool": bool, "None": None})
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        return next(a for a in typing.get_args(tp) if a is not type(None))
-    return tp
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    for f in fields(EngineConfig):
-        default = f.default if f.default is not MISSING else None
-        flag = "--" + f.name.replace("_", "-")
-        tp = _base_type(f.type)
-        if tp is bool:  # --allow-eager-fallback / --no-allow-eager-fallback
-            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
-        else:
-            g.add_argument(flag, dest=f.name, type=tp, default=default, help=f"(default: {default})")
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig)})
+GENERATE_MAX_TOKENS = 256  # room for a complete short answer from a chat model
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from hotspec.entrypoints.llm import LLM
     from hotspec.sampling_params import SamplingParams
 
-    cfg = engine_config(args)
+    cfg = with_default_head(engine_config(args), args.default_head)
     llm = LLM(**{f.name: getattr(cfg, f.name) for f in fields(EngineConfig)})
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed)
@@ -57,32 +40,48 @@ def cmd_generate(args: argparse.Namespace) -> None:
     else:
         ids = tok.encode(args.prompt)
     req = llm.engine.add_request(ids, params)
+    first: float | None = None  # after the prefill step: the rate below is decoding's alone
     for outs in llm.stream_steps():
+        first = first or time.perf_counter()
         for o in outs:
             sys.stdout.write(o.text_delta)
             sys.stdout.flush()
     sys.stdout.write("\n")
     s = req.stats
-    extra = f", tau {s.tau:.2f}" if s.spec_steps else ""
-    print(f"[{s.generated_tokens} tokens, finish: {req.finish_reason}{extra}]", file=sys.stderr)
+    decoded = s.generated_tokens - 1  # the first token comes from the prefill
+    rate = f", {decoded / (time.perf_counter() - first):.1f} tokens/s" if first and decoded else ""
+    spec = f", tau {s.tau:.2f}" if s.spec_steps else ""
+    print(f"[{s.generated_tokens} tokens, finish: {req.finish_reason}{spec}{rate}]", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from hotspec.entrypoints import bench_cli, prune_cli, serve_cli, token_map_cli, train_cli
-    p = argparse.ArgumentParser(prog="hotspec", description=__doc__)
+    p = argparse.ArgumentParser(prog="hotspec", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="hotspec's log messages on stderr, e.g. the CUDA-graph table at start-up "
                    "(default: info)")
     sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate text for one prompt, streamed to the terminal")
+    g = sub.add_parser("generate", help="generate text for one prompt, streamed to the terminal",
+                       formatter_class=HelpFormatter,
+                       description="Continue PROMPT (or answer it, with --chat) and stream the text "
+                       "to stdout; the token count, finish reason and speed go to stderr.")
     add_engine_args(g)
-    g.add_argument("prompt")
-    g.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--sampling-seed", type=int, default=None)
+    o = g.add_argument_group("generation")
+    o.add_argument("prompt", help="the prompt text")
+    o.add_argument("--chat", action="store_true",
+                   help="send the prompt as one user turn through the model's chat template")
+    o.add_argument("--max-tokens", type=int, default=GENERATE_MAX_TOKENS,
+                   help=f"new tokens at most (default: {GENERATE_MAX_TOKENS})")
+    o.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature; 0 is greedy (default: 0)")
+    o.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus sampling: keep the smallest set of tokens with this probability "
+                   "mass; 1 is off (default: 1)")
+    o.add_argument("--top-k", type=int, default=-1,
+                   help="keep the k most likely tokens; -1 or 0 is off (default: -1)")
+    o.add_argument("--sampling-seed", type=int, default=None,
+                   help="seed of this request's sampling; unset: drawn from the engine's --seed")
+    add_default_head_arg(o)
     g.set_defaults(func=cmd_generate)
     token_map_cli.add_parser(sub)
     train_cli.add_parser(sub)

@@ -1,9 +1,11 @@
 """OpenAI request bodies (/v1/completions, /v1/chat/completions) as pydantic models.
 
-Types are strict (a string is not a number, 1.0 is not an int), as OpenAI's API is; unknown fields
-are ignored (clients send `user`, `metadata`, ...); fields hotspec does not implement are accepted
-only at their neutral value, anything else is a clear 400 rather than a silently different result.
-Value ranges (temperature >= 0, max_tokens >= 1, ...) are SamplingParams' to check, in one place.
+Types are strict (a string is not a number, 1.0 is not an int), as OpenAI's API is. One rule for
+the fields of a body (and of each chat message): a field the model declares is implemented; a
+field in IGNORED_FIELDS changes nothing in the answer and is accepted; any other field is refused
+with a 400 that names it, unless it is null or its "off" value in NEUTRAL_VALUES (so clients that
+send OpenAI's defaults, e.g. n=1 or presence_penalty=0, keep working). Value ranges (temperature
+>= 0, max_tokens >= 1, ...) are SamplingParams' to check, in one place.
 """
 
 from __future__ import annotations
@@ -17,11 +19,45 @@ from hotspec.sampling_params import SamplingParams
 
 Number = Annotated[float, Field(strict=True)]  # strict float still takes ints, not strings
 
+# Fields that only label, store or route a request: accepted, ignored.
+IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key",
+                            "safety_identifier", "parallel_tool_calls", "name", "refusal",
+                            "annotations"})
+# Fields hotspec does not implement, accepted at the values that turn them off.
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (1,), "best_of": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
+    "repetition_penalty": (1,), "logit_bias": ({},), "logprobs": (False, 0), "top_logprobs": (0,),
+    "echo": (False,), "suffix": ("",), "min_tokens": (0,), "tools": ([],), "functions": ([],),
+    "tool_choice": ("none",), "function_call": ("none",), "tool_calls": ([],),
+    "response_format": ({"type": "text"},), "modalities": (["text"],),
+}
+
 
 class UnsupportedParameterError(InvalidRequestError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+def _is_neutral(name: str, value: Any) -> bool:
+    return any(value == off and isinstance(value, bool) == isinstance(off, bool)
+               for off in NEUTRAL_VALUES.get(name, ()))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def refuse_unsupported(model: type[BaseModel], data: dict[str, Any], where: str = "") -> None:
+    """The rule above, for `data` about to be validated as `model`; `where` prefixes field paths."""
+    bad = [(name, value) for name, value in data.items()
+           if name not in model.model_fields and name not in IGNORED_FIELDS and value is not None
+           and not _is_neutral(name, value)]
+    if bad:
+        raise UnsupportedParameterError(where + bad[0][0], "; ".join(
+            f"{where}{name} is not supported by this server (got {_shown(value)}); omit it"
+            for name, value in bad))
 
 
 class StreamOptions(BaseModel):
@@ -30,7 +66,7 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore")  # only fields refuse_unsupported let through
 
     model: StrictStr
     max_tokens: StrictInt | None = None
@@ -43,32 +79,14 @@ class _SamplingRequest(BaseModel):
     stop_token_ids: list[StrictInt] | None = None  # extension
     ignore_eos: StrictBool = False  # extension
     skip_special_tokens: StrictBool = True  # extension
-    n: StrictInt | None = None  # null is OpenAI's default (1)
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
-    # OpenAI fields without an implementation: accepted at their neutral value only.
-    presence_penalty: Number | None = None
-    frequency_penalty: Number | None = None
-    logit_bias: dict[str, Any] | None = None
-    logprobs: Any = None
-    top_logprobs: StrictInt | None = None
-    best_of: StrictInt | None = None
+
+    @classmethod
+    def refuse_unsupported(cls, data: dict[str, Any]) -> None:
+        refuse_unsupported(cls, data)
 
     def check_supported(self) -> None:
-        if self.n not in (None, 1):
-            raise UnsupportedParameterError("n", f"n={self.n} is not supported: this server returns "
-                                            "exactly one choice per request (n=1)")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if value not in (None, 0):
-                raise UnsupportedParameterError(name, f"{name} is not supported (got {value}); omit it or "
-                                                "send 0")
-        if self.logit_bias:
-            raise UnsupportedParameterError("logit_bias", "logit_bias is not supported; omit it")
-        if self.logprobs not in (None, False, 0) or self.top_logprobs:
-            raise UnsupportedParameterError("logprobs", "logprobs are not supported; omit logprobs")
-        if self.best_of not in (None, 1):
-            raise UnsupportedParameterError("best_of", f"best_of={self.best_of} is not supported (only 1)")
         if self.stream_options is not None and not self.stream:
             raise UnsupportedParameterError("stream_options", "stream_options needs stream=true")
 
@@ -94,15 +112,6 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     # A string, or token ids (the OpenAI API allows both); a one-element batch of either.
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
-    echo: StrictBool | None = None
-    suffix: StrictStr | None = None
-
-    def check_supported(self) -> None:
-        super().check_supported()
-        if self.echo:
-            raise UnsupportedParameterError("echo", "echo is not supported; omit it")
-        if self.suffix:
-            raise UnsupportedParameterError("suffix", "suffix is not supported; omit it")
 
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
@@ -136,6 +145,26 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None  # OpenAI's newer name for max_tokens
+
+    @classmethod
+    def refuse_unsupported(cls, data: dict[str, Any]) -> None:
+        """The rule for the body, each message and each content part (text parts only)."""
+        super().refuse_unsupported(data)
+        messages = data.get("messages")
+        for i, message in enumerate(messages if isinstance(messages, list) else ()):
+            if not isinstance(message, dict):
+                continue  # a type error: the schema says so
+            refuse_unsupported(ChatMessage, message, f"messages.{i}.")
+            parts = message.get("content")
+            for j, part in enumerate(parts if isinstance(parts, list) else ()):
+                if not isinstance(part, dict):
+                    continue
+                kind = part.get("type")
+                if kind is not None and kind != "text":
+                    raise UnsupportedParameterError(
+                        f"messages.{i}.content.{j}.type", f"messages.{i}.content.{j}: content "
+                        f"parts of type {_shown(kind)} are not supported; send text parts")
+                refuse_unsupported(TextPart, part, f"messages.{i}.content.{j}.")
 
     def check_supported(self) -> None:
         super().check_supported()

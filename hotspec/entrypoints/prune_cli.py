@@ -9,8 +9,11 @@ from hotspec.errors import HotspecError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from hotspec.entrypoints.engine_args import HelpFormatter
+
     p = sub.add_parser(
         "prune-draft", help="prune an EAGLE-3 head's draft vocabulary to an FR-Spec token map",
+        formatter_class=HelpFormatter,
         description="Write to DIR an EAGLE-3 head whose draft vocabulary is SRC's intersected with "
         "the map's ids (lm_head.weight rows, d2t, t2d and draft_vocab_size rewritten). Running it "
         "is exactly running SRC with --speculative-token-map FILE: same proposals, same outputs, "

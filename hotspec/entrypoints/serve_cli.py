@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
-from dataclasses import replace
 from pathlib import Path
-
-from hotspec.config import EngineConfig
-from hotspec.errors import HotspecError
-
-log = logging.getLogger("hotspec.server")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hotspec.entrypoints.cli import add_engine_args
+    from hotspec.entrypoints.engine_args import HelpFormatter, add_default_head_arg, add_engine_args
 
     p = sub.add_parser(
-        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        "serve", help="serve the model over an OpenAI-compatible HTTP API", formatter_class=HelpFormatter,
         description="Serve /v1/completions, /v1/chat/completions (streaming and not), /v1/models, "
         "/health and /metrics (Prometheus). Engine and speculative options as for `generate`.")
     add_engine_args(p)
@@ -30,35 +23,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model name clients send (default: the model folder or file name)")
     g.add_argument("--max-body-bytes", type=_positive_int, default=4 * 2**20,
                    help="largest request body accepted; larger ones get 413 (default: 4 MiB)")
-    g.add_argument("--default-head", action=argparse.BooleanOptionalAction, default=True,
-                   help="with no --model and no --speculative-algorithm, speculate with the "
-                   "default model's shipped EAGLE-3 head (default: on)")
+    add_default_head_arg(g)
     p.set_defaults(func=cmd_serve)
-
-
-def serve_config(cfg: EngineConfig, default_head: bool) -> EngineConfig:
-    """The engine configuration `hotspec serve` runs: with no model and no speculative options,
-    the default model speculates with its shipped head; if that head is not installed, the server
-    says so (a warning) and serves without speculation."""
-    if cfg.model is not None or cfg.speculative_algorithm is not None or not default_head:
-        return cfg
-    from hotspec.models import default_model
-
-    try:
-        head = default_model.default_draft_head()
-    except HotspecError as e:
-        log.warning("serving WITHOUT speculative decoding: %s", e)
-        return cfg
-    return replace(cfg, speculative_algorithm=default_model.DEFAULT_DRAFT_ALGORITHM,
-                   speculative_draft_model_path=str(head))
 
 
 def served_model_name(args: argparse.Namespace) -> str:
     if args.served_model_name:
         return args.served_model_name
-    if args.model is None:
-        from hotspec.models.default_model import DEFAULT_MODEL_NAME
+    from hotspec.models.default_model import DEFAULT_MODEL_NAME, is_default_model
 
+    if is_default_model(args.model):
         return DEFAULT_MODEL_NAME
     path = Path(args.model)
     return path.stem if path.suffix == ".gguf" else path.name
@@ -66,17 +40,13 @@ def served_model_name(args: argparse.Namespace) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     from hotspec.engine.engine import Engine
-    from hotspec.entrypoints.cli import engine_config
+    from hotspec.entrypoints.engine_args import engine_config, with_default_head
     from hotspec.entrypoints.server import ServerSettings, run
 
     # a bad option fails here, before any weight is read
-    cfg = serve_config(engine_config(args), args.default_head)
+    cfg = with_default_head(engine_config(args), args.default_head)
     settings = ServerSettings(served_model_name(args), args.api_key, args.max_body_bytes)
-    try:
-        engine = Engine(cfg)
-    except HotspecError:
-        raise
-    run(engine, settings, args.host, args.port)
+    run(Engine(cfg), settings, args.host, args.port)
 
 
 def _port(s: str) -> int:

@@ -9,8 +9,11 @@ from hotspec.errors import HotspecError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from hotspec.entrypoints.engine_args import HelpFormatter
+
     p = sub.add_parser(
         "token-map", help="count a corpus's token frequencies and write an FR-Spec token map",
+        formatter_class=HelpFormatter,
         description="Count the model tokenizer's token frequencies over a corpus (.txt, .jsonl, or "
         "ShareGPT .json) and write the SIZE most frequent ids as torch.save(list of int), plus a "
         "JSON sidecar <OUT>.json. EOS and the chat template's end-of-turn tokens are always kept.")
@@ -26,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_token_map(args: argparse.Namespace) -> None:
     from hotspec.models.loader import load_tokenizer, resolve_model_path
-    from hotspec.spec.token_map_builder import build_token_map, save_token_map
+    from hotspec.speculative.token_map_builder import build_token_map, save_token_map
 
     model_path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(model_path)

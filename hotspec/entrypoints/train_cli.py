@@ -11,8 +11,11 @@ from hotspec.errors import HotspecError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from hotspec.entrypoints.engine_args import HelpFormatter
+
     p = sub.add_parser(
         "train-draft", help="train a draft head (EAGLE-3 or EAGLE-1/2) for a target model",
+        formatter_class=HelpFormatter,
         description="Self-distillation: prompts (from files, or sampled from the target) are "
         "answered by the target with hotspec's engine, the target's features are recorded, and a "
         "draft head is trained on them. DIR receives config.json + model.safetensors (the public "
@@ -50,14 +53,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="response sampling temperature, 0 = greedy (default: 0; 0.7 is common)")
     p.add_argument("--max-seq-len", type=int, default=2048, help="record length cap (default: 2048)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=1, help="passes over the recorded data (default: 1)")
+    p.add_argument("--lr", type=float, default=1e-4,
+                   help="peak AdamW learning rate of the cosine schedule (default: 1e-4)")
+    p.add_argument("--batch-size", type=int, default=4, help="records per optimizer step (default: 4)")
     p.add_argument("--ttt-steps", type=int, default=None, metavar="K",
                    help="training-time-test unroll (default: eagle3 7 on CUDA, 3 on CPU; eagle 1)")
-    p.add_argument("--warmup-ratio", type=float, default=0.05)
-    p.add_argument("--save-every", type=int, default=200, help="checkpoint interval in steps")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--warmup-ratio", type=float, default=0.05,
+                   help="share of the steps that warm the learning rate up linearly (default: 0.05)")
+    p.add_argument("--save-every", type=int, default=200,
+                   help="optimizer steps between checkpoints, for --resume (default: 200)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where data is generated and the head trained; auto is cuda when available")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="target dtype for data and evaluation (auto: bfloat16 on CUDA, else float32)")
     p.add_argument("--kv-cache-memory-gb", type=float, default=None,
@@ -65,7 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
                    help="requests the data and evaluation engines decode at once (default: the "
                    "engine's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of prompt sampling, the head's initialisation and shuffling (default: 0)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in DIR (its data shards and last checkpoint)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

