@@ -26,8 +26,7 @@ import torch
 
 from hotspec.engine.request import Request
 from hotspec.layers import fused
-
-Tensors = dict[str, torch.Tensor]
+from hotspec.runtime.phase_io import Tensors
 
 
 class HostCopy:

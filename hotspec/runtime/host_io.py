@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
+from hotspec.runtime.phase_io import Tensors
+
 FETCH_BLOCK = 1024  # int32 words a fetch program reads (4 KiB: one round trip over PCIe)
 PUBLISH_BLOCK = 1024
 
-Tensors = dict[str, torch.Tensor]
 
 
 def fill_rows(dst: torch.Tensor, src: torch.Tensor, padded: int, pad: torch.Tensor) -> None:
