@@ -166,9 +166,9 @@ def _replay_only_ms(engine: Engine, batch: int, n: int) -> float | None:
     return statistics.median(runs)
 
 
-def kernel_table(engine: Engine, batch: int, top: int = 15, phase: str = "decode") -> str:
-    """The kernels of one replay of `phase`'s graph for `batch` (torch.profiler over 10 replays),
-    by total time, with the number of kernels per replay."""
+def kernel_stats(engine: Engine, batch: int, phase: str = "decode") -> tuple[float, float, list]:
+    """(kernels per replay, kernel ms per replay, profiler rows by total time) of one replay of
+    `phase`'s graph for `batch` (torch.profiler over 10 replays)."""
     from torch.profiler import ProfilerActivity, profile
 
     graph = engine.graphs.captured(phase, batch)
@@ -181,9 +181,14 @@ def kernel_table(engine: Engine, batch: int, top: int = 15, phase: str = "decode
     rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     rows.sort(key=lambda e: -e.device_time_total)
     total = sum(e.device_time_total for e in rows) / 10
-    n = sum(e.count for e in rows) / 10
-    lines = [f"{phase} batch {batch}: {n:.0f} kernels per replay, {total / 1e3:.3f} ms of kernel "
-             "time per replay"]
+    return sum(e.count for e in rows) / 10, total / 1e3, rows
+
+
+def kernel_table(engine: Engine, batch: int, top: int = 15, phase: str = "decode") -> str:
+    """The kernels of one replay of `phase`'s graph for `batch`, by total time, with the number of
+    kernels per replay."""
+    n, ms, rows = kernel_stats(engine, batch, phase)
+    lines = [f"{phase} batch {batch}: {n:.0f} kernels per replay, {ms:.3f} ms of kernel time per replay"]
     for e in rows[:top]:
         lines.append(f"  {e.device_time_total / 10 / 1e3:8.3f} ms  x{e.count / 10:5.0f}  {e.key[:90]}")
     return "\n".join(lines)

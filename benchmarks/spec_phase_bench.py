@@ -1,15 +1,26 @@
-"""Time each phase of one speculative step: draft, verify (+accept), draft_extend.
+"""Each phase of one speculative step and the fused step, beside a vanilla decode step of the
+same target, with kernels per replay and the bytes-read bound of each.
 
 For every (draft vocabulary, tree shape, batch size, graph mode) the engine is built around one
-shared target, B random prompts of --context tokens are prefilled, one real speculative step is
-run to record each phase's inputs, and then each phase is replayed --iters times through the
-engine's GraphRunner exactly as a step calls it (copy into static buffers, replay, copy out).
-Draft vocabularies: `full` (the target's LM head) or N (an FR-Spec map of N hot ids).
+shared target with both the fused step graph and the phase graphs, B random prompts of
+--context tokens are prefilled, one real fused step and one real phased step record each graph's
+inputs, and each graph is then replayed --iters times through the engine's GraphRunner exactly as
+a step calls it. A vanilla engine over the same target times a decode step at each batch size.
 
-    python benchmarks/spec_phase_bench.py --target default --device cpu --batch-sizes 1 \\
-        --shapes 5,1,6 --hot full,32768,16384,8192 --phases draft --iters 5
-    python benchmarks/spec_phase_bench.py --target llama8b-shape --device cuda \\
-        --batch-sizes 1,16 --shapes 5,1,6 6,8,16 --hot full,32768 --modes graphed,eager
+Bounds (weights read once, KV ignored): decode and verify read the target's weights; each draft
+forward and draft_extend read the draft head's (its LM head included); the step reads the target
+once and the head num_steps times. A phase's "of bound" is its bound over its time.
+
+    python benchmarks/spec_phase_bench.py --target llama8b-shape --draft eagle3:32768 \\
+        --batch-sizes 1,8,32 --shapes 3,1,4 5,1,6 7,1,8 4,8,12 6,8,16
+    python benchmarks/spec_phase_bench.py --target default --draft default --batch-sizes 1,8,32 \\
+        --shapes 3,1,4 4,8,12
+    python benchmarks/spec_phase_bench.py --target smollm2-shape --device cpu --batch-sizes 1 \\
+        --shapes 3,1,4 --draft eagle3:4096 --iters 2     # a smoke run on the CPU (eager)
+
+Draft heads: `random` (an EAGLE-1 head on the target's LM head), `eagle3:N` (a random EAGLE-3
+head with its own N-token LM head and d2t), `default` (the shipped head of the default model) or
+the path of a head; `--hot full,32768` adds FR-Spec maps of N hot ids.
 """
 
 from __future__ import annotations
@@ -27,16 +38,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_bench import kernel_table, timeline  # noqa: E402
+from decode_bench import H200_BANDWIDTH, kernel_stats, weight_bytes_per_step  # noqa: E402
 
 from hotspec.benchmark.random_models import SHAPES, random_state  # noqa: E402
 from hotspec.config import EngineConfig  # noqa: E402
+from hotspec.engine.builder import EngineBuilder  # noqa: E402
 from hotspec.engine.engine import Engine  # noqa: E402
 from hotspec.models.build import build_target  # noqa: E402
 from hotspec.models.default_model import default_draft_head, default_model_path  # noqa: E402
 from hotspec.models.draft_checkpoint import random_draft_checkpoint  # noqa: E402
 from hotspec.models.loader import load_checkpoint  # noqa: E402
+from hotspec.runtime.graph_runner import GraphRunner  # noqa: E402
 from hotspec.sampling_params import SamplingParams  # noqa: E402
+
+PHASES = ("draft", "verify", "draft_extend", "step")
 
 
 def build_target_model(args, device, dtype):
@@ -50,116 +65,77 @@ def build_target_model(args, device, dtype):
     return cfg, build_target(cfg, state, dtype, device)
 
 
-def time_phase(engine: Engine, name: str, inputs: dict, iters: int) -> float:
-    dev = engine.device
-    run = engine.graphs.run
+def draft_head(spec: str, model_cfg, tmp: Path) -> tuple[Path, str]:
+    if spec == "random":
+        return random_draft_checkpoint(tmp / "head", model_cfg, "EAGLE", seed=0), "EAGLE"
+    if spec.startswith("eagle3:"):
+        n = int(spec.split(":", 1)[1])
+        return random_draft_checkpoint(tmp / f"head3_{n}", model_cfg, "EAGLE3", seed=0,
+                                       draft_vocab_size=n), "EAGLE3"
+    return (default_draft_head() if spec == "default" else Path(spec)), "EAGLE3"
+
+
+def timed_ms(fn, device: torch.device, iters: int) -> float:
+    """Median wall (CPU) or device-event (CUDA) milliseconds of `fn`, after three warm-up calls."""
     for _ in range(3):
-        run(name, inputs)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(iters):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            run(name, inputs)
+            fn()
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b))
-        return statistics.median(times)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        run(name, inputs)
-        times.append((time.perf_counter() - t0) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--target", choices=["default", *SHAPES], default="default",
-                   help="the default GGUF, or a shape with random weights")
-    p.add_argument("--target-layers", type=int, default=None, help="shrink a shape (draft-only runs)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--batch-sizes", default="1,16")
-    p.add_argument("--context", type=int, default=512)
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="the engine's static context bound (default: --context + 64). The "
-                        "attention's kv split count follows it, not the real length, so a "
-                        "server's bound (the model's context) gives more splits than the default")
-    p.add_argument("--shapes", nargs="+", default=["5,1,6", "6,8,16"])
-    p.add_argument("--hot", default="full,32768")
-    p.add_argument("--modes", default="graphed,eager",
-                   help="graphed and/or eager")
-    p.add_argument("--phases", default="draft,verify,draft_extend",
-                   help="draft, verify, draft_extend (each its own graph), or step alone: the "
-                        "engine's default fused step graph (fuse_spec_step)")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--draft", default="random",
-                   help="`random` (a random EAGLE-1 head), `default` (the shipped EAGLE-3 head of "
-                        "the default model) or the path of an EAGLE-3 head")
-    p.add_argument("--kernels", action="store_true",
-                   help="graphed: print the kernels of one replay of each phase (torch.profiler)")
-    p.add_argument("--timeline", type=int, default=0, metavar="N",
-                   help="graphed: each phase graph's idle time between kernels per replay, and the "
-                        "last N kernels of one replay and the first N of the next (torch.profiler)")
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
-    fused_step = "step" in args.phases.split(",")
-    if fused_step and args.phases != "step":
-        p.error("--phases step times the fused step graph, alone; the others need unfused graphs")
-    device = torch.device(args.device)
-    default_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype
-    if device.type != "cuda":
-        args.modes = "eager"
-    model_cfg, target = build_target_model(args, device, dtype)
-    tmp = Path(tempfile.mkdtemp())
-    algorithm = "EAGLE3"
-    if args.draft == "random":
-        head, algorithm = random_draft_checkpoint(tmp / "head", model_cfg, "EAGLE", seed=0), "EAGLE"
-    elif args.draft == "default":
-        head = default_draft_head()
-    else:
-        head = Path(args.draft)
-    rows = []
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    for hot in args.hot.split(","):
-        tmap = None
-        if hot != "full":
-            tmap = str(tmp / f"freq_{hot}.pt")
-            torch.save(list(range(int(hot))), tmap)
-        for shape in args.shapes:
-            steps, topk, ntok = (int(x) for x in shape.split(","))
-            for mode in args.modes.split(","):
-                cfg = EngineConfig(
-                    device="auto", dtype="auto", skip_tokenizer_init=True, kv_cache_memory_gb=2.0,
-                    max_model_len=args.max_model_len or args.context + 64, max_num_seqs=max(batch_sizes),
-                    cuda_graph_max_bs=max(batch_sizes), disable_cuda_graph=(mode == "eager"),
-                    speculative_algorithm=algorithm, speculative_draft_model_path=str(head),
-                    speculative_num_steps=steps, speculative_eagle_topk=topk,
-                    speculative_num_draft_tokens=ntok, speculative_token_map=tmap,
-                    fuse_spec_step=fused_step)  # unfused: each phase its own graph, timed apart
-                engine = Engine.from_model(cfg, model_cfg, target)
-                for bs in batch_sizes:
-                    rows += bench_one(engine, args, bs, hot, shape, mode)
-                    print(json.dumps(rows[-1]), flush=True)
-                engine.graphs.close()
-                del engine
-                gc.collect()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
-    print_table(rows)
+def engine_for(cfg: EngineConfig, model_cfg, target, batch_sizes: list[int]) -> Engine:
+    """An engine that captures exactly the benchmarked batch sizes (fewer captures)."""
+    def runner(self: EngineBuilder) -> GraphRunner:
+        mode = "cuda" if self.device.type == "cuda" and not self.cfg.disable_cuda_graph else "eager"
+        return GraphRunner(self.device, mode, batch_sizes)
+
+    real = EngineBuilder._graph_runner
+    EngineBuilder._graph_runner = runner  # type: ignore[method-assign]
+    try:
+        return Engine.from_model(cfg, model_cfg, target)
+    finally:
+        EngineBuilder._graph_runner = real  # type: ignore[method-assign]
 
 
-def bench_one(engine: Engine, args, bs: int, hot: str, shape: str, mode: str) -> list[dict]:
+def add_requests(engine: Engine, bs: int, context: int) -> list:
     g = torch.Generator().manual_seed(bs)
     vocab = engine.model_config.vocab_size
-    reqs = [engine.add_request(torch.randint(0, vocab, (args.context,), generator=g).tolist(),
+    return [engine.add_request(torch.randint(0, vocab, (context,), generator=g).tolist(),
                                SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
             for _ in range(bs)]
+
+
+def decode_ms(engine: Engine, bs: int, args) -> tuple[float, float | None]:
+    """A vanilla decode step at `bs`: its graph replayed alone (CUDA) or one engine step (CPU);
+    and the kernels per replay (CUDA)."""
+    reqs = add_requests(engine, bs, args.context)
+    engine.step()  # prefill
+    graph = engine.graphs.captured("decode", bs)
+    if graph is not None:
+        ms = timed_ms(graph.replay, engine.device, args.iters)
+        kernels = kernel_stats(engine, bs, "decode")[0]
+    else:
+        ms, kernels = timed_ms(engine.step, engine.device, args.iters), None
+    for r in reqs:
+        engine.abort(r)
+    return ms, kernels
+
+
+def phase_rows(engine: Engine, bs: int, args) -> dict[str, tuple[float, float | None]]:
+    """Each phase graph and the fused step at `bs`, replayed from the inputs of real steps."""
+    reqs = add_requests(engine, bs, args.context)
     seen: dict[str, dict] = {}
     real = engine.graphs.run
 
@@ -167,35 +143,106 @@ def bench_one(engine: Engine, args, bs: int, hot: str, shape: str, mode: str) ->
         seen[name] = inputs
         return real(name, inputs, **kw)
 
+    worker = engine.worker
     engine.step()  # prefill
-    engine.graphs.run = spy
-    engine.step()  # one real speculative step records every phase's inputs
-    engine.graphs.run = real
-    out = []
+    engine.graphs.run = spy  # type: ignore[method-assign]
+    worker.profile = False  # type: ignore[attr-defined]
+    engine.step()  # a fused step (and any launched step read)
+    worker.profile = True  # type: ignore[attr-defined]
+    engine.step()  # a phased step: draft, verify, draft_extend
+    engine.graphs.run = real  # type: ignore[method-assign]
+    out = {}
     for phase in args.phases.split(","):
-        ms = time_phase(engine, phase, seen[phase], args.iters)
-        out.append({"target": args.target, "hot": hot, "shape": shape, "bs": bs, "mode": mode,
-                    "phase": phase, "ms": round(ms, 4)})
-        if args.kernels and engine.graphs.mode == "cuda":
-            print(f"[{hot} {shape}] " + kernel_table(engine, bs, top=25, phase=phase), flush=True)
-        if args.timeline and engine.graphs.mode == "cuda":
-            print(f"[{hot} {shape}] " + timeline(engine, bs, args.timeline, phase=phase), flush=True)
+        ms = timed_ms(lambda p=phase: real(p, seen[p]), engine.device, args.iters)
+        kernels = kernel_stats(engine, bs, phase)[0] if engine.graphs.mode == "cuda" else None
+        out[phase] = (ms, kernels)
     for r in reqs:
         engine.abort(r)
     return out
 
 
-def print_table(rows: list[dict]) -> None:
-    print("\ntarget        hot    shape    bs  mode     phase          ms    vs full  graphed/eager")
-    full = {(r["shape"], r["bs"], r["mode"], r["phase"]): r["ms"] for r in rows if r["hot"] == "full"}
-    eager = {(r["hot"], r["shape"], r["bs"], r["phase"]): r["ms"] for r in rows if r["mode"] == "eager"}
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", choices=["default", *SHAPES], default="default",
+                   help="the default GGUF, or a shape with random weights")
+    p.add_argument("--target-layers", type=int, default=None, help="shrink a shape (smoke runs)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cuda or cpu")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
+    p.add_argument("--batch-sizes", default="1,8,32", help="comma-separated")
+    p.add_argument("--context", type=int, default=512, help="prompt length (random token ids)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the engine's static context bound (default: --context + 64)")
+    p.add_argument("--shapes", nargs="+", default=["3,1,4", "7,1,8", "6,8,16"],
+                   help="STEPS,TOPK,DRAFT_TOKENS each")
+    p.add_argument("--hot", default="full", help="draft vocabularies: full and/or FR-Spec map sizes")
+    p.add_argument("--phases", default=",".join(PHASES), help="which of " + ", ".join(PHASES))
+    p.add_argument("--iters", type=int, default=20, help="timed replays per phase")
+    p.add_argument("--draft", default="eagle3:32768",
+                   help="random (EAGLE-1), eagle3:N (random EAGLE-3, N-token LM head), default, "
+                        "or a head's path")
+    p.add_argument("--out", default=None, help="write the rows here as JSON")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    model_cfg, target = build_target_model(args, device, dtype)
+    tmp = Path(tempfile.mkdtemp())
+    head, algorithm = draft_head(args.draft, model_cfg, tmp)
+    base = EngineConfig(device="auto", dtype="auto", skip_tokenizer_init=True, kv_cache_memory_gb=4.0,
+                        max_model_len=args.max_model_len or args.context + 64,
+                        max_num_seqs=max(batch_sizes), cuda_graph_max_bs=max(batch_sizes))
+    target_bytes = weight_bytes_per_step(target)
+    vanilla = engine_for(base, model_cfg, target, batch_sizes)
+    decode = {bs: decode_ms(vanilla, bs, args) for bs in batch_sizes}
+    vanilla.graphs.close()
+    del vanilla
+    rows = []
+    for hot in args.hot.split(","):
+        tmap = None
+        if hot != "full":
+            tmap = str(tmp / f"freq_{hot}.pt")
+            torch.save(list(range(int(hot))), tmap)
+        for shape in args.shapes:
+            steps, topk, ntok = (int(x) for x in shape.split(","))
+            cfg = replace(base, speculative_algorithm=algorithm, speculative_draft_model_path=str(head),
+                          speculative_num_steps=steps, speculative_eagle_topk=topk,
+                          speculative_num_draft_tokens=ntok, speculative_token_map=tmap,
+                          fuse_spec_step=True, profile_phases=True)
+            engine = engine_for(cfg, model_cfg, target, batch_sizes)
+            assert engine.draft is not None
+            draft_bytes = weight_bytes_per_step(engine.draft)
+            bound_bytes = {"draft": (steps - 1) * draft_bytes, "verify": target_bytes,
+                           "draft_extend": draft_bytes, "step": target_bytes + steps * draft_bytes}
+            for bs in batch_sizes:
+                for phase, (ms, kernels) in phase_rows(engine, bs, args).items():
+                    d_ms, d_kernels = decode[bs]
+                    bound = bound_bytes[phase] / H200_BANDWIDTH * 1e3
+                    rows.append({"target": args.target, "draft": args.draft, "hot": hot, "shape": shape,
+                                 "bs": bs, "phase": phase, "ms": round(ms, 4),
+                                 "decode_ms": round(d_ms, 4), "x_decode": round(ms / d_ms, 3),
+                                 "kernels": kernels, "decode_kernels": d_kernels,
+                                 "bound_ms": round(bound, 4), "of_bound": round(bound / ms, 3),
+                                 "draft_mb": round(draft_bytes / 1e6, 1)})
+                    print(json.dumps(rows[-1]), flush=True)
+            engine.graphs.close()
+            del engine
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    print_table(rows, device)
+
+
+def print_table(rows: list[dict], device: torch.device) -> None:
+    bound = "of 4.37 TB/s bound" if device.type == "cuda" else "(bound: H200 figures)"
+    print(f"\nhot    shape    bs  phase           ms   decode  x decode  kernels  {bound}")
     for r in rows:
-        f = full.get((r["shape"], r["bs"], r["mode"], r["phase"]))
-        e = eager.get((r["hot"], r["shape"], r["bs"], r["phase"]))
-        vs_full = f"{f / r['ms']:.2f}x" if f and r["hot"] != "full" else "-"
-        vs_eager = f"{e / r['ms']:.2f}x" if e and r["mode"] != "eager" else "-"
-        print(f"{r['target']:<13} {r['hot']:<6} {r['shape']:<8} {r['bs']:>3}  {r['mode']:<8} "
-              f"{r['phase']:<13} {r['ms']:>8.3f}  {vs_full:>7}  {vs_eager:>7}")
+        k = "-" if r["kernels"] is None else f"{r['kernels']:.0f}/{r['decode_kernels']:.0f}"
+        print(f"{r['hot']:<6} {r['shape']:<8} {r['bs']:>3}  {r['phase']:<12} {r['ms']:>7.3f} "
+              f"{r['decode_ms']:>7.3f}  {r['x_decode']:>7.2f}x  {k:>7}  {r['of_bound']:>6.1%}")
 
 
 if __name__ == "__main__":
