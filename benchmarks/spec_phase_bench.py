@@ -110,18 +110,22 @@ def engine_for(cfg: EngineConfig, model_cfg, target, batch_sizes: list[int]) -> 
 
 
 def add_requests(engine: Engine, bs: int, context: int) -> list:
+    """`bs` random prompts of `context` tokens, prefilled (in chunks where they exceed
+    max_prefill_tokens), each with its first token."""
     g = torch.Generator().manual_seed(bs)
     vocab = engine.model_config.vocab_size
-    return [engine.add_request(torch.randint(0, vocab, (context,), generator=g).tolist(),
+    reqs = [engine.add_request(torch.randint(0, vocab, (context,), generator=g).tolist(),
                                SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
             for _ in range(bs)]
+    while engine.waiting or engine.prefilling:
+        engine.step()
+    return reqs
 
 
 def decode_ms(engine: Engine, bs: int, args) -> tuple[float, float | None]:
     """A vanilla decode step at `bs`: its graph replayed alone (CUDA) or one engine step (CPU);
     and the kernels per replay (CUDA)."""
     reqs = add_requests(engine, bs, args.context)
-    engine.step()  # prefill
     graph = engine.graphs.captured("decode", bs)
     if graph is not None:
         ms = timed_ms(graph.replay, engine.device, args.iters)
@@ -144,7 +148,6 @@ def phase_rows(engine: Engine, bs: int, args) -> dict[str, tuple[float, float | 
         return real(name, inputs, **kw)
 
     worker = engine.worker
-    engine.step()  # prefill
     engine.graphs.run = spy  # type: ignore[method-assign]
     worker.profile = False  # type: ignore[attr-defined]
     engine.step()  # a fused step (and any launched step read)
