@@ -106,8 +106,20 @@ def test_tau_histogram_phases(bench: tuple[Path, dict[str, Any]]) -> None:
         assert all(p["calls"] > 0 and p["seconds"] > 0 for p in pb["phases"].values())
         assert pb["phases"]["verify"]["calls"] == pb["phases"]["draft"]["calls"]
         assert pb["source"].startswith("timed pass")  # CPU: the timed pass itself is profiled
+        # acceptance at each draft depth, from the same histogram: depth d reached by passes of
+        # length >= d, accepted by those of length >= d + 1
+        by_depth = s["acceptance_by_depth"]
+        assert [r["depth"] for r in by_depth] == list(range(1, max(hist)))
+        for r in by_depth:
+            assert r["reached"] == sum(v for a, v in hist.items() if a >= r["depth"])
+            assert r["accepted"] == sum(v for a, v in hist.items() if a > r["depth"])
+            assert r["rate"] == pytest.approx(r["accepted"] / r["reached"])
     per_request = [r["tau"] for r in report["requests"]]
-    assert report["overall"]["speculative"]["tau_mean"] == pytest.approx(sum(per_request) / len(per_request))
+    o = report["overall"]["speculative"]
+    assert o["tau_mean"] == pytest.approx(sum(per_request) / len(per_request))
+    mean = o["tau_mean"]
+    sd = (sum((t - mean) ** 2 for t in per_request) / (len(per_request) - 1)) ** 0.5
+    assert o["tau_ci95"] == pytest.approx(1.96 * sd / len(per_request) ** 0.5)
 
 
 def test_metadata_and_plot(bench: tuple[Path, dict[str, Any]]) -> None:

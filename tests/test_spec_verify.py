@@ -64,3 +64,15 @@ def test_greedy_acceptance_equals_the_walk(seed: int, shape: tuple[int, int, int
     assert torch.equal(acc.path, path)
     assert torch.equal(acc.bonus, bonus)
     assert accept_len.max() > 2  # the cases exercise deep paths
+
+
+def test_acceptance_by_depth_from_the_histogram():
+    """Accept lengths 1 (only the root's bonus), 2 and 4: depth 1 is reached by every pass and
+    accepted by two; depth 2 reached by two and accepted by one; depth 3 by one and one."""
+    from collections import Counter
+
+    from hotspec.speculative.stats import SpecStats
+
+    stats = SpecStats(accept_hist=Counter({1: 3, 2: 1, 4: 1}))
+    assert stats.acceptance_by_depth() == [(1, 5, 2), (2, 2, 1), (3, 1, 1)]
+    assert SpecStats().acceptance_by_depth() == []

@@ -5,6 +5,7 @@ and the printed table."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,17 @@ def mode_summary(runs: list[BatchRun]) -> dict[str, Any]:
             "decode_steps": sum(r.decode_steps for r in runs)}
 
 
+def ci95(values: list[float]) -> float | None:
+    """Half-width of the 95 % confidence interval of the mean of `values` (normal approximation
+    over requests, sample standard deviation); None for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return 1.96 * math.sqrt(var / n)
+
+
 def merged_stats(runs: list[BatchRun]) -> SpecStats:
     total = SpecStats()
     for r in runs:
@@ -61,8 +73,10 @@ def spec_summary(runs: list[BatchRun]) -> dict[str, Any]:
     stats = merged_stats(runs)
     hist = stats.accept_hist
     passes = sum(hist.values())
-    return {"tau_mean": sum(taus) / len(taus) if taus else None, "tau_total": _ratio(tokens, steps),
-            "verify_steps": steps,
+    return {"tau_mean": sum(taus) / len(taus) if taus else None, "tau_ci95": ci95(taus),
+            "tau_total": _ratio(tokens, steps), "verify_steps": steps,
+            "acceptance_by_depth": [{"depth": d, "reached": n, "accepted": k, "rate": k / n}
+                                    for d, n, k in stats.acceptance_by_depth()],
             "accept_hist": {str(k): hist[k] for k in sorted(hist)},
             "accept_len_mean": _ratio(sum(k * v for k, v in hist.items()), passes),
             "hot_coverage": stats.hot_coverage, "hot_served_tokens": stats.served}
@@ -200,13 +214,14 @@ def _num(v: float | None, fmt: str) -> str:
 def table(results: dict[str, Any], header: str) -> str:
     """The short table printed last."""
     has_hf = "hf" in results[OVERALL]
-    head = (f"{'category':<14} {'n':>4} {'tau':>5} {'tau tot':>7} {'vanilla tok/s':>13} "
+    head = (f"{'category':<14} {'n':>4} {'tau ±95%':>11} {'tau tot':>7} {'vanilla tok/s':>13} "
             f"{'spec tok/s':>10} {'speedup':>7} {'decode x':>8} {'identical':>9}")
     head += f" {'HF tok/s':>9}" if has_hf else ""
     lines = [header, head]
     for name, e in [*results["categories"].items(), (OVERALL, results[OVERALL])]:
         s = e["speculative"]
-        row = (f"{name[:14]:<14} {e['num_prompts']:>4} {_num(s['tau_mean'], '.2f'):>5} "
+        tau = _num(s["tau_mean"], ".2f") + ("" if s["tau_ci95"] is None else f"±{s['tau_ci95']:.2f}")
+        row = (f"{name[:14]:<14} {e['num_prompts']:>4} {tau:>11} "
                f"{_num(s['tau_total'], '.2f'):>7} {_num(e['vanilla']['tokens_per_s'], '.1f'):>13} "
                f"{_num(s['tokens_per_s'], '.1f'):>10} {_num(e['speedup'], '.2f') + 'x':>7} "
                f"{_num(e['decode_speedup'], '.2f') + 'x':>8} "
@@ -225,6 +240,9 @@ def table(results: dict[str, Any], header: str) -> str:
     lines += [phases,
               f"accept length histogram (tokens per verify pass): {hist or '-'}; "
               f"mean {_num(o['speculative']['accept_len_mean'], '.2f')}",
+              "acceptance by draft depth (accepted / reached): " + (" ".join(
+                  f"d{r['depth']} {r['rate']:.0%} ({r['accepted']}/{r['reached']})"
+                  for r in o["speculative"]["acceptance_by_depth"]) or "-"),
               f"hot-set coverage: {o['speculative']['hot_coverage']:.1%} of "
               f"{o['speculative']['hot_served_tokens']} served tokens",
               f"greedy outputs identical to vanilla: {o['greedy_identical']}/{o['num_prompts']}"

@@ -19,6 +19,20 @@ class SpecStats:
     def hot_coverage(self) -> float:
         return self.hot_hits / self.served if self.served else 0.0
 
+    def acceptance_by_depth(self) -> list[tuple[int, int, int]]:
+        """Per draft depth d = 1, 2, ...: (d, passes that reached d, passes that accepted a node at
+        d). A pass of accept length a (the root included) reached depths 1..a and accepted
+        1..a-1, so the rate at d is P(accept at d | accepted at d - 1)."""
+        if not self.accept_hist:
+            return []
+        deepest = max(self.accept_hist) - 1
+        rows = []
+        for d in range(1, deepest + 1):
+            reached = sum(n for a, n in self.accept_hist.items() if a >= d)
+            accepted = sum(n for a, n in self.accept_hist.items() if a >= d + 1)
+            rows.append((d, reached, accepted))
+        return rows
+
     def add_served(self, tokens: list[int], hot: frozenset[int]) -> None:
         """Count the tokens of a step the engine kept; `hot` is the draft vocabulary (target ids)."""
         self.served += len(tokens)
