@@ -256,10 +256,9 @@ class EagleWorker:
                                "profile_phases (or without fuse_spec_step) to run phases one by one")
         t0 = time.perf_counter()
         greedy = all(r.params.temperature == 0 for r in reqs)
-        x = self._inputs(reqs, src=False, sampled=not greedy)
+        x = self._inputs(reqs, src=False, sampled=False)  # (sampling: verify's inputs only)
         tree = g.draft.run(DraftIn(seq=x.seq, tables=x.tables, root=x.root,
-                                            topk_logp=x.topk_logp, topk_ids=x.topk_ids,
-                                            feature=x.feature))
+                                   topk_logp=x.topk_logp, topk_ids=x.topk_ids, feature=x.feature))
         t0 = self._timed("draft", t0)
         verify_in = VerifyIn(seq=x.seq, tables=x.tables, **tree.tensors(),
                              **({} if greedy else sampling_fields(reqs, _CPU)))
