@@ -42,13 +42,11 @@ from decode_bench import H200_BANDWIDTH, kernel_stats, weight_bytes_per_step  # 
 
 from hotspec.benchmark.random_models import SHAPES, random_state  # noqa: E402
 from hotspec.config import EngineConfig  # noqa: E402
-from hotspec.engine.builder import EngineBuilder  # noqa: E402
 from hotspec.engine.engine import Engine  # noqa: E402
 from hotspec.models.build import build_target  # noqa: E402
 from hotspec.models.default_model import default_draft_head, default_model_path  # noqa: E402
 from hotspec.models.draft_checkpoint import random_draft_checkpoint  # noqa: E402
 from hotspec.models.loader import load_checkpoint  # noqa: E402
-from hotspec.runtime.graph_runner import GraphRunner  # noqa: E402
 from hotspec.sampling_params import SamplingParams  # noqa: E402
 
 PHASES = ("draft", "verify", "draft_extend", "step")
@@ -93,20 +91,6 @@ def timed_ms(fn, device: torch.device, iters: int) -> float:
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
-
-
-def engine_for(cfg: EngineConfig, model_cfg, target, batch_sizes: list[int]) -> Engine:
-    """An engine that captures exactly the benchmarked batch sizes (fewer captures)."""
-    def runner(self: EngineBuilder) -> GraphRunner:
-        mode = "cuda" if self.device.type == "cuda" and not self.cfg.disable_cuda_graph else "eager"
-        return GraphRunner(self.device, mode, batch_sizes)
-
-    real = EngineBuilder._graph_runner
-    EngineBuilder._graph_runner = runner  # type: ignore[method-assign]
-    try:
-        return Engine.from_model(cfg, model_cfg, target)
-    finally:
-        EngineBuilder._graph_runner = real  # type: ignore[method-assign]
 
 
 def add_requests(engine: Engine, bs: int, context: int) -> list:
@@ -195,9 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     head, algorithm = draft_head(args.draft, model_cfg, tmp)
     base = EngineConfig(device="auto", dtype="auto", skip_tokenizer_init=True, kv_cache_memory_gb=4.0,
                         max_model_len=args.max_model_len or args.context + 64,
-                        max_num_seqs=max(batch_sizes), cuda_graph_max_bs=max(batch_sizes))
+                        max_num_seqs=max(batch_sizes), cuda_graph_bs=tuple(batch_sizes))
     target_bytes = weight_bytes_per_step(target)
-    vanilla = engine_for(base, model_cfg, target, batch_sizes)
+    vanilla = Engine.from_model(base, model_cfg, target)
     decode = {bs: decode_ms(vanilla, bs, args) for bs in batch_sizes}
     vanilla.graphs.close()
     del vanilla
@@ -213,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
                           speculative_num_steps=steps, speculative_eagle_topk=topk,
                           speculative_num_draft_tokens=ntok, speculative_token_map=tmap,
                           fuse_spec_step=True, profile_phases=True)
-            engine = engine_for(cfg, model_cfg, target, batch_sizes)
+            engine = Engine.from_model(cfg, model_cfg, target)
             assert engine.draft is not None
             draft_bytes = weight_bytes_per_step(engine.draft)
             bound_bytes = {"draft": (steps - 1) * draft_bytes, "verify": target_bytes,

@@ -59,6 +59,10 @@ class EngineConfig:
     cuda_graph_max_bs: int = _option(
         64, "largest batch size captured as a CUDA graph (capped by --max-num-seqs); larger "
         "batches run eagerly")
+    cuda_graph_bs: tuple[int, ...] | None = _option(
+        None, "the batch sizes captured as CUDA graphs, e.g. 1 8 32 (a batch replays the next "
+        "captured size up); unset: 1, 2, 4, 8, then steps of 8 (16 above 64) up to "
+        "--cuda-graph-max-bs")
     profile_phases: bool = _option(
         False, "time each speculative phase (draft, verify, draft_extend); synchronises the device, "
         "so it slows decoding")
@@ -100,6 +104,11 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "cuda_graph_max_bs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cuda_graph_bs is not None:
+            sizes = tuple(sorted(set(self.cuda_graph_bs)))
+            if not sizes or sizes[0] < 1:
+                raise ConfigError(f"cuda_graph_bs must list batch sizes >= 1, got {self.cuda_graph_bs}")
+            object.__setattr__(self, "cuda_graph_bs", sizes)  # (frozen: normalised once, here)
         for name in ("num_kv_blocks", "max_prefill_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -21,6 +21,8 @@ from hotspec.entrypoints.cli import build_parser, engine_config
     ({"dtype": "int8"}, "dtype"),
     ({"attention_backend": "flash"}, "attention_backend"),
     ({"block_size": 0}, "block_size"),
+    ({"cuda_graph_bs": (0, 8)}, "cuda_graph_bs must list batch sizes >= 1"),
+    ({"cuda_graph_bs": ()}, "cuda_graph_bs must list batch sizes >= 1"),
 ])
 def test_invalid_options_are_refused(kwargs, match):
     with pytest.raises(ConfigError, match=match):
@@ -46,3 +48,21 @@ def test_sglang_defaults_and_cli_names():
     assert cfg.speculative_token_map == "freq.pt" and cfg.speculative_draft_model_path == "/h"
     off = engine_config(build_parser().parse_args(["generate", "hi", "--disable-cuda-graph"]))
     assert off.disable_cuda_graph is True and off.allow_eager_fallback is False
+
+
+def test_cuda_graph_batch_sizes_from_the_command_line_reach_the_graph_runner(tmp_path):
+    """--cuda-graph-bs 8 1 32: exactly those sizes, sorted, are the graph runner's (a batch of 5
+    replays 8); unset, the default ladder up to --cuda-graph-max-bs."""
+    from engine_utils import save_tiny_llama
+
+    from hotspec.engine.engine import Engine
+
+    cfg = engine_config(build_parser().parse_args(["generate", "hi", "--cuda-graph-bs", "8", "1", "32"]))
+    assert cfg.cuda_graph_bs == (1, 8, 32)
+    assert EngineConfig(cuda_graph_bs=[4, 2, 4]).cuda_graph_bs == (2, 4)
+    save_tiny_llama(tmp_path / "m", vocab=64, hidden=64, layers=1, std=0.2)
+    for sizes, want in (((8, 1, 32), [1, 8, 32]), (None, [1, 2, 4, 8, 16])):
+        engine = Engine(EngineConfig(model=str(tmp_path / "m"), dtype="float32", device="cpu",
+                                     skip_tokenizer_init=True, num_kv_blocks=16, max_num_seqs=16,
+                                     cuda_graph_bs=sizes))
+        assert engine.graphs.batch_sizes == want

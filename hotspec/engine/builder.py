@@ -122,7 +122,8 @@ class EngineBuilder:
 
     def _graph_runner(self) -> GraphRunner:
         mode = "cuda" if self.device.type == "cuda" and not self.cfg.disable_cuda_graph else "eager"
-        sizes = default_batch_sizes(min(self.cfg.cuda_graph_max_bs, self.cfg.max_num_seqs))
+        sizes = list(self.cfg.cuda_graph_bs or
+                     default_batch_sizes(min(self.cfg.cuda_graph_max_bs, self.cfg.max_num_seqs)))
         return GraphRunner(self.device, mode, sizes, self.cfg.allow_eager_fallback)
 
     def build(self) -> EngineParts:

@@ -31,7 +31,8 @@ class RawDescriptionHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpForm
 
 def _base_type(tp: Any) -> type:
     if isinstance(tp, str):
-        tp = eval(tp, {"int": int, "float": float, "str": str, "bool": bool, "None": None})
+        tp = eval(tp, {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple,
+                       "None": None})
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         return next(a for a in typing.get_args(tp) if a is not type(None))
     return tp
@@ -55,12 +56,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         if tp is bool:  # --allow-eager-fallback / --no-allow-eager-fallback
             g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                            help=help_text)
+        elif typing.get_origin(tp) is tuple:  # --cuda-graph-bs 1 8 32
+            g.add_argument(flag, dest=f.name, type=typing.get_args(tp)[0], nargs="+", default=default,
+                           help=help_text)
         else:
             g.add_argument(flag, dest=f.name, type=tp, default=default, help=help_text)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig)})
+    values: dict[str, Any] = {}
+    for f in fields(EngineConfig):
+        v = getattr(args, f.name)
+        values[f.name] = tuple(v) if isinstance(v, list) else v  # nargs="+" gives a list
+    return EngineConfig(**values)
 
 
 def add_default_head_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
