@@ -50,12 +50,14 @@ PAGE = 16
 # (query heads, kv heads, head dim) of each model's attention
 MODELS = {"default": (9, 3, 64), "llama8b-shape": (32, 8, 128), "tiny": (4, 2, 16)}
 # phase: (rows per request, mask kind, mask width M); SGLang-style shapes of a 4/8/12 tree
-PHASES = {"decode": (1, "causal", 0), "verify": (12, "tree", 12), "verify-causal": (12, "causal", 0),
+PHASES = {"decode": (1, "causal", 0), "verify": (12, "tree", 12), "verify-4": (4, "tree", 4),
+          "verify-16": (16, "tree", 16), "verify-causal": (12, "causal", 0),
           "draft": (8, "scratch", 24), "draft-causal": (8, "causal", 0), "draft_extend": (5, "causal", 0)}
 VARIANTS = {"auto": {}, "bits": {"mask_bits": True}, "bytes": {"mask_bits": False},
             "n32": {"block_n": 32}, "n128": {"block_n": 128}, "m16": {"block_m": 16},
             "m32": {"block_m": 32}, "m64": {"block_m": 64}, "s1": {"num_splits": 1}, "s8": {"num_splits": 8},
-            "s16": {"num_splits": 16}, "s4": {"num_splits": 4}, "real-kv": {}}
+            "s16": {"num_splits": 16}, "s4": {"num_splits": 4}, "s2": {"num_splits": 2},
+            "s32": {"num_splits": 32}, "real-kv": {}}
 
 
 @dataclass

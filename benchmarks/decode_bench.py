@@ -225,6 +225,30 @@ def timeline(engine: Engine, batch: int, edge: int, phase: str = "decode") -> st
     return "\n".join(lines)
 
 
+def window(engine: Engine, batch: int, phase: str, first: int, count: int) -> str:
+    """Kernels first .. first + count - 1 of one replay of `phase`'s graph (e.g. one layer's),
+    each with its start (us after the replay's first kernel), its duration and the gap before it
+    (negative where a PDL launch overlaps the kernel before)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = engine.graphs.captured(phase, batch)
+    assert graph is not None, f"no captured {phase} graph for batch {batch}"
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    ks = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                if e.device_type.name == "CUDA")
+    t0 = ks[0][0]
+    lines = [f"{phase} batch {batch}: kernels {first}..{first + count - 1} of {len(ks)}"]
+    for i in range(max(1, first), min(len(ks), first + count)):
+        start, end, name = ks[i]
+        lines.append(f"  {start - t0:9.1f} {end - start:7.1f} us  gap {start - ks[i - 1][1]:6.1f}  "
+                     f"{name[:70]}")
+    return "\n".join(lines)
+
+
 def step_timeline(engine: Engine, batch: int, context: int, steps: int, seed: int, edge: int = 4) -> str:
     """What runs between two decode graphs when the engine steps (torch.profiler over `steps`
     engine steps of `batch` fresh requests): the step's period, the graph's own span (its first

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_bench import H200_BANDWIDTH, kernel_stats, weight_bytes_per_step  # noqa: E402
+from decode_bench import H200_BANDWIDTH, kernel_stats, kernel_table, weight_bytes_per_step, window  # noqa: E402
 
 from hotspec.benchmark.random_models import SHAPES, random_state  # noqa: E402
 from hotspec.config import EngineConfig  # noqa: E402
@@ -114,6 +114,10 @@ def decode_ms(engine: Engine, bs: int, args) -> tuple[float, float | None]:
     if graph is not None:
         ms = timed_ms(graph.replay, engine.device, args.iters)
         kernels = kernel_stats(engine, bs, "decode")[0]
+        if args.kernels:
+            print(kernel_table(engine, bs, args.kernels, "decode"), flush=True)
+        if args.window:
+            print(window(engine, bs, "decode", *args.window), flush=True)
     else:
         ms, kernels = timed_ms(engine.step, engine.device, args.iters), None
     for r in reqs:
@@ -142,6 +146,10 @@ def phase_rows(engine: Engine, bs: int, args) -> dict[str, tuple[float, float | 
     for phase in args.phases.split(","):
         ms = timed_ms(lambda p=phase: real(p, seen[p]), engine.device, args.iters)
         kernels = kernel_stats(engine, bs, phase)[0] if engine.graphs.mode == "cuda" else None
+        if args.kernels and kernels is not None:
+            print(kernel_table(engine, bs, args.kernels, phase), flush=True)
+        if args.window and kernels is not None:
+            print(window(engine, bs, phase, *args.window), flush=True)
         out[phase] = (ms, kernels)
     for r in reqs:
         engine.abort(r)
@@ -168,6 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draft", default="eagle3:32768",
                    help="random (EAGLE-1), eagle3:N (random EAGLE-3, N-token LM head), default, "
                         "or a head's path")
+    p.add_argument("--kernels", type=int, default=0,
+                   help="print each graph's N kernels of most total time (CUDA)")
+    p.add_argument("--window", type=int, nargs=2, metavar=("FIRST", "COUNT"), default=None,
+                   help="print kernels FIRST..FIRST+COUNT-1 of one replay of each graph (CUDA)")
     p.add_argument("--out", default=None, help="write the rows here as JSON")
     args = p.parse_args(argv)
     device = torch.device(args.device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tree_cases import candidates, matching_logits
 
 from hotspec.speculative.tree import build_tree
 from hotspec.speculative.verify import _walk, verify_greedy
@@ -27,37 +28,10 @@ def test_greedy_acceptance_equals_the_walk(seed: int, shape: tuple[int, int, int
     steps, k, n = shape
     g = torch.Generator().manual_seed(seed)
     b, vocab = 64, 12
-    # Candidates in the draft loop's global order: k at depth 1, then k*k per step from k parents.
-    scores, tokens, parents = [], [], []
-    front = torch.zeros(b, k)
-    front_idx = None
-    offset = 0
-    for s in range(steps):
-        width = k if s == 0 else k * k
-        logp = -torch.rand(b, width, generator=g) - 1e-3
-        tok = torch.stack([torch.randperm(vocab, generator=g)[:k] for _ in range(b * (width // k))])
-        tokens.append(tok.view(b, width))
-        if s == 0:
-            sc, par = logp, torch.full((b, k), -1)
-        else:
-            sc = front.repeat_interleave(k, 1) + logp
-            par = front_idx.repeat_interleave(k, 1)
-        scores.append(sc)
-        parents.append(par)
-        pick = torch.topk(sc, k, dim=1).indices
-        front, front_idx = sc.gather(1, pick), offset + pick
-        offset += width
-    tree = build_tree(torch.randint(0, vocab, (b,), generator=g), torch.cat(scores, 1),
-                      torch.cat(tokens, 1), torch.cat(parents, 1), n, steps)
+    scores, tokens, parents = candidates(b, steps, k, vocab, g)
+    tree = build_tree(torch.randint(0, vocab, (b,), generator=g), scores, tokens, parents, n, steps)
     # The target's argmax at a node is mostly the token of one of its children (a good draft).
-    logits = torch.randn(b, n, vocab, generator=g)
-    for i in range(b):
-        for j in range(n):
-            children = (tree.parents[i] == j).nonzero().view(-1)
-            children = children[children != 0]
-            if len(children) and torch.rand(1, generator=g) < 0.8:
-                c = children[torch.randint(len(children), (1,), generator=g)]
-                logits[i, j, tree.tokens[i, c]] += 10.0
+    logits = matching_logits(tree, vocab, g)
     acc = verify_greedy(tree, logits, steps)
     path, accept_len, bonus = walked(tree, logits, steps)
     assert torch.equal(acc.accept_len, accept_len)

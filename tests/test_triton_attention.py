@@ -268,6 +268,16 @@ def test_split_kv_decode(splits: int) -> None:
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=splits, block_n=16))
 
 
+def test_split_kv_verify_min_chunk_dead_splits() -> None:
+    """Splits of at least min_chunk kv indices: at a short live length the last splits see no
+    keys (their partials are skipped by the combine); the result is the reference's."""
+    n = 4
+    fb, q, kc, vc = make_case(q_lens=[n, n, n], kv_lens=[n, 20 + n, 150 + n], width=n, hq=6,
+                              hkv=2, d=64, dtype=BF16, seed=19,
+                              masks=[tree_mask(n), tree_mask(n), tree_mask(n)])
+    check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=8, block_n=16, min_chunk=32))
+
+
 def test_split_kv_verify_and_padding() -> None:
     n = 4
     fb, q, kc, vc = make_case(q_lens=[n, n], kv_lens=[n, 90 + n], width=n, hq=6, hkv=2, d=64,
@@ -512,13 +522,15 @@ def test_split_counts_one_wave_for_multi_row_phases(monkeypatch) -> None:
     for name, fb in (("decode", decode), ("verify", verify)):
         fb.max_kv = 8192
         backend.plan(fb)
-        counts[name] = backend._splits(fb.attn_meta, 8, 64, cuda)
+        counts[name] = backend._splits(fb.attn_meta, 8, 16, 64, cuda)
     assert counts == {"decode": 32, "verify": 16}
-    # one wave already: no split; a short static bound limits the count
-    assert backend._splits(verify.attn_meta, 132, 64, cuda) == 1
+    # one wave already: no split; a short static bound limits the count, the more the taller
+    # the query tile (a split covers at least one kv tile per 16 tile rows)
+    assert backend._splits(verify.attn_meta, 132, 16, 64, cuda) == 1
     verify.max_kv = 576
     backend.plan(verify)
-    assert backend._splits(verify.attn_meta, 8, 64, cuda) == 2
+    assert backend._splits(verify.attn_meta, 8, 16, 64, cuda) == 9
+    assert backend._splits(verify.attn_meta, 8, 64, 64, cuda) == 2
 
 
 def test_tile_rows_32_for_decode_of_few_programs(monkeypatch) -> None:

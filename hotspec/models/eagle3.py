@@ -27,6 +27,7 @@ from torch import nn
 
 from hotspec.engine.kv_pool import KVPool
 from hotspec.layers.attention.base import AttentionBackend
+from hotspec.layers.linear import norm_linear, silu_mul_linear
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
@@ -86,8 +87,13 @@ class Eagle3MidLayer(nn.Module):
         x = feature.new_empty((t, 2 * h))  # [norm(embed) | norm(feature)], each written in place
         self.input_layernorm.norm_into(embeds, x[:, :h])
         self.hidden_norm.norm_into(feature, x[:, h:])
-        n, r = self.post_attention_layernorm.add_forward(self.self_attn(x, fb, rope, kv, backend), feature)
-        return self.mlp(n), r
+        a = self.self_attn(x, fb, rope, kv, backend)
+        mlp = self.mlp
+        if mlp.gate_up_proj is not None:  # fused projections (engine): the norm folds into gate_up
+            gate_up, r = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, a, feature)
+            return silu_mul_linear(mlp.down_proj, gate_up), r
+        n, r = self.post_attention_layernorm.add_forward(a, feature)
+        return mlp(n), r
 
 
 class Eagle3Head(DraftHead):

@@ -39,7 +39,7 @@ from hotspec.speculative.io import (
     emitted_rows,
 )
 from hotspec.speculative.tree import MAX_LOGP, DraftTree, build_tree
-from hotspec.speculative.verify import Acceptance, verify_greedy, verify_stochastic
+from hotspec.speculative.verify import Acceptance, commit_rows, greedy_accept, verify_stochastic
 
 
 class Verified(NamedTuple):
@@ -149,23 +149,20 @@ class EaglePhases:
     def accept(self, v: Verified, sampling: Sampled, with_slots: bool = False) -> Accepted:
         """`accept`: the verdict (greedy, or tree rejection sampling when `sampling` has its
         fields; greedy rows of a sampled batch use a one-hot target), then the commit: the
-        accepted nodes' target KV moves from seq + path[i] to seq + i (a chain's path is already a
-        prefix, so its move is a no-op); rows past the accepted length move trash. `with_slots`
-        passes the draft_extend rows' slots on (the fused step: no second lookup)."""
-        if sampling.temperature is None:
-            acc = verify_greedy(v.tree, v.logits, self.num_steps)
-        else:
-            acc = self._rejection_sample(v, sampling)
+        accepted nodes' target KV moves from seq + path[i] to seq + i; rows past the accepted
+        length move trash. A chain's path is already a prefix, so a chain moves nothing.
+        `with_slots` passes the draft_extend rows' slots on (the fused step: no second lookup)."""
         kv, slots = self.target_runner.kv, v.slots
-        b, w = acc.path.shape
-        keep = torch.arange(w, device=slots.device).unsqueeze(0) < acc.accept_len.unsqueeze(1)
-        src = torch.where(keep, torch.gather(slots, 1, acc.path), kv.trash_slot)
-        dst = torch.where(keep, slots[:, :w], kv.trash_slot)
-        kv.move_slots(src.reshape(-1), dst.reshape(-1))
+        if sampling.temperature is None:
+            c = greedy_accept(v.tree, argmax(v.logits), slots, kv.trash_slot, self.num_steps)
+        else:
+            c = commit_rows(v.tree, self._rejection_sample(v, sampling), slots, kv.trash_slot)
+        if self.topk > 1:
+            kv.move_slots(c.src.reshape(-1), c.dst.reshape(-1))
         f = v.feature
-        return Accepted(acc_tokens=torch.gather(v.tree.tokens, 1, acc.path), accept_len=acc.accept_len,
-                        bonus=acc.bonus,
-                        acc_feature=torch.gather(f, 1, acc.path.unsqueeze(2).expand(b, w, f.shape[-1])),
+        b, w = c.acc.path.shape
+        return Accepted(acc_tokens=c.tokens, accept_len=c.acc.accept_len, bonus=c.acc.bonus,
+                        acc_feature=torch.gather(f, 1, c.acc.path.unsqueeze(2).expand(b, w, f.shape[-1])),
                         slots=slots[:, :w] if with_slots else None)
 
     def _rejection_sample(self, v: Verified, sampling: Sampled) -> Acceptance:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hotspec.layers import fused
 from hotspec.runtime.phase_io import PhaseIO
 
 # Log-probabilities are capped here so that a child never ties its parent's score.
@@ -36,7 +37,18 @@ class DraftTree(PhaseIO):
 def build_tree(root: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor,
                parents: torch.Tensor, num_draft_tokens: int, max_depth: int) -> DraftTree:
     """root: [B]; scores/tokens/parents: [B, G] candidates in global order (parents are global
-    indices, -1 for depth-1 candidates)."""
+    indices, -1 for depth-1 candidates). One kernel on CUDA (speculative/tree_kernel.py) for
+    trees of at most 64 nodes, else torch."""
+    if fused.enabled(scores) and num_draft_tokens <= 64:
+        from hotspec.speculative.tree_kernel import build_tree as kernel
+
+        return kernel(root, scores, tokens, parents, num_draft_tokens, max_depth)
+    return build_tree_torch(root, scores, tokens, parents, num_draft_tokens, max_depth)
+
+
+def build_tree_torch(root: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor,
+                     parents: torch.Tensor, num_draft_tokens: int, max_depth: int) -> DraftTree:
+    """build_tree in torch ops: the CPU path, and the reference the kernel is tested against."""
     b, _ = scores.shape
     n = num_draft_tokens
     dev = scores.device

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hotspec.layers import fused
 from hotspec.layers.argmax import argmax
 from hotspec.layers.sampler import random_uniform, sample_from_probs
 from hotspec.speculative.tree import DraftTree
@@ -50,14 +51,47 @@ def _walk(tree: DraftTree, max_depth: int, accept_fn) -> tuple[torch.Tensor, tor
     return cur, path
 
 
-def verify_greedy(tree: DraftTree, logits: torch.Tensor, max_depth: int) -> Acceptance:
-    """logits: [B, N, V] target logits at every tree node.
+@dataclass
+class Commit:
+    """The verdict with what the KV commit and draft_extend need of it, per path position d < W."""
+
+    acc: Acceptance
+    tokens: torch.Tensor  # [B, W] the path's tokens (the root's past the accepted length)
+    src: torch.Tensor  # [B, W] KV slot of path node d (the trash slot past the accepted length)
+    dst: torch.Tensor  # [B, W] KV slot of seq + d (likewise)
+
+
+def commit_rows(tree: DraftTree, acc: Acceptance, slots: torch.Tensor, trash: int) -> Commit:
+    """The commit of `acc`: slots [B, >= W] are those of kv indices seq + 0, 1, ..."""
+    w = acc.path.shape[1]
+    keep = torch.arange(w, device=slots.device).unsqueeze(0) < acc.accept_len.unsqueeze(1)
+    src = torch.where(keep, torch.gather(slots, 1, acc.path), trash)
+    dst = torch.where(keep, slots[:, :w], trash)
+    return Commit(acc, torch.gather(tree.tokens, 1, acc.path), src, dst)
+
+
+def greedy_accept(tree: DraftTree, pred: torch.Tensor, slots: torch.Tensor, trash: int,
+                  max_depth: int) -> Commit:
+    """verify_greedy from the target's argmax `pred` [B, N] at every node, and its commit_rows:
+    one kernel on CUDA (speculative/accept_kernel.py) for trees of at most 64 nodes."""
+    if fused.enabled(pred) and tree.num_nodes <= 64 and slots.stride(1) == 1:
+        from hotspec.speculative.accept_kernel import greedy_accept as kernel
+
+        path, a, bonus, tokens, src, dst = kernel(pred, tree.tokens, tree.parents, tree.depth,
+                                                  tree.mask, slots, trash, max_depth)
+        return Commit(Acceptance(path, a, bonus), tokens, src, dst)
+    return commit_rows(tree, verify_greedy(tree, pred, max_depth, argmaxed=True), slots, trash)
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor, max_depth: int,
+                  argmaxed: bool = False) -> Acceptance:
+    """logits: [B, N, V] target logits at every tree node (argmaxed: their argmax [B, N]).
 
     No walk: node j is on the accepted path iff it and every ancestor match the target's argmax
     after their parent (one `any` over the tree mask). Siblings carry distinct tokens, so at most
     one node per depth qualifies and the deepest one ends the path `_walk` would find, in a
     handful of kernels instead of about eight per node."""
-    pred = argmax(logits)  # [B, N]
+    pred = logits if argmaxed else argmax(logits)  # [B, N]
     b, n = tree.tokens.shape
     match = tree.tokens == torch.gather(pred, 1, tree.parents)
     match[:, 0] = True  # the root is committed already

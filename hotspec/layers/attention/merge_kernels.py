@@ -1,6 +1,7 @@
 """Merging the kv splits of flash-decoding (layers/attention/triton_kernels.py, SPLIT): each split
 wrote its normalised partial output and log2-sum-exp; the merged row weights each partial by
-2^(lse_s - max), over their sum.
+2^(lse_s - max), over their sum. A split that saw no keys (lse -inf: past the live length)
+weighs 0, and its partial is not read.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def combine_splits(
     d_ok = d < HEAD_DIM
     l_ptrs = LSE + s * stride_ls + t * stride_lt + hq
     o_ptrs = OPART + s[:, None] * stride_ps + t * stride_pt + hq * stride_ph + d[None, :]
-    o_ok = s_ok[:, None] & d_ok[None, :]
     lse = tl.load(l_ptrs, mask=s_ok, other=float("-inf"))
+    o_ok = (s_ok & (lse > float("-inf")))[:, None] & d_ok[None, :]
     o = tl.load(o_ptrs, mask=o_ok, other=0.0)
     mx = tl.max(lse, 0)
     mx = tl.where(mx == float("-inf"), 0.0, mx)

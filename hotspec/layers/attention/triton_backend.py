@@ -55,12 +55,19 @@ class TritonPlan:
 
 
 # Split counts. Decode (one query row per request) aims at two waves of programs: more, shorter
-# programs, and its combine reads one row per head. The phases of several query rows per request
-# (verify, draft, draft_extend) aim at one wave (SMs // programs): their combine reads every
-# split's partial row for each of t x Hq rows, and the split count follows the static context
-# bound, so at a server's bound most splits are dead at short real lengths. Either way a split
-# keeps at least SPLIT_BLOCKS kv tiles of that bound.
+# programs, and its combine reads one row per head; a split keeps at least SPLIT_BLOCKS kv tiles
+# of the static context bound. The phases of several query rows per request (verify, draft,
+# draft_extend) aim at one wave (SMs // programs), and each split covers at least `min_chunk`
+# kv indices of the live length (one kv tile per 16 rows of the query tile: the combine reads
+# every live split's partial row for each of t x Hq rows, so taller tiles take fewer, longer
+# splits); the splits past the live length do no work, and the combine skips them.
 SPLIT_BLOCKS = 4
+
+
+def min_chunk(block_m: int, block_n: int) -> int:
+    """The fewest kv indices a split of a several-row phase covers (see SPLIT_BLOCKS' comment)."""
+    return block_n * max(1, block_m // 16)
+
 
 # Custom masks (verify, draft) of <= 64 slots travel as one int64 word per query row instead of a
 # byte per (row, slot), which makes verify's attention faster; wider masks use the bytes.
@@ -85,16 +92,19 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
                  num_stages: int | None = None, mask_bits: bool = True,
-                 fold_rope: bool = True) -> None:
+                 fold_rope: bool = True, min_chunk: int | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         num_stages the kv loop's pipeline stages (None: `_stages`' rule);
         mask_bits packs custom masks of <= 64 slots into a word per row (False: the byte mask
         wider masks use); fold_rope lets decode batches pass RoPE and the KV store to the kernel
-        (`folds_rope`; False: their own kernel, as every other phase). The tests set these to
+        (`folds_rope`; False: their own kernel, as every other phase); min_chunk forces the
+        fewest kv indices a split covers (None: `min_chunk`'s rule for the automatic splits of
+        several-row phases, equal shares otherwise). The tests set these to
         reach each kernel path at small sizes; the engine keeps the defaults."""
         self.mask_bits = mask_bits
         self.fold_rope = fold_rope
+        self.min_chunk = min_chunk
         self.block_size = block_size
         self.block_n = block_n
         self.block_m = block_m
@@ -145,7 +155,8 @@ class TritonBackend(AttentionBackend):
             return 32
         return 64
 
-    def _splits(self, p: TritonPlan, programs: int, block_n: int, dev: torch.device) -> int:
+    def _splits(self, p: TritonPlan, programs: int, block_m: int, block_n: int,
+                dev: torch.device) -> int:
         if p.width is None:
             return 1
         if self.num_splits is not None:
@@ -157,10 +168,22 @@ class TritonBackend(AttentionBackend):
             return 1
         if p.width == 1:  # decode: two waves (see SPLIT_BLOCKS' comment)
             want = triton.cdiv(2 * sms, programs)
-        else:  # several rows per request: one wave
+            by_len = max(1, p.max_kv // (SPLIT_BLOCKS * block_n))
+        else:  # several rows per request: one wave, splits of at least min_chunk live indices
             want = sms // programs
-        by_len = max(1, p.max_kv // (SPLIT_BLOCKS * block_n))
+            by_len = max(1, p.max_kv // min_chunk(block_m, block_n))
         return max(1, min(want, by_len, 64))
+
+    def _min_chunk(self, p: TritonPlan, splits: int, block_m: int, block_n: int) -> int:
+        """The kernel's MIN_CHUNK: min_chunk for the automatic splits of a several-row phase, else
+        0 (equal shares of the live length: decode, and a forced split count)."""
+        if splits == 1:
+            return 0
+        if self.min_chunk is not None:
+            return self.min_chunk
+        if p.width == 1 or self.num_splits is not None:
+            return 0
+        return min_chunk(block_m, block_n)
 
     def _stages(self, p: TritonPlan) -> int:
         """Pipeline stages of the kv loop: the constructor's, else 1 for decode (one row per
@@ -222,7 +245,7 @@ class TritonBackend(AttentionBackend):
         block_q = block_m // gp
         q_blocks = triton.cdiv(max(rows, 1), block_q)
         block_n = self._block_n(p, is_fp32, q_blocks * b * hkv, q.device)
-        splits = self._splits(p, q_blocks * b * hkv, block_n, q.device)
+        splits = self._splits(p, q_blocks * b * hkv, block_m, block_n, q.device)
 
         if out is None:
             out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
@@ -265,6 +288,7 @@ class TritonBackend(AttentionBackend):
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait, V_EARLY=self._v_early(p, block_n),
+            MIN_CHUNK=self._min_chunk(p, splits, block_m, block_n),
             **_rope_kwargs(rope, k_cache),
             num_warps=num_warps, num_stages=self._stages(p), **launch,
         )

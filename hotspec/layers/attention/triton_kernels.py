@@ -12,8 +12,9 @@ kv_len - M all visible, the last M follow custom_mask[b, i, j - (kv_len - M)]. R
 kv_lens on the device, so the grid never depends on kv lengths (CUDA-graph safe).
 
 With SPLIT, the kv range of a tile is cut into `num_splits` equal chunks (chunk size computed on
-the device from kv_len), each program writes its normalised partial output and log2-sum-exp, and
-`combine_splits` merges them (flash-decoding).
+the device from kv_len; at least MIN_CHUNK indices, so at a short live length the last splits
+get none), each program writes its normalised partial output and log2-sum-exp (-inf for a split
+without keys), and `combine_splits` merges them (flash-decoding).
 
 Strides that do not depend on the batch's row count (q, k, v, out per token and head, the partials'
 per token and head, the RoPE fold's inputs) are compile-time constants: one specialization per
@@ -148,7 +149,8 @@ def paged_attn_fwd(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
-    ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, KN=None, VN=None, POS=None, LOC=None,
+    ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, MIN_CHUNK: tl.constexpr = 0,
+    KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt: tl.constexpr = 0, stride_knh: tl.constexpr = 0, stride_vnt: tl.constexpr = 0,
     stride_vnh: tl.constexpr = 0, stride_cs: tl.constexpr = 0,
@@ -210,6 +212,8 @@ def paged_attn_fwd(
     if SPLIT:
         per = tl.cdiv(end, num_splits)
         chunk = tl.cdiv(per, BLOCK_N) * BLOCK_N
+        if MIN_CHUNK > 0:  # the splits past the live length get nothing (lse -inf: skipped)
+            chunk = tl.maximum(chunk, MIN_CHUNK)
         lo = sp * chunk
         hi = tl.minimum(lo + chunk, end)
     else:

@@ -1,0 +1,92 @@
+"""The speculative bookkeeping kernels against the torch code they replace: the draft tree
+(speculative/tree_kernel.py) and greedy acceptance with the commit's rows
+(speculative/accept_kernel.py), on the CPU in Triton's interpreter and on CUDA at real shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tree_cases import candidates, matching_logits  # noqa: E402
+
+from hotspec.speculative.accept_kernel import greedy_accept as accept_kernel  # noqa: E402
+from hotspec.speculative.tree import build_tree_torch  # noqa: E402
+from hotspec.speculative.tree_kernel import build_tree as tree_kernel  # noqa: E402
+from hotspec.speculative.verify import commit_rows, verify_greedy  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+SHAPES = [(3, 1, 4), (7, 1, 8), (4, 8, 12), (6, 8, 16), (3, 4, 10), (6, 10, 60)]
+
+
+def _case(b: int, shape: tuple[int, int, int], seed: int):  # type: ignore[no-untyped-def]
+    steps, k, n = shape
+    g = torch.Generator().manual_seed(seed)
+    vocab = 50
+    scores, tokens, parents = candidates(b, steps, k, vocab, g)
+    root = torch.randint(0, vocab, (b,), generator=g)
+    return g, vocab, [t.to(DEV) for t in (root, scores, tokens, parents)], n, steps
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_tree_kernel_matches_torch(shape):
+    _, _, args, n, steps = _case(5, shape, seed=sum(shape))
+    ref = build_tree_torch(*args, n, steps)
+    out = tree_kernel(*args, n, steps)
+    for name in ("tokens", "parents", "depth", "mask"):
+        a, r = getattr(out, name), getattr(ref, name)
+        assert a.dtype == r.dtype and a.shape == r.shape, name
+        assert torch.equal(a, r), f"{name} differ"
+
+
+def test_tree_kernel_ties_keep_the_parent():
+    """A child whose score rounds to its parent's: the earlier candidate (the parent) is kept, so
+    the tree stays ancestor-closed (every kept node's parent is kept, before it)."""
+    scores = torch.tensor([[-20.0, -21.0, -20.0, -22.0]], device=DEV)  # node 2 (child of 0) ties 0
+    tokens = torch.tensor([[5, 6, 7, 8]], device=DEV)
+    parents = torch.tensor([[-1, -1, 0, 1]], device=DEV)
+    tree = tree_kernel(torch.tensor([9], device=DEV), scores, tokens, parents, 3, 2)
+    assert tree.tokens.tolist() == [[9, 5, 7]]
+    assert tree.parents.tolist() == [[0, 0, 1]]
+    assert tree.depth.tolist() == [[0, 1, 2]]
+
+
+def test_tree_kernel_nan_scores_stay_in_range():
+    """A padded row's NaN scores rank last: the tree holds real candidates, with valid parents."""
+    _, _, (root, scores, tokens, parents), n, steps = _case(2, (4, 8, 12), seed=1)
+    scores[0] = float("nan")
+    scores[1, :5] = float("nan")
+    tree = tree_kernel(root, scores, tokens, parents, n, steps)
+    assert bool((tree.parents >= 0).all()) and bool((tree.parents < n).all())
+    assert bool((tree.depth[:, 1:] >= 1).all()) and bool((tree.depth <= steps).all())
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_accept_kernel_matches_torch(shape):
+    b = 6
+    g, vocab, args, n, steps = _case(b, shape, seed=7 * sum(shape))
+    tree = build_tree_torch(*args, n, steps)
+    pred = matching_logits(tree, vocab, g, p=0.9).to(DEV).argmax(-1)
+    w = steps + 1
+    slots = torch.randperm(1000, generator=g)[: b * max(n, w)].view(b, max(n, w)).to(DEV)
+    ref = commit_rows(tree, verify_greedy(tree, pred, steps, argmaxed=True), slots, 3)
+    path, a, bonus, toks, src, dst = accept_kernel(pred, tree.tokens, tree.parents, tree.depth,
+                                                   tree.mask, slots, 3, steps)
+    assert torch.equal(a, ref.acc.accept_len)
+    assert torch.equal(path, ref.acc.path)
+    assert torch.equal(bonus, ref.acc.bonus)
+    assert torch.equal(toks, ref.tokens)
+    assert torch.equal(src, ref.src) and torch.equal(dst, ref.dst)
+    if shape[1] > 1:
+        assert int(a.max()) > 2  # the cases reach deep paths
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 32])
+@pytest.mark.parametrize("shape", [(6, 8, 16), (6, 10, 64)])
+def test_kernels_real_shapes(b, shape):
+    _, _, args, n, steps = _case(b, shape, seed=b)
+    ref = build_tree_torch(*args, n, steps)
+    out = tree_kernel(*args, n, steps)
+    assert all(torch.equal(getattr(out, f), getattr(ref, f)) for f in ("tokens", "parents", "depth", "mask"))
