@@ -24,7 +24,8 @@ def test_attn_bench_checks_every_variant_against_the_reference() -> None:
     table = out.stdout.splitlines()
     assert "auto" in table[1] and "real-kv" in table[1]
     phases = [line.split()[1] for line in table[2:]]
-    assert phases == ["decode", "verify", "verify-causal", "draft", "draft-causal", "draft_extend"]
+    assert phases == ["decode", "verify", "verify-4", "verify-16", "verify-causal", "draft",
+                      "draft-causal", "draft_extend"]
 
 
 def test_unknown_variant_is_refused() -> None:
