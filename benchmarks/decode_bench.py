@@ -194,12 +194,10 @@ def kernel_table(engine: Engine, batch: int, top: int = 15, phase: str = "decode
     return "\n".join(lines)
 
 
-def timeline(engine: Engine, batch: int, edge: int, phase: str = "decode") -> str:
-    """When each kernel of `phase`'s graph runs: two replays back to back under torch.profiler,
-    then the last `edge` kernels of the first and the first `edge` of the second, each with its
-    start (us after the first replay's first kernel), its duration and the idle gap before it;
-    and the replay's total idle time between kernels. PDL-launched kernels overlap the one
-    before, so their gap is negative (their duration then includes their wait)."""
+def _replayed_kernels(engine: Engine, batch: int, phase: str, replays: int
+                      ) -> list[tuple[float, float, str]]:
+    """(start, end, name) of every kernel of `replays` back-to-back replays of `phase`'s graph for
+    `batch` under torch.profiler (after one warm replay), in start order."""
     from torch.profiler import ProfilerActivity, profile
 
     graph = engine.graphs.captured(phase, batch)
@@ -207,11 +205,20 @@ def timeline(engine: Engine, batch: int, edge: int, phase: str = "decode") -> st
     graph.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        graph.replay()
-        graph.replay()
+        for _ in range(replays):
+            graph.replay()
         torch.cuda.synchronize()
-    ks = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                if e.device_type.name == "CUDA")
+    return sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if e.device_type.name == "CUDA")
+
+
+def timeline(engine: Engine, batch: int, edge: int, phase: str = "decode") -> str:
+    """When each kernel of `phase`'s graph runs: two replays back to back under torch.profiler,
+    then the last `edge` kernels of the first and the first `edge` of the second, each with its
+    start (us after the first replay's first kernel), its duration and the idle gap before it;
+    and the replay's total idle time between kernels. PDL-launched kernels overlap the one
+    before, so their gap is negative (their duration then includes their wait)."""
+    ks = _replayed_kernels(engine, batch, phase, 2)
     n = len(ks) // 2
     t0 = ks[0][0]
     gaps = [max(0.0, ks[i][0] - ks[i - 1][1]) for i in range(1, n)]
@@ -229,17 +236,7 @@ def window(engine: Engine, batch: int, phase: str, first: int, count: int) -> st
     """Kernels first .. first + count - 1 of one replay of `phase`'s graph (e.g. one layer's),
     each with its start (us after the replay's first kernel), its duration and the gap before it
     (negative where a PDL launch overlaps the kernel before)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    graph = engine.graphs.captured(phase, batch)
-    assert graph is not None, f"no captured {phase} graph for batch {batch}"
-    graph.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        graph.replay()
-        torch.cuda.synchronize()
-    ks = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                if e.device_type.name == "CUDA")
+    ks = _replayed_kernels(engine, batch, phase, 1)
     t0 = ks[0][0]
     lines = [f"{phase} batch {batch}: kernels {first}..{first + count - 1} of {len(ks)}"]
     for i in range(max(1, first), min(len(ks), first + count)):

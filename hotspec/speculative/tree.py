@@ -18,6 +18,9 @@ from hotspec.runtime.phase_io import PhaseIO
 
 # Log-probabilities are capped here so that a child never ties its parent's score.
 MAX_LOGP = -1e-6
+# The largest tree the CUDA kernels (tree_kernel, accept_kernel) take: a node's ancestor set is
+# one int64 word; larger trees run torch.
+KERNEL_MAX_NODES = 64
 
 
 @dataclass(kw_only=True)
@@ -39,7 +42,7 @@ def build_tree(root: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor,
     """root: [B]; scores/tokens/parents: [B, G] candidates in global order (parents are global
     indices, -1 for depth-1 candidates). One kernel on CUDA (speculative/tree_kernel.py) for
     trees of at most 64 nodes, else torch."""
-    if fused.enabled(scores) and num_draft_tokens <= 64:
+    if fused.enabled(scores) and num_draft_tokens <= KERNEL_MAX_NODES:
         from hotspec.speculative.tree_kernel import build_tree as kernel
 
         return kernel(root, scores, tokens, parents, num_draft_tokens, max_depth)

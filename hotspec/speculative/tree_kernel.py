@@ -24,9 +24,7 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import triton_interpret  # noqa: F401  (the interpreter fix)
-from hotspec.speculative.tree import DraftTree
-
-MAX_NODES = 64  # a node's ancestor set is one int64 word
+from hotspec.speculative.tree import KERNEL_MAX_NODES, DraftTree
 
 
 @triton.jit
@@ -78,8 +76,8 @@ def build_tree(root: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor,
     """As speculative/tree.build_tree_torch (same shapes and dtypes), for N <= 64."""
     b, g = scores.shape
     n = num_draft_tokens
-    if n > MAX_NODES:
-        raise ValueError(f"tree kernel: at most {MAX_NODES} nodes, got {n}")
+    if n > KERNEL_MAX_NODES:
+        raise ValueError(f"tree kernel: at most {KERNEL_MAX_NODES} nodes, got {n}")
     dev = scores.device
     scores, tokens, parents = scores.float().contiguous(), tokens.contiguous(), parents.contiguous()
     out_tok = torch.empty((b, n), dtype=torch.long, device=dev)

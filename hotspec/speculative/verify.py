@@ -24,7 +24,7 @@ import torch
 from hotspec.layers import fused
 from hotspec.layers.argmax import argmax
 from hotspec.layers.sampler import random_uniform, sample_from_probs
-from hotspec.speculative.tree import DraftTree
+from hotspec.speculative.tree import KERNEL_MAX_NODES, DraftTree
 
 STREAM_COIN, STREAM_BONUS = 1, 2
 
@@ -74,7 +74,7 @@ def greedy_accept(tree: DraftTree, pred: torch.Tensor, slots: torch.Tensor, tras
                   max_depth: int) -> Commit:
     """verify_greedy from the target's argmax `pred` [B, N] at every node, and its commit_rows:
     one kernel on CUDA (speculative/accept_kernel.py) for trees of at most 64 nodes."""
-    if fused.enabled(pred) and tree.num_nodes <= 64 and slots.stride(1) == 1:
+    if fused.enabled(pred) and tree.num_nodes <= KERNEL_MAX_NODES and slots.stride(1) == 1:
         from hotspec.speculative.accept_kernel import greedy_accept as kernel
 
         path, a, bonus, tokens, src, dst = kernel(pred, tree.tokens, tree.parents, tree.depth,
