@@ -19,6 +19,7 @@ from hotspec import envs
 
 if TYPE_CHECKING:
     from hotspec.layers.gemv_kernels import GemvConfig
+    from hotspec.layers.norm_rows_kernel import RowsConfig
 
 log = logging.getLogger("hotspec")
 
@@ -125,6 +126,31 @@ def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.T
     if cfg is None or cfg.SPLIT_K != 1 or cfg.PIPE == 0:  # (no resident norm-GEMV)
         return None
     return cfg
+
+
+def norm_rows_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
+                     glu: bool = False) -> RowsConfig | None:
+    """The config to run `norm(x) @ weight.T` (glu: then silu(gate) * up) in one kernel with
+    (layers/norm_rows_kernel.py): 2..MAX_ROWS rows, bf16/fp16, the Triton GEMVs allowed; else
+    None. One row is norm_gemv's."""
+    if x.dim() != 2 or x.stride(1) != 1 or norm_weight.dtype != x.dtype or not _gemv_allowed():
+        return None
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+        return None
+    from hotspec.layers.norm_rows_kernel import MAX_ROWS, choose
+
+    m, (n, k) = x.shape[0], weight.shape
+    if not 2 <= m <= MAX_ROWS or weight.stride(1) != 1 or not enabled(x, weight, norm_weight):
+        return None
+    return choose(m, n // 2 if glu else n, k, glu)
+
+
+def norm_rows(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+              weight: torch.Tensor, config: RowsConfig, glu: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    from hotspec.layers.norm_rows_kernel import norm_rows as kernel
+
+    return kernel(x, residual, norm_weight, eps, weight, config, glu=glu)
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

@@ -22,15 +22,36 @@ def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Ten
 def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lin(norm(x + residual)), x + residual) for [T, H] x (residual None: lin(norm(x)), x): the
-    pre-norm step and the projection after it. One kernel for one row where the GEMV runs
-    (layers/norm_gemv_kernel.norm_gemv), else the norm, then `linear`."""
-    cfg = fused.norm_gemv_config(x, lin.weight, norm.weight) if lin.bias is None else None
-    if cfg is not None:
-        return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)
+    pre-norm step and the projection after it. One kernel where the Triton GEMVs run: for one
+    row layers/norm_gemv_kernel.norm_gemv, for 2..64 rows layers/norm_rows_kernel.norm_rows; else
+    the norm, then `linear`."""
+    if lin.bias is None:
+        cfg = fused.norm_gemv_config(x, lin.weight, norm.weight)
+        if cfg is not None:
+            return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)
+        rows = fused.norm_rows_config(x, lin.weight, norm.weight)
+        if rows is not None:
+            return fused.norm_rows(x, residual, norm.weight, norm.eps, lin.weight, rows)
     if residual is None:
         return linear(lin, norm(x)), x
     y, stream = norm.add_forward(x, residual)
     return linear(lin, y), stream
+
+
+def norm_mlp(norm: RMSNorm, gate_up: nn.Linear, down: nn.Linear, x: torch.Tensor,
+             residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(down(silu(gate) * up) of norm(x + residual), x + residual) for a fused [gate | up]
+    projection: the pre-norm step and the MLP. For 2..64 rows the norm, gate_up and silu * up are
+    one kernel (layers/norm_rows_kernel.norm_rows with glu) where the Triton GEMVs run; else
+    `norm_linear`, then `silu_mul_linear` (one row: the norm folds into gate_up and silu * up
+    into down)."""
+    rows = fused.norm_rows_config(x, gate_up.weight, norm.weight, glu=True) \
+        if gate_up.bias is None else None
+    if rows is not None:
+        h, stream = fused.norm_rows(x, residual, norm.weight, norm.eps, gate_up.weight, rows, glu=True)
+        return linear(down, h), stream
+    y, stream = norm_linear(norm, gate_up, x, residual)
+    return silu_mul_linear(down, y), stream
 
 
 def silu_mul_linear(lin: nn.Linear, gate_up: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from torch import nn
 
 from hotspec.engine.kv_pool import KVPool
 from hotspec.layers.attention.base import AttentionBackend
-from hotspec.layers.linear import norm_linear, silu_mul_linear
+from hotspec.layers.linear import norm_mlp
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
@@ -90,8 +90,7 @@ class Eagle3MidLayer(nn.Module):
         a = self.self_attn(x, fb, rope, kv, backend)
         mlp = self.mlp
         if mlp.gate_up_proj is not None:  # fused projections (engine): the norm folds into gate_up
-            gate_up, r = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, a, feature)
-            return silu_mul_linear(mlp.down_proj, gate_up), r
+            return norm_mlp(self.post_attention_layernorm, mlp.gate_up_proj, mlp.down_proj, a, feature)
         n, r = self.post_attention_layernorm.add_forward(a, feature)
         return mlp(n), r
 

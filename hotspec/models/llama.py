@@ -17,7 +17,7 @@ from torch import nn
 from hotspec.engine.kv_pool import KVPool
 from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend, RopeFold, store_kv
-from hotspec.layers.linear import linear, merge_linears, norm_linear, silu_mul_linear
+from hotspec.layers.linear import linear, merge_linears, norm_linear, norm_mlp, silu_mul_linear
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
@@ -133,8 +133,7 @@ class DecoderLayer(nn.Module):
             # each norm and the projection after it: one kernel where layers/linear allows it
             qkv, residual = norm_linear(self.input_layernorm, attn.qkv_proj, h, residual)
             x = attn.attend(*attn.split_qkv(qkv), fb, rope, kv, backend)
-            gate_up, residual = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, x, residual)
-            return silu_mul_linear(mlp.down_proj, gate_up), residual
+            return norm_mlp(self.post_attention_layernorm, mlp.gate_up_proj, mlp.down_proj, x, residual)
         if residual is None:
             residual, x = h, self.input_layernorm(h)
         else:
