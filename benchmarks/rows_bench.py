@@ -1,13 +1,15 @@
 """The Linears of a few token rows (verify, draft_extend): hotspec's kernels against the kernels
 they replace, CUDA only.
 
-    python benchmarks/rows_bench.py --shapes 8b,smol --m 4,16,64
+    python benchmarks/rows_bench.py --shapes 8b,smol --m 4,8,16
 
 Per (shape, M):
-- the pre-norm projections (qkv; gate_up with silu * up): layers/norm_rows_kernel.norm_rows over
-  a config grid against fused_kernels.rms_norm, then cuBLAS (then fused_kernels.silu_mul);
-- the plain projections after them (o, down on silu(gate) * up): layers/gemv_kernels.gemv (2..16
-  rows; gemv_bench's config grid) against cuBLAS.
+- the pre-norm projections (qkv; gate_up with silu * up): fused_kernels.rms_norm, then
+  layers/rows_kernel.rows_linear over a config grid, against fused_kernels.rms_norm, then cuBLAS
+  (then fused_kernels.silu_mul);
+- the plain projections after them (o, down on silu(gate) * up): rows_linear at its chosen config
+  and layers/gemv_kernels.gemv at the GEMV table's row (--gemv-grid: gemv_bench's config grid)
+  against cuBLAS.
 Every candidate's output is checked against the fp32 reference before it is timed. Timing as in
 benchmarks/gemv_bench.py: one call per distinct weight copy (>= ~1 GB of them) in one CUDA graph,
 the median replay over the copies; per-call microseconds include the in-graph launch gap.
@@ -27,10 +29,11 @@ from gemv_bench import graph_us, label
 from gemv_bench import grid as gemv_grid
 
 from hotspec.layers.fused_kernels import rms_norm, silu_mul
-from hotspec.layers.gemv_kernels import GemvConfig, gemv
-from hotspec.layers.norm_rows_kernel import RowsConfig, choose, norm_rows
+from hotspec.layers.gemv_kernels import CONFIGS as TABLE
+from hotspec.layers.gemv_kernels import GemvConfig, bucket, gemv
+from hotspec.layers.rows_kernel import MAX_ROWS, RowsConfig, choose, rows_linear
 
-# name, weight rows, K, kind: "norm" (norm_rows), "glu" (norm_rows, [gate | up]), "plain" (gemv)
+# name, weight rows, K, kind: "norm" (rows_linear), "glu" (rows_linear, [gate | up]), "plain" (gemv)
 SHAPES = {
     "8b": [("8b.qkv", 6144, 4096, "norm"), ("8b.gate_up", 28672, 4096, "glu"),
            ("8b.o", 4096, 4096, "plain"), ("8b.down", 4096, 14336, "plain")],
@@ -41,16 +44,17 @@ SHAPES = {
 
 def rows_grid(k: int, glu: bool) -> list[RowsConfig]:
     bns = (16, 32, 64) if glu else (32, 64, 128)
-    bks = [b for b in (64, 128, 256) if b <= k]
+    bks = [b for b in (64, 128, 256) if b <= 2 * k]
     return [RowsConfig(bn, bk, nw, st) for bn, bk, nw, st in
-            itertools.product(bns, bks, (4, 8), (4,)) if bn * bk / (32 * nw) >= 8]
+            itertools.product(bns, bks, (4,), (3, 4)) if bn * bk / (32 * nw) >= 8]
 
 
 def rows_label(c: RowsConfig) -> str:
     return f"{c.BLOCK_N}x{c.BLOCK_K} w{c.num_warps} st{c.num_stages}"
 
 
-def bench(name: str, n_rows: int, k: int, kind: str, m: int, ws: list[torch.Tensor]) -> dict:
+def bench(name: str, n_rows: int, k: int, kind: str, m: int, ws: list[torch.Tensor],
+          args_full: bool = False) -> dict:
     dev = ws[0].device
     copies = len(ws)
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -64,8 +68,17 @@ def bench(name: str, n_rows: int, k: int, kind: str, m: int, ws: list[torch.Tens
         def plain(cfg: GemvConfig, i: int) -> torch.Tensor:
             return gemv(x, ws[i], config=cfg)
 
-        cands = [(label(c), functools.partial(plain, c))
-                 for c in gemv_grid(m, n_rows, k, False, True, 132)] if m <= 16 else []
+        def rows(cfg: RowsConfig, i: int) -> torch.Tensor:
+            return rows_linear(x, ws[i], cfg)
+
+        cands = [("*rows " + rows_label(choose(n_rows, k, False)),
+                  functools.partial(rows, choose(n_rows, k, False)))] if m <= MAX_ROWS else []
+        if args_full and m <= 16:
+            cands += [(label(c), functools.partial(plain, c))
+                      for c in gemv_grid(m, n_rows, k, False, True, 132)]
+        elif m <= 16 and (bucket(m), n_rows, k, False) in TABLE:
+            c = TABLE[(bucket(m), n_rows, k, False)]
+            cands.append(("table " + label(c), functools.partial(plain, c)))
     else:
         def separate(i: int) -> torch.Tensor:
             y = F.linear(rms_norm(x, g, 1e-5, r)[0], ws[i])
@@ -73,9 +86,9 @@ def bench(name: str, n_rows: int, k: int, kind: str, m: int, ws: list[torch.Tens
 
         ref = separate(0).float()
         row["base_us"] = graph_us(separate, copies)
-        heur = choose(m, n_rows // 2 if glu else n_rows, k, glu)
+        heur = choose(n_rows // 2 if glu else n_rows, k, glu)
         def fused(cfg: RowsConfig, i: int) -> torch.Tensor:
-            return norm_rows(x, r, g, 1e-5, ws[i], cfg, glu=glu)[0]
+            return rows_linear(rms_norm(x, g, 1e-5, r)[0], ws[i], cfg, glu=glu)
 
         cands = [(("*" if c == heur else "") + rows_label(c), functools.partial(fused, c))
                  for c in rows_grid(k, glu)]
@@ -101,8 +114,10 @@ def bench(name: str, n_rows: int, k: int, kind: str, m: int, ws: list[torch.Tens
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8b,smol")
-    ap.add_argument("--m", default="4,16,64")
+    ap.add_argument("--m", default="4,8,16")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--gemv-grid", action="store_true",
+                    help="plain projections: gemv_bench's config grid, not only the GEMV table's row")
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
     rows = []
@@ -112,7 +127,7 @@ def main() -> None:
             gen = torch.Generator(device="cuda").manual_seed(0)
             ws = [(torch.randn(n_rows, k, device="cuda", generator=gen) / k ** 0.5).to(torch.bfloat16)
                   for _ in range(copies)]
-            rows += [bench(name, n_rows, k, kind, m, ws) for m in ms]
+            rows += [bench(name, n_rows, k, kind, m, ws, args.gemv_grid) for m in ms]
             del ws
             torch.cuda.empty_cache()
     if args.out:

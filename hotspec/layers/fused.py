@@ -19,9 +19,10 @@ from hotspec import envs
 
 if TYPE_CHECKING:
     from hotspec.layers.gemv_kernels import GemvConfig
-    from hotspec.layers.norm_rows_kernel import RowsConfig
+    from hotspec.layers.rows_kernel import RowsConfig
 
 log = logging.getLogger("hotspec")
+_SMS = 132  # H200: rows_config's rule of enough column blocks
 
 
 @functools.cache
@@ -128,29 +129,31 @@ def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.T
     return cfg
 
 
-def norm_rows_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
-                     glu: bool = False) -> RowsConfig | None:
-    """The config to run `norm(x) @ weight.T` (glu: then silu(gate) * up) in one kernel with
-    (layers/norm_rows_kernel.py): 2..MAX_ROWS rows, bf16/fp16, the Triton GEMVs allowed; else
-    None. One row is norm_gemv's."""
-    if x.dim() != 2 or x.stride(1) != 1 or norm_weight.dtype != x.dtype or not _gemv_allowed():
+def rows_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = False) -> RowsConfig | None:
+    """The config to run `x @ weight.T` (glu: silu(gate) * up of a [gate | up] weight) with the
+    Triton GEMM of a few rows (layers/rows_kernel.py): 2..MAX_ROWS rows, bf16/fp16, the Triton
+    GEMVs allowed, and a weight under 32 MB or enough column blocks for about half the SMs (a
+    large narrow output, such as the 8B o and down projections, keeps the split-K GEMV or
+    cuBLAS); else None."""
+    if x.dim() != 2 or x.stride(1) != 1 or not _gemv_allowed():
         return None
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
         return None
-    from hotspec.layers.norm_rows_kernel import MAX_ROWS, choose
+    from hotspec.layers.rows_kernel import MAX_ROWS, choose
 
     m, (n, k) = x.shape[0], weight.shape
-    if not 2 <= m <= MAX_ROWS or weight.stride(1) != 1 or not enabled(x, weight, norm_weight):
+    if not 2 <= m <= MAX_ROWS or weight.stride(1) != 1 or not enabled(x, weight):
         return None
-    return choose(m, n // 2 if glu else n, k, glu)
+    cfg = choose(n // 2 if glu else n, k, glu)
+    wide = -(-(n // 2 if glu else n) // cfg.BLOCK_N) >= _SMS // 2
+    return cfg if wide or n * k < 1 << 24 else None
 
 
-def norm_rows(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-              weight: torch.Tensor, config: RowsConfig, glu: bool = False
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    from hotspec.layers.norm_rows_kernel import norm_rows as kernel
+def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: RowsConfig, glu: bool = False
+                ) -> torch.Tensor:
+    from hotspec.layers.rows_kernel import rows_linear as kernel
 
-    return kernel(x, residual, norm_weight, eps, weight, config, glu=glu)
+    return kernel(x, weight, config, glu=glu)
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

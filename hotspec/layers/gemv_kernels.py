@@ -60,7 +60,8 @@ class GemvConfig:
 
 # Where the kernel beats cuBLAS on the H200 (benchmarks/gemv_bench.py; benchmarks/RESULTS.md):
 # (M bucket, N, K, silu_mul) -> the fastest config. Bucket 1 runs the multiply-reduce kernel, 8
-# and 16 the tl.dot one. The 8B o row is the resident kernel
+# and 16 the tl.dot one (2..16 rows: only where layers/rows_kernel.py does not run, see
+# fused.rows_config). The 8B o row is the resident kernel
 # (PIPE 0, 4 rows x the whole 4096 columns per program): its programs launch while the attention
 # runs (the split combine PDL-chained before it) and load their weights then, so less of
 # o_proj's stream is left after the attention. Absent (cuBLAS as fast or faster, or a win under
@@ -72,18 +73,16 @@ CONFIGS: dict[tuple[int, int, int, bool], GemvConfig] = {
     (1, 4096, 4096, False): GemvConfig(4, 4096, 1, 4, 1, PIPE=0),  # o, resident
     (1, 4096, 14336, True): GemvConfig(16, 512, 2, 4, 2),    # down    31.8 us vs 33.3 (+silu)
     (8, 4096, 4096, False): GemvConfig(32, 512, 1, 4, 4),    # o       11.3 us vs 12.7
-    (16, 6144, 4096, False): GemvConfig(64, 256, 1, 4, 4),   # qkv     15.6 us vs 16.1
     (16, 4096, 4096, False): GemvConfig(32, 512, 1, 4, 4),   # o       11.1 us vs 12.6
+    # down on silu(gate) * up (layers/rows_kernel.py's glu output): one launch, PDL-chained,
+    # against cuBLAS's split-K GEMM and its reduce kernel
+    (8, 4096, 14336, False): GemvConfig(32, 512, 2, 4, 3),   # down    32.3 us vs 31.7
+    (16, 4096, 14336, False): GemvConfig(32, 512, 2, 4, 3),  # down    33.0 us vs 32.4
     # SmolLM2-135M
     (1, 960, 576, False): GemvConfig(8, 512, 1, 4, 4),       # qkv     2.92 us vs 3.94
     (1, 576, 576, False): GemvConfig(8, 512, 1, 4, 3),       # o       2.81 us vs 3.56
     (1, 3072, 576, False): GemvConfig(8, 512, 1, 4, 4),      # gate_up 3.82 us vs 4.13
     (1, 576, 1536, True): GemvConfig(8, 512, 1, 8, 4),       # down    3.67 us vs 6.47 (+silu)
-    (8, 960, 576, False): GemvConfig(16, 128, 1, 4, 4),      # qkv     3.39 us vs 3.65
-    (8, 576, 576, False): GemvConfig(16, 128, 1, 4, 4),      # o       3.36 us vs 3.59
-    (8, 3072, 576, False): GemvConfig(32, 128, 1, 4, 4),     # gate_up 3.87 us vs 4.09
-    (16, 960, 576, False): GemvConfig(16, 256, 1, 4, 4),     # qkv     3.47 us vs 3.68
-    (16, 576, 576, False): GemvConfig(16, 256, 1, 4, 4),     # o       3.43 us vs 3.66
 }
 # Where the GEMV alone only ties cuBLAS but, with the add + RMSNorm before it folded in
 # (layers/norm_gemv_kernel.py, one row), saves that norm's kernel: (N, K) -> config.

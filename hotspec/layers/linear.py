@@ -12,26 +12,28 @@ from hotspec.layers.norm import RMSNorm
 
 
 def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Tensor:
-    """lin(x) (x [..., in]): the Triton decode GEMV where it measured faster than cuBLAS (a few
-    rows, bf16, CUDA, no bias), else nn.Linear. heuristic=False: only where the GEMV table has
-    the shape's row."""
-    cfg = fused.gemv_config(x, lin.weight, heuristic=heuristic) if lin.bias is None else None
+    """lin(x) (x [..., in]) on CUDA in bf16 without bias: for 2..16 rows the Triton GEMM of a few
+    rows (layers/rows_kernel.py) where fused.rows_config takes the shape, else the Triton GEMV
+    where it measured faster than cuBLAS (one row, or the split-K GEMV of the 8B o and down
+    projections at 2..16 rows); else nn.Linear. heuristic=False (the LM head): table rows of
+    the GEMV only."""
+    if lin.bias is not None:
+        return lin(x)
+    rows = fused.rows_config(x, lin.weight) if heuristic else None
+    if rows is not None:
+        return fused.rows_linear(x, lin.weight, rows)
+    cfg = fused.gemv_config(x, lin.weight, heuristic=heuristic)
     return fused.gemv(x, lin.weight, cfg) if cfg is not None else lin(x)
 
 
 def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lin(norm(x + residual)), x + residual) for [T, H] x (residual None: lin(norm(x)), x): the
-    pre-norm step and the projection after it. One kernel where the Triton GEMVs run: for one
-    row layers/norm_gemv_kernel.norm_gemv, for 2..64 rows layers/norm_rows_kernel.norm_rows; else
-    the norm, then `linear`."""
-    if lin.bias is None:
-        cfg = fused.norm_gemv_config(x, lin.weight, norm.weight)
-        if cfg is not None:
-            return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)
-        rows = fused.norm_rows_config(x, lin.weight, norm.weight)
-        if rows is not None:
-            return fused.norm_rows(x, residual, norm.weight, norm.eps, lin.weight, rows)
+    pre-norm step and the projection after it. One kernel for one row where the GEMV runs
+    (layers/norm_gemv_kernel.norm_gemv), else the norm, then `linear`."""
+    cfg = fused.norm_gemv_config(x, lin.weight, norm.weight) if lin.bias is None else None
+    if cfg is not None:
+        return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)
     if residual is None:
         return linear(lin, norm(x)), x
     y, stream = norm.add_forward(x, residual)
@@ -41,15 +43,16 @@ def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.
 def norm_mlp(norm: RMSNorm, gate_up: nn.Linear, down: nn.Linear, x: torch.Tensor,
              residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(down(silu(gate) * up) of norm(x + residual), x + residual) for a fused [gate | up]
-    projection: the pre-norm step and the MLP. For 2..64 rows the norm, gate_up and silu * up are
-    one kernel (layers/norm_rows_kernel.norm_rows with glu) where the Triton GEMVs run; else
-    `norm_linear`, then `silu_mul_linear` (one row: the norm folds into gate_up and silu * up
-    into down)."""
-    rows = fused.norm_rows_config(x, gate_up.weight, norm.weight, glu=True) \
-        if gate_up.bias is None else None
+    projection: the pre-norm step and the MLP. For 2..16 rows gate_up and silu * up are one
+    Triton GEMM (layers/rows_kernel.py, glu) where it runs; else `norm_linear`, then
+    `silu_mul_linear` (one row: the norm folds into gate_up and silu * up into down)."""
+    rows = fused.rows_config(x, gate_up.weight, glu=True) if gate_up.bias is None else None
     if rows is not None:
-        h, stream = fused.norm_rows(x, residual, norm.weight, norm.eps, gate_up.weight, rows, glu=True)
-        return linear(down, h), stream
+        if residual is None:
+            h, stream = norm(x), x
+        else:
+            h, stream = norm.add_forward(x, residual)
+        return linear(down, fused.rows_linear(h, gate_up.weight, rows, glu=True)), stream
     y, stream = norm_linear(norm, gate_up, x, residual)
     return silu_mul_linear(down, y), stream
 
