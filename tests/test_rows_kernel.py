@@ -34,11 +34,19 @@ def _inputs(m: int, k: int, n_rows: int, seed: int) -> tuple[torch.Tensor, torch
 
 def _reference(x: torch.Tensor, w: torch.Tensor, glu: bool) -> torch.Tensor:
     """F.linear in fp32; with glu, silu(gate) * up rounded as fused_kernels.silu_mul rounds."""
-    y = F.linear(x.float(), w.float())
+    y = F.linear(x.float(), w.float() if w.dtype != torch.float32 else w)
     if glu:
         gate, up = _round(y).chunk(2, dim=-1)
         y = _round(gate / (1.0 + torch.exp(-gate))) * up
     return y
+
+
+def _norm_reference(x: torch.Tensor, r: torch.Tensor | None, g: torch.Tensor, eps: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + r) * g rounded where fused_kernels.rms_norm rounds, x + r) in fp32 values."""
+    s = _round(x.float() + r.float()) if r is not None else x.float()
+    inv = torch.rsqrt((s * s).sum(-1, keepdim=True) / s.shape[-1] + eps)
+    return _round(g.float() * _round(s * inv)), s
 
 
 def _check(y: torch.Tensor, ref: torch.Tensor) -> None:
@@ -58,6 +66,26 @@ def test_rows_linear_matches_linear(m, k, n, glu):
     y = rk.rows_linear(x, w, SMALL, glu=glu)
     assert y.shape == (m, n) and y.dtype == BF16
     _check(y, _reference(x, w, glu))
+
+
+@pytest.mark.parametrize("m,k,n,glu,res", [
+    (3, 72, 40, False, True),    # K not a multiple of the tile
+    (4, 64, 48, True, True),     # the MLP: norm, gate_up, silu * up in one kernel
+    (16, 96, 24, False, False),  # the first layer: no residual
+])
+def test_norm_rows_linear_matches_norm_then_linear(m, k, n, glu, res):
+    """The norm folded in: the new residual stream bit for bit, the output as rms_norm then the
+    projection compute it (the same rounding: bit-equal up to the fp32 summation order)."""
+    x, w = _inputs(m, k, 2 * n if glu else n, seed=7 * m + k)
+    g = torch.Generator(device=DEV).manual_seed(k)
+    r = (torch.randn(m, k, generator=g, device=DEV) * 2).to(BF16) if res else None
+    nw = (1 + 0.1 * torch.randn(k, generator=g, device=DEV)).to(BF16)
+    y, s = rk.norm_rows_linear(x, r, nw, 1e-5, w, SMALL, glu=glu)
+    h, s_ref = _norm_reference(x, r, nw, 1e-5)
+    assert torch.equal(s.float(), s_ref) and (res or s is x)
+    _check(y, _reference(h, w, glu))
+    with pytest.raises(ValueError, match="norm weight"):
+        rk.norm_rows_linear(x, r, nw[:-1], 1e-5, w, SMALL, glu=glu)
 
 
 def test_rows_linear_row_strided_x_and_the_row_limit():
@@ -117,3 +145,18 @@ def test_rows_config_takes_the_few_row_projections(monkeypatch):
     assert cfg(4, 4096, 4096) is None and cfg(16, 4096, 14336) is None
     assert cfg(1, 6144, 4096) is None and cfg(17, 6144, 4096) is None
     assert cfg(4, 6144, 4096, dtype=torch.float32) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("n,k,glu", [(960, 576, False), (1536, 576, True), (1152, 896, False)])
+@pytest.mark.parametrize("m", [2, 5, 16])
+def test_gpu_norm_rows_linear_small_hidden(n, k, glu, m):
+    """The norm folded in at small hidden sizes (SmolLM2's 576, Qwen2.5-0.5B's 896), PDL on."""
+    x, w = _inputs(m, k, 2 * n if glu else n, seed=m + 1)
+    r, _ = _inputs(m, k, 1, seed=m + 2)
+    nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF16)
+    y, s = rk.norm_rows_linear(x, r, nw, 1e-6, w, glu=glu)
+    h, s_ref = _norm_reference(x, r, nw, 1e-6)
+    assert torch.equal(s.float(), s_ref)
+    _check(y, _reference(h, w, glu))
