@@ -14,10 +14,9 @@ the [M, 2N] gate_up output nor the silu_mul kernel exists.
 
 The RMSNorm before the projection is its own PDL-chained kernel in the engine: the GEMM's loop
 must stay loads feeding tl.dot, or its loads stop being pipelined (a sum of squares of x in the
-8B qkv projection's loop doubles its time). norm_rows_linear folds the norm in for small hidden
-sizes (each program reads its rows once for their rms, then normalises each x tile as it reads
-it, rounded as fused_kernels.rms_norm rounds), one kernel fewer, for rows_bench to weigh against
-the two kernels.
+8B qkv projection's loop doubles its time). norm_rows_linear folds the norm in (each program
+reads its rows once for their rms, then normalises each x tile as it reads it, rounded as
+fused_kernels.rms_norm rounds): one kernel fewer, where fused.NORM_FOLD_MAX_K allows.
 
 PDL (layers/pdl.py): every launch has the attribute; a program pulls its weight panel into L2 when
 the weight fits a third of L2 (pdl.prefetch_cols), signals that the next kernel may launch, then
@@ -211,8 +210,7 @@ def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight
     """(rows_linear(rms_norm(x + residual) * g, w), x + residual), the norm in the same kernel
     and rounded as fused_kernels.rms_norm rounds (residual None: the norm of x, and x itself).
     Every program reads its rows twice (once for the rms, once for the product), which can pay
-    only where K is small; benchmarks/rows_bench.py measures it against the norm kernel then
-    rows_linear (the engine runs the latter)."""
+    only where K is small (fused.NORM_FOLD_MAX_K)."""
     _check(x, w, glu, "norm_rows_linear")
     if norm_weight.dtype != x.dtype or norm_weight.shape != (x.shape[1],):
         raise ValueError(f"norm_rows_linear: a norm weight [{x.shape[1]}] in x's dtype")

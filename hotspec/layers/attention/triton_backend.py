@@ -35,7 +35,7 @@ from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.merge_kernels import combine_splits
 from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
-from hotspec.runtime.forward_batch import ForwardBatch
+from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 
 _LOG2E = 1.4426950408889634
 
@@ -84,6 +84,9 @@ def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
     return (mask.to(torch.int64) << shifts).sum(-1)
 
 
+MAX_FOLD_ROWS = 64  # the most rows per request whose K/V the attention kernel stores itself
+
+
 def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
@@ -91,19 +94,21 @@ def _pow2(x: int) -> int:
 class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None, mask_bits: bool = True,
-                 fold_rope: bool = True, min_chunk: int | None = None) -> None:
+                 num_stages: int | None = None, mask_bits: bool = True, fold_rope: bool = True,
+                 fold_rope_rows: bool = False, min_chunk: int | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         num_stages the kv loop's pipeline stages (None: `_stages`' rule);
         mask_bits packs custom masks of <= 64 slots into a word per row (False: the byte mask
         wider masks use); fold_rope lets decode batches pass RoPE and the KV store to the kernel
-        (`folds_rope`; False: their own kernel, as every other phase); min_chunk forces the
+        (`folds_rope`; False: their own kernel, as every other phase), and with fold_rope_rows
+        verify and draft_extend batches too; min_chunk forces the
         fewest kv indices a split covers (None: `min_chunk`'s rule for the automatic splits of
         several-row phases, equal shares otherwise). The tests set these to
         reach each kernel path at small sizes; the engine keeps the defaults."""
         self.mask_bits = mask_bits
         self.fold_rope = fold_rope
+        self.fold_rope_rows = fold_rope_rows
         self.min_chunk = min_chunk
         self.block_size = block_size
         self.block_n = block_n
@@ -204,10 +209,17 @@ class TritonBackend(AttentionBackend):
 
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: with
-        fold_rope (the default), a decode-like batch (one row per request, no custom mask). The
-        kernel then rotates q itself and stores the step's K and V, bit for bit as
+        fold_rope (the default), a decode-like batch (one row per request, no custom mask); with
+        fold_rope_rows too, a verify or draft_extend batch of at most MAX_FOLD_ROWS rows per
+        request (their real row i is kv index kv_len - q_len + i; a tree draft's rows are not).
+        The kernel then rotates q itself and stores the step's K and V, bit for bit as
         fused_kernels.rope_store would, which saves that kernel per layer."""
-        return self.fold_rope and fb.width == 1 and fb.custom_mask is None
+        if not self.fold_rope or fb.width is None:
+            return False
+        if fb.width == 1 and fb.custom_mask is None:
+            return True
+        return (self.fold_rope_rows and fb.width <= MAX_FOLD_ROWS
+                and fb.mode in (ForwardMode.VERIFY, ForwardMode.DRAFT_EXTEND))
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
@@ -253,7 +265,8 @@ class TritonBackend(AttentionBackend):
             raise ValueError("out must be [T, Hq, D] in q's dtype, contiguous along head_dim")
         if rope is not None and not self.folds_rope(fb):
             raise ValueError("attention with RoPE folded in: decode batches only (width 1, no "
-                             "custom mask), with fold_rope on; check folds_rope first")
+                             "custom mask), verify and draft_extend with fold_rope_rows, with "
+                             "fold_rope on; check folds_rope first")
         if t == 0 or b == 0:
             return out
         if p.width is not None and t != b * p.width:
@@ -289,7 +302,7 @@ class TritonBackend(AttentionBackend):
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait, V_EARLY=self._v_early(p, block_n),
             MIN_CHUNK=self._min_chunk(p, splits, block_m, block_n),
-            **_rope_kwargs(rope, k_cache),
+            **_rope_kwargs(rope, k_cache, p.width or 1),
             num_warps=num_warps, num_stages=self._stages(p), **launch,
         )
         if splits > 1:
@@ -304,7 +317,7 @@ class TritonBackend(AttentionBackend):
         return out
 
 
-def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, object]:
+def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor, width: int) -> dict[str, object]:
     if rope is None:
         return {}
     k, v = rope.k, rope.v
@@ -313,6 +326,7 @@ def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, obje
         raise ValueError("RoPE fold: k, v, cos and sin need unit stride along the head dim")
     if k.dtype != k_cache.dtype or v.dtype != k_cache.dtype:
         raise ValueError("RoPE fold: k and v in the cache's dtype only")
-    return dict(ROPE=True, KN=k, VN=v, POS=rope.positions.contiguous(), LOC=rope.loc.contiguous(),
+    return dict(ROPE=True, NEW_PAD=_pow2(width), KN=k, VN=v, POS=rope.positions.contiguous(),
+                LOC=rope.loc.contiguous(),
                 COS=rope.cos, SIN=rope.sin, stride_knt=k.stride(0), stride_knh=k.stride(1),
                 stride_vnt=v.stride(0), stride_vnh=v.stride(1), stride_cs=rope.cos.stride(0))
