@@ -5,6 +5,9 @@
 #   decode   benchmarks/decode_bench.py at the Llama-3.1-8B shape (random weights), graphed, batch 1,8
 #   spec     hotspec bench of the default model with its shipped EAGLE-3 head at batch 1 (needs the GGUF)
 #   train    a short train-draft run of a head for the default model (needs the GGUF)
+#   rows     benchmarks/rows_bench.py --quick: the few-row GEMMs against what they replace
+#   fold_ab  spec_phase_bench on the 8B shape and SmolLM2's, the engine's rules against
+#            --fold-norm 1024 --fold-rope-rows, alternated, two rounds (benchmarks/ab_table.py)
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .whl/     the gguf wheel the GPU image lacks: `python3 -m pip download --no-deps -d .whl gguf`
@@ -58,8 +61,21 @@ for stage in "$@"; do
       --prompts benchmarks/prompts_small.jsonl --batch-size 1 --max-tokens 256 --out "$OUT/spec" ;;
     train) need_gguf train && step train 300 python3 -m hotspec train-draft --out /tmp/head \
       --num-prompts 64 --eval-prompts 8 --max-new-tokens 128 --epochs 1 --device cuda --no-progress ;;
+    rows) step rows 240 python3 benchmarks/rows_bench.py --quick --shapes smol,8b --m 4,16 ;;
+    fold_ab)
+      mkdir -p "$OUT/ab"
+      for r in 1 2; do for v in base fold; do
+        opts=""; [ $v = fold ] && opts="--fold-norm 1024 --fold-rope-rows"
+        step "8b_${v}_$r" 120 python3 benchmarks/spec_phase_bench.py --target llama8b-shape \
+          --draft eagle3:32768 --batch-sizes 1,8 --shapes 3,1,4 6,8,16 --iters 20 $opts \
+          --out "$OUT/ab/8b_${v}_$r.json"
+        step "smol_${v}_$r" 90 python3 benchmarks/spec_phase_bench.py --target smollm2-shape \
+          --draft default --batch-sizes 1,8 --shapes 3,1,4 4,8,12 --iters 30 $opts \
+          --out "$OUT/ab/smol_${v}_$r.json"
+      done; done
+      python3 benchmarks/ab_table.py "$OUT/ab" | tee "$OUT/fold_ab.txt" ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows fold_ab stash)" >&2; exit 2 ;;
   esac
 done
 
