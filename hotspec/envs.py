@@ -30,7 +30,8 @@ class Switches:
         "it ends")
     gemv: bool = _switch(
         "HOTSPEC_GEMV",
-        "0: every Linear on cuBLAS, none on the Triton decode GEMV (its tuned shapes included)")
+        "0: every Linear on cuBLAS, none on the Triton GEMV or few-row GEMM (their tuned shapes "
+        "included)")
 
 
 def _parse(env: str, default: bool) -> bool:

@@ -65,7 +65,8 @@ def describe(device: torch.device) -> str:
 
     return "; ".join([
         "fused Triton norms, RoPE and greedy argmax",
-        "Triton GEMV where faster than cuBLAS, the norm folded in at one row" if _gemv_allowed()
+        "Triton GEMV where faster than cuBLAS, the norm folded in at one row; Triton GEMM for "
+        "2-16 rows, SiLU*up in gate_up's epilogue" if _gemv_allowed()
         else "cuBLAS only (the gemv switch off)",
         pdl.describe(device),
     ])
