@@ -1,6 +1,7 @@
-"""The speculative bookkeeping kernels against the torch code they replace: the draft tree
-(speculative/tree_kernel.py) and greedy acceptance with the commit's rows
-(speculative/accept_kernel.py), on the CPU in Triton's interpreter and on CUDA at real shapes."""
+"""The speculative bookkeeping kernels against the torch code they replace: the draft loop's
+inputs (speculative/draft_inputs_kernel.py), the draft tree (speculative/tree_kernel.py) and
+greedy acceptance with the commit's rows (speculative/accept_kernel.py), on the CPU in Triton's
+interpreter and on CUDA at real shapes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ pytest.importorskip("triton")
 from tree_cases import candidates, matching_logits  # noqa: E402
 
 from hotspec.speculative.accept_kernel import greedy_accept as accept_kernel  # noqa: E402
+from hotspec.speculative.draft_inputs import draft_inputs_torch  # noqa: E402
+from hotspec.speculative.draft_inputs_kernel import draft_inputs as draft_inputs_kernel  # noqa: E402
 from hotspec.speculative.tree import build_tree_torch  # noqa: E402
 from hotspec.speculative.tree_kernel import build_tree as tree_kernel  # noqa: E402
 from hotspec.speculative.verify import commit_rows, verify_greedy  # noqa: E402
@@ -27,6 +30,22 @@ def _case(b: int, shape: tuple[int, int, int], seed: int):  # type: ignore[no-un
     scores, tokens, parents = candidates(b, steps, k, vocab, g)
     root = torch.randint(0, vocab, (b,), generator=g)
     return g, vocab, [t.to(DEV) for t in (root, scores, tokens, parents)], n, steps
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_draft_inputs_kernel_matches_torch(shape):
+    """The draft loop's scratch slots (across block boundaries: pages of 4), positions, root mask
+    rows and lengths, for every step of the shape."""
+    steps, k, _ = shape
+    b, page = 3, 4
+    g = torch.Generator().manual_seed(steps * k)
+    tables = torch.randperm(128, generator=g)[:b * 32].view(b, 32).to(torch.int32).to(DEV)
+    seq = torch.tensor([1, 7, 30], device=DEV)
+    ref = draft_inputs_torch(tables, seq, k, steps - 1, page)
+    out = draft_inputs_kernel(tables, seq, k, steps - 1, page)
+    for name, a, r in zip(ref._fields, out, ref):
+        assert a.dtype == r.dtype and a.shape == r.shape, name
+        assert torch.equal(a, r), f"{name} differ"
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -25,6 +25,7 @@ from hotspec.runtime.batch_builder import slots_at
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.phase_io import Sampled, Tensors
+from hotspec.speculative.draft_inputs import draft_inputs
 from hotspec.speculative.frontier import next_frontier
 from hotspec.speculative.io import (
     Accepted,
@@ -67,6 +68,12 @@ class EaglePhases:
         self.scratch = self.topk * (self.num_steps - 1)  # draft-tree KV slots per request
         self.reserve = max(self.num_draft_tokens, self.scratch, self.width)
         self.max_kv = shapes.max_blocks_per_seq * block_size  # attention bound for static shapes
+        # constants of the draft loop: frontier node ids, and owns[s][i, j]: node i of draft step
+        # s + 1 writes scratch slot j (j == s*k + i)
+        dev = shapes.device
+        sidx = torch.arange(self.scratch, device=dev)
+        self.node_ids = torch.arange(self.topk, device=dev)
+        self.owns = sidx.view(-1, self.topk, 1) == sidx  # [S-1, k, M]
         target.capture_layers = tuple(draft.aux_layer_ids)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -84,28 +91,16 @@ class EaglePhases:
     def draft_tree(self, x: DraftIn) -> DraftTree:
         """`draft`: num_steps - 1 draft forwards over the top-k frontier, then the best N-1 nodes."""
         root, seq, tables = x.root, x.seq, x.tables
-        b, k, m, n_fw = root.shape[0], self.topk, self.scratch, self.num_steps - 1
+        b, k, n_fw = root.shape[0], self.topk, self.num_steps - 1
         dev = root.device
         scores, tokens = [x.topk_logp], [x.topk_ids]
         f_score, f_tok = x.topk_logp, x.topk_ids
-        f_global = torch.arange(k, device=dev).expand(b, k)
+        f_global = self.node_ids.expand(b, k)
         f_globals: list[torch.Tensor] = []  # each step's frontier: the parents of its k*k children
         f_feat = x.feature.unsqueeze(1).expand(b, k, -1).reshape(b * k, -1)
-        if n_fw > 0:
-            # What the forwards need and that does not depend on what they draft, once for all
-            # steps (the loop is launch-bound): step s (1-based) writes scratch kv index
-            # (s-1)*k + i for frontier node i, at position seq + s - 1.
-            sidx = torch.arange(m, device=dev)
-            locs = slots_at(tables, seq.unsqueeze(1) + sidx, self.block_size)  # [B, M]
-            # (contiguous: with k == 1 the reshape is a strided view, and kernels read the rows of
-            # these with unit stride)
-            locs = locs.view(b, n_fw, k).transpose(0, 1).reshape(n_fw, b * k).contiguous()
-            steps = torch.arange(n_fw, device=dev).view(n_fw, 1, 1)
-            positions = (seq.view(1, b, 1) + steps).expand(n_fw, b, k).reshape(n_fw, b * k).contiguous()
-            owns = sidx.view(n_fw, k, 1) == sidx  # [S-1, K, M]: node i of step s sees its own slot
-            f_mask = owns[0].expand(b, k, m).contiguous()  # the roots see only their own slot
-            q_lens = torch.full((b,), k, dtype=torch.long, device=dev)
-            kv_lens = seq + m
+        if n_fw > 0:  # the scratch slots, positions, root mask and lengths of every step
+            locs, positions, f_mask, q_lens, kv_lens = draft_inputs(tables, seq, k, n_fw,
+                                                                    self.block_size)
         for s in range(1, self.num_steps):
             fb = ForwardBatch(
                 mode=ForwardMode.DRAFT, input_ids=f_tok.reshape(-1), positions=positions[s - 1],
@@ -119,7 +114,7 @@ class EaglePhases:
                 scores.append((f_score.unsqueeze(2) + logp.view(b, k, k)).view(b, k * k))
                 break
             c_score, f_score, f_tok, f_global, f_feat, f_mask = next_frontier(
-                f_score, logp, ids, h_feat, f_mask, owns[s], k + (s - 1) * k * k)
+                f_score, logp, ids, h_feat, f_mask, self.owns[s], k + (s - 1) * k * k)
             scores.append(c_score)
         parents = [torch.full((b, k), -1, dtype=torch.long, device=dev)]
         if f_globals:  # every child of frontier node i has parent i: [B, S-1, K] -> [B, (S-1)*K*K]
