@@ -1,5 +1,5 @@
-"""The speculative bookkeeping kernels against the torch code they replace: the draft loop's
-inputs (speculative/draft_inputs_kernel.py), the draft tree (speculative/tree_kernel.py) and
+"""The speculative bookkeeping kernels against the torch code they replace: the phases' index
+bookkeeping (speculative/phase_inputs_kernel.py), the draft tree (speculative/tree_kernel.py) and
 greedy acceptance with the commit's rows (speculative/accept_kernel.py), on the CPU in Triton's
 interpreter and on CUDA at real shapes."""
 
@@ -12,9 +12,9 @@ pytest.importorskip("triton")
 
 from tree_cases import candidates, matching_logits  # noqa: E402
 
+from hotspec.speculative import phase_inputs as pi  # noqa: E402
+from hotspec.speculative import phase_inputs_kernel as pik  # noqa: E402
 from hotspec.speculative.accept_kernel import greedy_accept as accept_kernel  # noqa: E402
-from hotspec.speculative.draft_inputs import draft_inputs_torch  # noqa: E402
-from hotspec.speculative.draft_inputs_kernel import draft_inputs as draft_inputs_kernel  # noqa: E402
 from hotspec.speculative.tree import build_tree_torch  # noqa: E402
 from hotspec.speculative.tree_kernel import build_tree as tree_kernel  # noqa: E402
 from hotspec.speculative.verify import commit_rows, verify_greedy  # noqa: E402
@@ -32,20 +32,40 @@ def _case(b: int, shape: tuple[int, int, int], seed: int):  # type: ignore[no-un
     return g, vocab, [t.to(DEV) for t in (root, scores, tokens, parents)], n, steps
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_draft_inputs_kernel_matches_torch(shape):
-    """The draft loop's scratch slots (across block boundaries: pages of 4), positions, root mask
-    rows and lengths, for every step of the shape."""
-    steps, k, _ = shape
-    b, page = 3, 4
-    g = torch.Generator().manual_seed(steps * k)
-    tables = torch.randperm(128, generator=g)[:b * 32].view(b, 32).to(torch.int32).to(DEV)
-    seq = torch.tensor([1, 7, 30], device=DEV)
-    ref = draft_inputs_torch(tables, seq, k, steps - 1, page)
-    out = draft_inputs_kernel(tables, seq, k, steps - 1, page)
-    for name, a, r in zip(ref._fields, out, ref):
+def _tables(b: int, seed: int) -> torch.Tensor:
+    """Block tables of b requests, 32 pages of 4 each, in a shuffled pool."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(128, generator=g)[:b * 32].view(b, 32).to(torch.int32).to(DEV)
+
+
+def _same(out: tuple, ref: tuple) -> None:
+    for name, a, r in zip(ref._fields, out, ref):  # type: ignore[attr-defined]
         assert a.dtype == r.dtype and a.shape == r.shape, name
         assert torch.equal(a, r), f"{name} differ"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_phase_inputs_kernels_match_torch(shape):
+    """Every step's draft scratch slots (across page boundaries: pages of 4), positions, root
+    mask rows and lengths; verify's slots, positions and lengths; draft_extend's shifted ids,
+    slots (looked up, or the step's own) with the trash slot past each accepted length,
+    positions and next-root rows."""
+    steps, k, n = shape
+    b, page, w = 3, 4, max(steps + 1, n)
+    tables, seq = _tables(b, steps * k), torch.tensor([1, 7, 30], device=DEV)
+    _same(pik.draft_inputs(tables, seq, k, steps - 1, page),
+          pi.draft_inputs_torch(tables, seq, k, steps - 1, page))
+    g = torch.Generator().manual_seed(n)
+    depth = torch.randint(0, steps + 1, (b, n), generator=g).to(DEV)
+    _same(pik.verify_inputs(tables, seq, depth, w, page),
+          pi.verify_inputs_torch(tables, seq, depth, w, page))
+    acc = torch.randint(0, 1000, (b, steps + 1), generator=g).to(DEV)
+    bonus = torch.randint(0, 1000, (b,), generator=g).to(DEV)
+    a = torch.tensor([1, steps + 1, 2], device=DEV).clamp_max(steps + 1)
+    slots = pi.verify_inputs_torch(tables, seq, depth, w, page).slots
+    for given in (None, slots[:, :steps + 1]):
+        _same(pik.extend_inputs(tables, seq, acc, bonus, a, given, 999, page),
+              pi.extend_inputs_torch(tables, seq, acc, bonus, a, given, 999, page))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -109,3 +129,36 @@ def test_kernels_real_shapes(b, shape):
     ref = build_tree_torch(*args, n, steps)
     out = tree_kernel(*args, n, steps)
     assert all(torch.equal(getattr(out, f), getattr(ref, f)) for f in ("tokens", "parents", "depth", "mask"))
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 4), (4, 4, 8)], ids=["chain", "tree"])
+def test_engine_with_the_bookkeeping_kernels_equals_vanilla(shape, tmp_path, monkeypatch):
+    """The EAGLE-3 engine with every bookkeeping kernel in the loop (CPU tensors take the fused
+    kernels, through Triton's interpreter): the phases' index inputs, the frontier, the tree and
+    greedy acceptance. float32 greedy output equals vanilla's token for token (a 32-token
+    vocabulary, so the random head's drafts are accepted now and then)."""
+    from engine_utils import save_tiny_llama
+
+    from hotspec import LLM, SamplingParams
+    from hotspec.layers import fused
+    from hotspec.models.draft_checkpoint import random_draft_checkpoint
+    from hotspec.models.loader import load_checkpoint
+
+    path = save_tiny_llama(tmp_path / "target", vocab=32, hidden=64, layers=6, std=0.3)
+    cfg, _ = load_checkpoint(str(path), torch.float32)
+    head = random_draft_checkpoint(tmp_path / "head", cfg, "EAGLE3", seed=3)
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)
+    prompts = [[1, 5, 9, 3, 2], list(range(4, 20))]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    kw = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, max_num_seqs=2,
+              kv_cache_memory_gb=0.01)
+    want = [o.token_ids for o in LLM(str(path), **kw).generate(prompt_token_ids=prompts,
+                                                                 sampling_params=params)]
+    steps, topk, ntok = shape
+    spec = LLM(str(path), speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head),
+               speculative_num_steps=steps, speculative_eagle_topk=topk,
+               speculative_num_draft_tokens=ntok, **kw)
+    got = spec.generate(prompt_token_ids=prompts, sampling_params=params)
+    assert [o.token_ids for o in got] == want
+    if topk > 1:  # drafts were accepted: fewer steps than tokens after the prefill's
+        assert sum(o.stats.spec_steps for o in got) < sum(len(o.token_ids) - 1 for o in got)

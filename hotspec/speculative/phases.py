@@ -21,11 +21,9 @@ from hotspec.layers.sampler import shape_logits_to_probs
 from hotspec.layers.topk_logp import topk_logp
 from hotspec.models.draft_head import DraftHead
 from hotspec.models.llama import LlamaForCausalLM
-from hotspec.runtime.batch_builder import slots_at
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.phase_io import Sampled, Tensors
-from hotspec.speculative.draft_inputs import draft_inputs
 from hotspec.speculative.frontier import next_frontier
 from hotspec.speculative.io import (
     Accepted,
@@ -39,6 +37,7 @@ from hotspec.speculative.io import (
     VerifyIn,
     emitted_rows,
 )
+from hotspec.speculative.phase_inputs import draft_inputs, extend_inputs, verify_inputs
 from hotspec.speculative.tree import MAX_LOGP, DraftTree, build_tree
 from hotspec.speculative.verify import Acceptance, commit_rows, greedy_accept, verify_stochastic
 
@@ -129,14 +128,12 @@ class EaglePhases:
         tree = DraftTree(tokens=x.tokens, parents=x.parents, depth=x.depth, mask=x.mask)
         seq, tables = x.seq, x.tables
         b, n = tree.tokens.shape
-        span = torch.arange(max(n, self.width), device=seq.device)
-        slots = slots_at(tables, seq.unsqueeze(1) + span, self.block_size)
+        slots, positions, loc, q_lens, kv_lens = verify_inputs(tables, seq, tree.depth,
+                                                                max(n, self.width), self.block_size)
         fb = ForwardBatch(
-            mode=ForwardMode.VERIFY, input_ids=tree.tokens.reshape(-1),
-            positions=(seq.unsqueeze(1) + tree.depth).reshape(-1),
-            out_cache_loc=slots[:, :n].reshape(-1),
-            q_lens=torch.full((b,), n, dtype=torch.long, device=seq.device), kv_lens=seq + n,
-            block_tables=tables, width=n, max_q=n, max_kv=self.max_kv, custom_mask=tree.mask)
+            mode=ForwardMode.VERIFY, input_ids=tree.tokens.reshape(-1), positions=positions,
+            out_cache_loc=loc, q_lens=q_lens, kv_lens=kv_lens, block_tables=tables, width=n,
+            max_q=n, max_kv=self.max_kv, custom_mask=tree.mask)
         hidden, aux = self.target_runner.forward(fb)
         logits = self.target.compute_logits(hidden).view(b, n, -1)
         return Verified(tree, logits, self.feature(hidden, aux).view(b, n, -1), slots)
@@ -182,19 +179,14 @@ class EaglePhases:
         fixed width of W rows per request; the next root state is row accept_len - 1."""
         seq, tables, a = x.seq, x.tables, x.accept_len
         b, w = x.acc_tokens.shape
-        dev = seq.device
-        d = torch.arange(w, device=dev).unsqueeze(0)
-        shifted = torch.cat([x.acc_tokens[:, 1:], x.acc_tokens[:, :1]], 1)
-        shifted = torch.where(d == (a - 1).unsqueeze(1), x.bonus.unsqueeze(1), shifted)
-        slots = x.slots if x.slots is not None else slots_at(tables, seq.unsqueeze(1) + d, self.block_size)
-        loc = torch.where(d < a.unsqueeze(1), slots, self.draft_runner.kv.trash_slot)
+        ids, loc, positions, last, kv_lens = extend_inputs(
+            tables, seq, x.acc_tokens, x.bonus, a, x.slots, self.draft_runner.kv.trash_slot,
+            self.block_size)
         fb = ForwardBatch(
-            mode=ForwardMode.DRAFT_EXTEND, input_ids=shifted.reshape(-1),
-            positions=(seq.unsqueeze(1) + d).reshape(-1), out_cache_loc=loc.view(-1),
-            q_lens=a, kv_lens=seq + a, block_tables=tables, width=w, max_q=w, max_kv=self.max_kv,
+            mode=ForwardMode.DRAFT_EXTEND, input_ids=ids, positions=positions, out_cache_loc=loc,
+            q_lens=a, kv_lens=kv_lens, block_tables=tables, width=w, max_q=w, max_kv=self.max_kv,
             hidden_in=x.acc_feature.reshape(b * w, -1))
         h_logits, h_feat = self.draft_runner.forward(fb)
-        last = torch.arange(b, device=dev) * w + a - 1
         logp, ids, logits = self.draft_topk(h_logits[last], self.topk)
         return ExtendOut(topk_logp=logp, topk_ids=ids, feature=h_feat[last], logits=logits)
 
