@@ -6,6 +6,11 @@
 #   spec     hotspec bench of the default model with its shipped EAGLE-3 head at batch 1 (needs the GGUF)
 #   train    a short train-draft run of a head for the default model (needs the GGUF)
 #   rows     benchmarks/rows_bench.py --quick: the few-row GEMMs against what they replace
+#   phases   spec_phase_bench's full matrix: the 8B shape with an EAGLE-3 32k head and SmolLM2's
+#            shape with the shipped head, shapes 3/1/4 5/1/6 7/1/8 4/8/12 6/8/16, batch 1, 8, 32
+#   sweep    end to end on the default model (needs the GGUF and .data/spec_bench_dev.jsonl, a
+#            copy of ../shared/data's, carried): spec_sweep at batch 1, 8, 32 over 3/1/4, 5/1/6,
+#            4/8/12, 6/8/16 beside graphed vanilla
 #   fold_ab  spec_phase_bench on the 8B shape and SmolLM2's, the engine's rules against
 #            --fold-norm 1024 --fold-rope-rows, alternated, two rounds (benchmarks/ab_table.py)
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
@@ -61,6 +66,18 @@ for stage in "$@"; do
       --prompts benchmarks/prompts_small.jsonl --batch-size 1 --max-tokens 256 --out "$OUT/spec" ;;
     train) need_gguf train && step train 300 python3 -m hotspec train-draft --out /tmp/head \
       --num-prompts 64 --eval-prompts 8 --max-new-tokens 128 --epochs 1 --device cuda --no-progress ;;
+    phases)
+      for t in "llama8b-shape --draft eagle3:32768" "smollm2-shape --draft default"; do
+        name=phases_$(echo "$t" | cut -c1-5)
+        step "$name" 280 python3 benchmarks/spec_phase_bench.py --target $t --batch-sizes 1,8,32 \
+          --shapes 3,1,4 5,1,6 7,1,8 4,8,12 6,8,16 --iters 10 --out "$OUT/$name.json"
+      done ;;
+    sweep) need_gguf sweep && for bs in 1 8 32; do
+        step "sweep_b$bs" 190 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
+          --prompts .data/spec_bench_dev.jsonl --num-prompts $((bs < 8 ? 26 : 4 * bs)) \
+          --max-tokens 256 --batch-size $bs --variants 3/1/4 5/1/6 4/8/12 6/8/16 \
+          --out "$OUT/sweep_b$bs"
+      done ;;
     rows) step rows 240 python3 benchmarks/rows_bench.py --quick --shapes smol,8b --m 4,16 ;;
     fold_ab)
       mkdir -p "$OUT/ab"
@@ -75,7 +92,7 @@ for stage in "$@"; do
       done; done
       python3 benchmarks/ab_table.py "$OUT/ab" | tee "$OUT/fold_ab.txt" ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows fold_ab stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep fold_ab stash)" >&2; exit 2 ;;
   esac
 done
 
