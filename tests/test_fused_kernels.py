@@ -250,3 +250,36 @@ def test_norm_gemv_engine_decode_equals_separate_kernels(tmp_path, monkeypatch):
     assert not off_rows
     assert tokens == ref
     assert len(on_rows) >= 2 * 2 * 5, "two norms per layer per decode step"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_eagle3_inputs_in_one_kernel_equal_the_lookup_and_two_norms(dtype, monkeypatch):
+    """The EAGLE-3 head's input [input_layernorm(embed(tokens)) | hidden_norm(feature)] from
+    layers/norm_pair_kernel.py equals the lookup and the two fused rms_norm kernels bit for bit
+    (both in the interpreter on the CPU), and the torch path within rounding."""
+    from torch import nn
+
+    from hotspec.layers import fused
+    from hotspec.models.config import ModelConfig
+    from hotspec.models.eagle3 import Eagle3MidLayer
+
+    cfg = ModelConfig(architecture="llama", vocab_size=50, hidden_size=48, intermediate_size=96,
+                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=12)
+    torch.manual_seed(0)
+    mid = Eagle3MidLayer(cfg).to(dtype).requires_grad_(False)
+    with torch.no_grad():
+        mid.input_layernorm.weight.normal_(1, 0.1)
+        mid.hidden_norm.weight.normal_(1, 0.1)
+    embed = nn.Embedding(50, 48).to(dtype).requires_grad_(False)
+    tokens, feature = torch.tensor([3, 0, 49, 7]), (torch.randn(4, 48) * 3).to(dtype)
+    torch_path = mid.inputs(tokens, embed, feature)
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)
+    want = torch.empty_like(torch_path)
+    mid.input_layernorm.norm_into(embed(tokens), want[:, :48])
+    mid.hidden_norm.norm_into(feature, want[:, 48:])
+    calls = []
+    real = fused.embed_norm_pair
+    monkeypatch.setattr(fused, "embed_norm_pair", lambda *a: calls.append(1) or real(*a))
+    got = mid.inputs(tokens, embed, feature)
+    assert calls == [1] and torch.equal(got, want)
+    torch.testing.assert_close(got.float(), torch_path.float(), rtol=2e-2, atol=2e-2)

@@ -195,6 +195,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return kernel(x, weight, eps, residual, out)
 
 
+def embed_norm_pair(ids: torch.Tensor, embed: torch.Tensor, w_embed: torch.Tensor, eps_embed: float,
+                    feature: torch.Tensor, w_feature: torch.Tensor, eps_feature: float
+                    ) -> torch.Tensor:
+    from hotspec.layers.norm_pair_kernel import embed_norm_pair as kernel
+
+    return kernel(ids, embed, w_embed, eps_embed, feature, w_feature, eps_feature)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     from hotspec.layers.fused_kernels import silu_mul as kernel
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from hotspec.engine.kv_pool import KVPool
+from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.linear import norm_mlp
 from hotspec.layers.norm import RMSNorm
@@ -78,15 +79,26 @@ class Eagle3MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.mlp = MLP(h, cfg.intermediate_size)
 
-    def forward(self, embeds: torch.Tensor, feature: torch.Tensor, fb: ForwardBatch,
-                rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend
+    def inputs(self, tokens: torch.Tensor, embed: nn.Embedding, feature: torch.Tensor) -> torch.Tensor:
+        """[input_layernorm(embed(tokens)) | hidden_norm(feature)] [T, 2H]: one kernel on CUDA
+        (layers/norm_pair_kernel.py), else the lookup and each norm written into its half."""
+        ln, hn, w = self.input_layernorm, self.hidden_norm, embed.weight
+        if fused.enabled(feature, w, ln.weight, hn.weight) and feature.dim() == 2 \
+                and feature.stride(1) == 1 \
+                and len({w.dtype, feature.dtype, ln.weight.dtype, hn.weight.dtype}) == 1:
+            return fused.embed_norm_pair(tokens, w, ln.weight, ln.eps, feature, hn.weight, hn.eps)
+        t, h = feature.shape
+        x = feature.new_empty((t, 2 * h))
+        ln.norm_into(embed(tokens), x[:, :h])
+        hn.norm_into(feature, x[:, h:])
+        return x
+
+    def forward(self, tokens: torch.Tensor, embed: nn.Embedding, feature: torch.Tensor,
+                fb: ForwardBatch, rope: RotaryEmbedding, kv: KVPool, backend: AttentionBackend
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(mlp output m, r) with the pre-norm sum s = m + r left to the caller's final norm, so
         each residual add fuses into the norm after it (one kernel on CUDA, as in the target)."""
-        t, h = feature.shape
-        x = feature.new_empty((t, 2 * h))  # [norm(embed) | norm(feature)], each written in place
-        self.input_layernorm.norm_into(embeds, x[:, :h])
-        self.hidden_norm.norm_into(feature, x[:, h:])
+        x = self.inputs(tokens, embed, feature)
         a = self.self_attn(x, fb, rope, kv, backend)
         mlp = self.mlp
         if mlp.gate_up_proj is not None:  # fused projections (engine): the norm folds into gate_up
@@ -113,5 +125,5 @@ class Eagle3Head(DraftHead):
         # concatenated aux states go through fc, the head's own previous feature does not.
         if feature.shape[-1] != self.hidden_size:
             feature = self.fc(feature)
-        m, r = self.midlayer(self.embed_tokens(fb.input_ids), feature, fb, self.rotary, kv, backend)
+        m, r = self.midlayer(fb.input_ids, self.embed_tokens, feature, fb, self.rotary, kv, backend)
         return self.norm.add_forward(m, r)  # (norm(s), s) with s = m + r
