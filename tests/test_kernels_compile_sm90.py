@@ -1,0 +1,120 @@
+"""The Triton kernels of the speculative step compile to sm_90 machine code (the H200) on a
+machine without a GPU: Triton's ahead-of-time compile with the ptxas its wheel carries. The
+interpreter (the other CPU tests) checks what they compute; this checks that the compiler takes
+them (types of both branches of an `if`, stores of the right width, shared memory within the
+H200's 227 KB), so such an error fails here and not at the first GPU start-up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+SMEM = 227 * 1024
+
+
+def test_kernels_compile_for_the_h200():
+    """Run this file's checks in a process of its own: the other CPU tests set TRITON_INTERPRET,
+    under which @triton.jit makes interpreted functions, which do not compile."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    assert res.stdout.count("compiled") == len(CHECKS), res.stdout
+
+
+def _compile(fn, types: dict[str, str], consts: dict[str, object]) -> None:
+    """Compile `fn` for sm_90: `types` the runtime arguments' Triton types, `consts` every
+    constexpr the launch passes (the rest keep their defaults)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(fn.arg_names)
+    const_names = {n for n, p in zip(names, fn.params) if p.is_constexpr}
+    sig = {n: types.get(n, "constexpr") if n not in const_names else "constexpr" for n in names}
+    assert all(n in types for n in names if n not in const_names), "a runtime argument lacks a type"
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    assert kernel.asm.get("cubin"), f"{fn.__name__}: no sm_90 code"
+    assert kernel.metadata.shared <= SMEM
+
+
+def phase_inputs_kernels():
+    from hotspec.speculative import phase_inputs_kernel as pik
+
+    i64 = "*i64"
+    _compile(pik._draft_inputs_kernel, dict(BT="*i32", SEQ=i64, LOCS=i64, POS=i64, MASK="*i1", QL=i64,
+                                            KVL=i64, B="i32", n_blocks="i32", stride_bt="i32"),
+             dict(K=8, M=40, M_PAD=64, K_PAD=8, PAGE=16))
+    _compile(pik._verify_inputs_kernel, dict(BT="*i32", SEQ=i64, DEPTH=i64, SLOTS=i64, POS=i64,
+                                             LOC=i64, QL=i64, KVL=i64, n_blocks="i32",
+                                             stride_bt="i32", stride_db="i32"),
+             dict(N=12, R=12, R_PAD=16, PAGE=16))
+    for has_slots in (True, False):
+        _compile(pik._extend_inputs_kernel,
+                 dict(BT="*i32", SEQ=i64, ACC=i64, BONUS=i64, A=i64, SLOTS=i64, IDS=i64, LOC=i64,
+                      POS=i64, LAST=i64, KVL=i64, trash="i32", n_blocks="i32", stride_bt="i32",
+                      stride_ab="i32", stride_sb="i32"),
+                 dict(W=7, W_PAD=16, HAS_SLOTS=has_slots, PAGE=16))
+
+
+def eagle3_input_kernel():
+    from hotspec.layers import norm_pair_kernel as npk
+
+    bf = "*bf16"
+    _compile(npk._embed_norm_pair_kernel,
+             dict(IDS="*i64", EMB=bf, FEAT=bf, W0=bf, W1=bf, OUT=bf, h="i32", eps0="fp32", eps1="fp32",
+                  stride_e="i32", stride_f="i32", stride_o="i32"), dict(BLOCK=4096))
+
+
+def rows_kernel():
+    """At the engine's configs of the 8B and SmolLM2 shapes, with glu and the norm fold."""
+    from hotspec.layers import rows_kernel as rk
+
+    bf = "*bf16"
+    types = dict(X=bf, W=bf, Y=bf, R=bf, G=bf, S=bf, M="i32", N="i32", K="i32", eps="fp32",
+                 stride_xm="i32", stride_wn="i32", stride_ym="i32", stride_rm="i32", stride_sm="i32")
+    for n, k, glu, norm in [(6144, 4096, False, False), (14336, 4096, True, False),
+                            (960, 576, False, True), (1536, 576, True, True)]:
+        cfg = rk.choose(n, k, glu)
+        _compile(rk._rows_kernel, types, dict(
+            GLU=glu, NORM=norm, HAS_RES=norm, BLOCK_M=rk.MAX_ROWS, BLOCK_N=cfg.BLOCK_N,
+            BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=False, PDL=True, PF_COLS=-1))
+
+
+def attention_with_the_rope_fold():
+    """Decode's fold, verify's rows (custom mask) and draft_extend's (causal)."""
+    for new_pad, custom in [(1, False), (16, True), (8, False)]:
+        _attention(new_pad, custom)
+
+
+def _attention(new_pad: int, custom: bool) -> None:
+    from hotspec.layers.attention import triton_kernels as ak
+
+    fn = ak.paged_attn_fwd
+    ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "BT": "*i32", "KVL": "*i64",
+           "QL": "*i64", "CUQ": "*i64", "CM": "*i64", "OPART": "*fp32", "LSE": "*fp32", "KN": "*bf16",
+           "VN": "*bf16", "POS": "*i64", "LOC": "*i64", "COS": "*fp32", "SIN": "*fp32"}
+    const_names = {n for n, p in zip(fn.arg_names, fn.params) if p.is_constexpr}
+    types = {n: ptr.get(n, "fp32" if n == "scale_log2" else "i32")
+             for n in fn.arg_names if n not in const_names}
+    _compile(fn, types, dict(  # SmolLM2's heads: 9 query heads over 3 kv heads of 64
+        stride_qt=1152, stride_qh=64, stride_kt=192, stride_kh=64, stride_vt=192, stride_vh=64,
+        stride_ot=576, stride_oh=64, stride_pt=576, stride_ph=64, stride_lt=9, GROUP=3, GROUP_PAD=4,
+        BLOCK_Q=16, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, HEAD_DIM=64, PAGE=16, RAGGED=False,
+        CUSTOM=custom, SPLIT=True, F32_DOT=False, MASK_BITS=custom, PDL=True, PDL_WAIT=True,
+        ROPE=True, MIN_CHUNK=32, NEW_PAD=new_pad, stride_knt=192, stride_knh=64, stride_vnt=192,
+        stride_vnh=64, stride_cs=32))
+
+
+CHECKS = [phase_inputs_kernels, eagle3_input_kernel, rows_kernel, attention_with_the_rope_fold]
+
+if __name__ == "__main__":
+    for check in CHECKS:
+        check()
+        print(check.__name__, "compiled", flush=True)
