@@ -75,16 +75,18 @@ def draft_head(spec: str, model_cfg, tmp: Path) -> tuple[Path, str]:
 
 def candidates(args) -> None:
     """Kernel rules the engine does not take by default, set for this run (an A/B beside a run
-    without them): --fold-norm, --fold-rope-rows."""
+    without them): --fold-norm, --fold-rope-rows, --merge-splits."""
     if args.fold_norm is not None:
         from hotspec.layers import fused
 
         fused.NORM_FOLD_MAX_K = args.fold_norm
-    if args.fold_rope_rows:
-        from hotspec.layers.attention.triton_backend import TritonBackend
+    from hotspec.layers.attention.triton_backend import TritonBackend
 
-        assert TritonBackend.__init__.__kwdefaults__ is not None
-        TritonBackend.__init__.__kwdefaults__["fold_rope_rows"] = True
+    defaults = TritonBackend.__init__.__kwdefaults__
+    assert defaults is not None
+    for option in ("fold_rope_rows", "merge_splits"):
+        if getattr(args, option):
+            defaults[option] = True
 
 
 def timed_ms(fn, device: torch.device, iters: int) -> float:
@@ -201,6 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fold-rope-rows", action="store_true",
                    help="the attention kernel rotates and stores verify's and draft_extend's K/V "
                         "(TritonBackend fold_rope_rows; default: off, as the engine)")
+    p.add_argument("--merge-splits", action="store_true",
+                   help="several-row phases merge their attention splits in the attention kernel, "
+                        "no combine kernel (TritonBackend merge_splits; default: off, as the engine)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (

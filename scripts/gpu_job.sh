@@ -11,8 +11,9 @@
 #   sweep    end to end on the default model (needs the GGUF and .data/spec_bench_dev.jsonl, a
 #            copy of ../shared/data's, carried): spec_sweep at batch 1, 8, 32 over 3/1/4, 5/1/6,
 #            4/8/12, 6/8/16 beside graphed vanilla
-#   fold_ab  spec_phase_bench on the 8B shape and SmolLM2's, the engine's rules against
-#            --fold-norm 1024 --fold-rope-rows, alternated, two rounds (benchmarks/ab_table.py)
+#   fold_ab  spec_phase_bench on the 8B shape and SmolLM2's, the engine's rules against the
+#            candidates --fold-norm 1024 --fold-rope-rows --merge-splits, alternated, two rounds
+#            (benchmarks/ab_table.py); FOLD_OPTS="..." measures a subset
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .whl/     the gguf wheel the GPU image lacks: `python3 -m pip download --no-deps -d .whl gguf`
@@ -82,7 +83,7 @@ for stage in "$@"; do
     fold_ab)
       mkdir -p "$OUT/ab"
       for r in 1 2; do for v in base fold; do
-        opts=""; [ $v = fold ] && opts="--fold-norm 1024 --fold-rope-rows"
+        opts=""; [ $v = fold ] && opts=${FOLD_OPTS:-"--fold-norm 1024 --fold-rope-rows --merge-splits"}
         step "8b_${v}_$r" 120 python3 benchmarks/spec_phase_bench.py --target llama8b-shape \
           --draft eagle3:32768 --batch-sizes 1,8 --shapes 3,1,4 6,8,16 --iters 20 $opts \
           --out "$OUT/ab/8b_${v}_$r.json"

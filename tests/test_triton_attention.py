@@ -288,6 +288,46 @@ def test_split_kv_verify_and_padding() -> None:
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=4, block_n=16))
 
 
+@pytest.mark.parametrize("splits,block_m", [(2, None), (5, 16)])
+def test_split_merge_in_the_attention_kernel(splits, block_m, monkeypatch) -> None:
+    """merge_splits: in several-row phases the program finishing a tile's splits last merges
+    them (no combine kernel): verify (several query tiles with block_m 16, dead splits past the
+    live length) and draft_extend with padding rows match the reference; the counters are back
+    at 0 after each launch, so a second launch gives the same bits."""
+    from hotspec.layers.attention import merge_kernels
+
+    combined = []
+    monkeypatch.setattr(triton_backend, "combine_splits",
+                        _Spy(merge_kernels.combine_splits, combined))
+    n = 8
+    verify = make_case(q_lens=[n, n], kv_lens=[n, 150 + n], width=n, hq=8, hkv=2, d=64, dtype=BF16,
+                       seed=12, masks=[tree_mask(n), tree_mask(n)])
+    extend = make_case(q_lens=[1, 4, 2], kv_lens=[9, 40, 70], width=4, hq=4, hkv=2, d=64, dtype=F32,
+                       seed=13)
+    for fb, q, kc, vc in (verify, extend):
+        backend = TritonBackend(PAGE, num_splits=splits, block_n=16, block_m=block_m, min_chunk=16,
+                                merge_splits=True)
+        check(fb, q, kc, vc, backend=backend)
+        first = backend.forward(fb, q, kc, vc, 0.125)
+        assert int(backend._counters[q.device].abs().sum()) == 0
+        assert torch.equal(backend.forward(fb, q, kc, vc, 0.125), first)
+    assert not combined, "no combine kernel runs"
+    decode = make_case(q_lens=[1], kv_lens=[90], width=1, hq=4, hkv=2, d=64, dtype=F32, seed=14)
+    check(*decode, backend=TritonBackend(PAGE, num_splits=3, block_n=16, merge_splits=True))
+    assert combined, "decode keeps its combine kernel"
+
+
+class _Spy:
+    """A launchable stand-in that records its launches, then launches the real kernel."""
+
+    def __init__(self, kernel, calls: list) -> None:
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]
+
+
 def _rope_case(group: int, dtype: torch.dtype, seed: int, kv_lens: list[int], d: int = 64,
                device: torch.device = DEV):
     """A decode batch with the step's raw k, v, the positions and cache slots of its new tokens
@@ -752,6 +792,31 @@ def test_gpu_rope_fold_rows(shape, phase, width, batch) -> None:
         got = folded.forward(fb, q, kc2, vc2, scale, rope=rope)
         assert torch.equal(got[real], want[real])
         assert torch.equal(kc2[:-1], kc[:-1]) and torch.equal(vc2[:-1], vc[:-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
+@pytest.mark.parametrize("n,batch", [(4, 1), (16, 8)])
+def test_gpu_split_merge_in_kernel(shape, n, batch) -> None:
+    """merge_splits at the real heads with the automatic splits over the engine's static bound:
+    the combine kernel's output within rounding, the same bits over ten launches in a row (a
+    race between a split's partial and the merging program's read would show), counters at 0."""
+    kv = _rand_lens(batch, 64, 2048, seed=n)
+    fb, q, kc, vc = make_case(q_lens=[n] * batch, kv_lens=[k + n for k in kv], width=n,
+                              hq=shape["hq"], hkv=shape["hkv"], d=shape["d"], dtype=BF16, seed=n,
+                              masks=[tree_mask(n) for _ in range(batch)])
+    fb.max_kv = 8192
+    scale = shape["d"] ** -0.5
+    base = TritonBackend(PAGE)
+    base.plan(fb)
+    want = base.forward(fb, q, kc, vc, scale)
+    merged = TritonBackend(PAGE, merge_splits=True)
+    merged.plan(fb)
+    first = merged.forward(fb, q, kc, vc, scale)
+    assert ((first.float() - want.float()).abs().max() <= 1e-2)
+    for _ in range(10):
+        assert torch.equal(merged.forward(fb, q, kc, vc, scale), first)
+    assert int(merged._counters[q.device].abs().sum()) == 0
 
 
 def _gpu_fold_case(shape: dict, batch: int, dtype: torch.dtype, seed: int):

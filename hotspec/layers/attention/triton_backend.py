@@ -95,20 +95,26 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
                  num_stages: int | None = None, mask_bits: bool = True, fold_rope: bool = True,
-                 fold_rope_rows: bool = False, min_chunk: int | None = None) -> None:
+                 fold_rope_rows: bool = False, merge_splits: bool = False,
+                 min_chunk: int | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         num_stages the kv loop's pipeline stages (None: `_stages`' rule);
         mask_bits packs custom masks of <= 64 slots into a word per row (False: the byte mask
         wider masks use); fold_rope lets decode batches pass RoPE and the KV store to the kernel
         (`folds_rope`; False: their own kernel, as every other phase), and with fold_rope_rows
-        verify and draft_extend batches too; min_chunk forces the
+        verify and draft_extend batches too; merge_splits: in phases of several rows per request
+        the attention program that finishes a tile's splits last merges them (no combine
+        kernel; decode keeps it); min_chunk forces the
         fewest kv indices a split covers (None: `min_chunk`'s rule for the automatic splits of
         several-row phases, equal shares otherwise). The tests set these to
         reach each kernel path at small sizes; the engine keeps the defaults."""
         self.mask_bits = mask_bits
         self.fold_rope = fold_rope
         self.fold_rope_rows = fold_rope_rows
+        self.merge_splits = merge_splits
+        self._counters: dict[torch.device, torch.Tensor] = {}
+        self._retired: list[torch.Tensor] = []
         self.min_chunk = min_chunk
         self.block_size = block_size
         self.block_n = block_n
@@ -207,6 +213,22 @@ class TritonBackend(AttentionBackend):
         loads after the softmax."""
         return self._stages(p) == 1 and block_n <= 32
 
+    def _tile_counters(self, dev: torch.device, n: int) -> torch.Tensor:
+        """The merge's per-tile arrival counters on `dev`, zero between launches (the last
+        arriver re-arms its own). Allocated on the first, eager call, never under capture (the
+        graph runner's warm-ups run first); a launch that needs more gets a larger buffer, and
+        the smaller one stays allocated for the graphs that captured it."""
+        have = self._counters.get(dev)
+        if have is None or have.numel() < n:
+            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("attention split-merge counters are allocated on first use, "
+                                   "which must not be under CUDA-graph capture")
+            if have is not None:
+                self._retired.append(have)
+            have = torch.zeros(_pow2(max(n, 4096)), dtype=torch.int32, device=dev)
+            self._counters[dev] = have
+        return have
+
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: with
         fold_rope (the default), a decode-like batch (one row per request, no custom mask); with
@@ -287,6 +309,8 @@ class TritonBackend(AttentionBackend):
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
+        merge = splits > 1 and self.merge_splits and rows > 1
+        cnt = self._tile_counters(q.device, q_blocks * b * hkv) if merge else lse
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t, before_resident)
         launch = pdl.launch_kwargs(q.device, t, before_resident)
         grid = (q_blocks * splits, b, hkv)
@@ -302,10 +326,10 @@ class TritonBackend(AttentionBackend):
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait, V_EARLY=self._v_early(p, block_n),
             MIN_CHUNK=self._min_chunk(p, splits, block_m, block_n),
-            **_rope_kwargs(rope, k_cache, p.width or 1),
+            **_rope_kwargs(rope, k_cache, p.width or 1), MERGE=merge, CNT=cnt,
             num_warps=num_warps, num_stages=self._stages(p), **launch,
         )
-        if splits > 1:
+        if splits > 1 and not merge:
             comb_wait = pdl.chained(q.device, t, before_resident)
             combine_splits[(t, hq)](
                 opart, lse, out,

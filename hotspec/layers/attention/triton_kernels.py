@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (the interpreter fix)
+from hotspec.layers.attention.merge_kernels import merge_tile
 
 
 @triton.jit
@@ -150,7 +151,7 @@ def paged_attn_fwd(
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
     ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, MIN_CHUNK: tl.constexpr = 0,
-    NEW_PAD: tl.constexpr = 1,
+    NEW_PAD: tl.constexpr = 1, MERGE: tl.constexpr = False, CNT=None,
     KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt: tl.constexpr = 0, stride_knh: tl.constexpr = 0, stride_vnt: tl.constexpr = 0,
@@ -286,6 +287,13 @@ def paged_attn_fwd(
         p_ptrs = OPART + sp * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
         tl.store(p_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE + sp * stride_ls + tok * stride_lt + head, lse, mask=row_ok)
+        if MERGE:  # the tile's last split program to finish merges them (merge_kernels.py)
+            tl.debug_barrier()  # every thread's partial is written before the counter moves
+            cnt = CNT + (b.to(tl.int64) * tl.num_programs(2) + h) * (tl.num_programs(0) // num_splits) + qb
+            if tl.atomic_add(cnt, 1, sem="acq_rel") == num_splits - 1:
+                merge_tile(OPART, LSE, OUT, tok, head, row_ok, d, d_ok, num_splits, stride_ps,
+                           stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh)
+                tl.atomic_xchg(cnt, 0)  # re-armed for the next launch and graph replay
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
