@@ -813,7 +813,7 @@ def test_gpu_split_merge_in_kernel(shape, n, batch) -> None:
     merged = TritonBackend(PAGE, merge_splits=True)
     merged.plan(fb)
     first = merged.forward(fb, q, kc, vc, scale)
-    assert ((first.float() - want.float()).abs().max() <= 1e-2)
+    torch.testing.assert_close(first.float(), want.float(), rtol=2e-2, atol=2e-2)
     for _ in range(10):
         assert torch.equal(merged.forward(fb, q, kc, vc, scale), first)
     assert int(merged._counters[q.device].abs().sum()) == 0
