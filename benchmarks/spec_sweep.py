@@ -15,7 +15,8 @@ A variant is STEPS/TOPK/DRAFT_TOKENS, then options joined by ':': `fused` / `unf
 (--speculative-draft-model-path: two heads side by side; `draft=default` is the default model's
 shipped head), `overlap` / `plain` (--overlap-schedule or not; vanilla follows the engine
 options), `profile`
-(a second, phase-timed pass). Greedy; prints a table last (tau, tokens/s end to end and decode
+(a second, phase-timed pass). Greedy; prints a table last (tau: the mean over requests with its
+95 % confidence interval, and the acceptance rate at each draft depth; tokens/s end to end and decode
 only, speedup over vanilla, ms per speculative step (wall per engine decode step; `rows`: requests
 per step on average, as batches thin out at the end of each category), greedy outputs identical
 to vanilla, and on
@@ -36,7 +37,7 @@ from typing import Any
 from hotspec.benchmark.device import device_name, graph_replay_ms
 from hotspec.benchmark.modes import RunOptions, run_speculative, run_vanilla
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
-from hotspec.benchmark.report import first_mismatch, mode_summary, phase_breakdown, spec_summary
+from hotspec.benchmark.report import ci95, first_mismatch, mode_summary, phase_breakdown, spec_summary
 from hotspec.benchmark.spec_bench import BatchRun, load_target
 from hotspec.engine.engine import Engine
 from hotspec.entrypoints.engine_args import add_engine_args, engine_config
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             "greedy_identical": f"{same}/{n}", "engine_overrides": over,
             "step_replay_ms": replay[0] if replay else None,
             "per_category": {c: {"tau_mean": sum(spec[c].taus) / len(spec[c].taus),
+                                 "tau_ci95": ci95(spec[c].taus),
                                  "tokens_per_s": spec[c].generated / spec[c].wall_s,
                                  "vanilla_tokens_per_s": vanilla[c].generated / vanilla[c].wall_s}
                              for c in spec},
@@ -162,17 +164,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.batch_size}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, "
             f"{'overlap' if overlap else 'plain'} schedule; vanilla {v['tokens_per_s']:.1f} tok/s, "
             f"{vms:.3f} ms per decode step ({v['decode_tokens'] / max(v['decode_steps'], 1):.1f} rows)")
-    lines = [head, f"{'variant':<34} {'tau':>5} {'tok/s':>8} {'speedup':>7} {'decode x':>8} "
+    lines = [head, f"{'variant':<34} {'tau':>5} {'+-95%':>5} {'tok/s':>8} {'speedup':>7} {'decode x':>8} "
              f"{'ms/step':>7} {'rows':>5} {'steps/vanilla':>13} {'identical':>9} {'replay ms':>9}"]
     for r in rows[1:]:
         if "error" in r:
             lines.append(f"{r['variant']:<34} FAILED: {r['error'][:120]}")
             continue
-        lines.append(f"{r['variant']:<34} {r['tau_total']:>5.2f} {r['tokens_per_s']:>8.1f} "
+        ci = f"{r['tau_ci95']:>5.2f}" if r["tau_ci95"] is not None else f"{'-':>5}"
+        lines.append(f"{r['variant']:<34} {r['tau_mean']:>5.2f} {ci} {r['tokens_per_s']:>8.1f} "
                      f"{r['speedup']:>6.2f}x {r['decode_speedup']:>7.2f}x {r['ms_per_spec_step']:>7.3f} "
                      f"{r['verify_passes_per_step']:>5.1f} {r['ms_per_spec_step'] / vms:>13.2f} "
                      f"{r['greedy_identical']:>9} "
                      + (f"{r['step_replay_ms']:>9.3f}" if r["step_replay_ms"] is not None else f"{'-':>9}"))
+        if r["acceptance_by_depth"]:
+            lines.append("    accepted at draft depth: " + ", ".join(
+                f"d{e['depth']} {e['rate']:.0%}" for e in r["acceptance_by_depth"]))
         if r["phases"]:
             ph = r["phases"]["phases"]
             lines.append("    profiled ms/call: " + ", ".join(

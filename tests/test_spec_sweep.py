@@ -53,10 +53,13 @@ def test_sweep_rows_and_losslessness(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "fuse_spec_step" not in rows[3]["engine_overrides"]  # the engine default (fused)
     assert set(rows[1]["per_category"]) == {"a", "b"}  # file order: categories a and b
     assert all(e["tau_mean"] >= 1 for e in rows[1]["per_category"].values())
+    assert all("tau_ci95" in e for e in rows[1]["per_category"].values())
+    assert rows[1]["tau_ci95"] is not None and rows[1]["acceptance_by_depth"]
     assert rows[3]["engine_overrides"]["speculative_num_steps"] == 2
     assert "step" in rows[2]["phases"]["phases"] or "draft" in rows[2]["phases"]["phases"]
     table = capsys.readouterr().out
     assert "3/2/6:fused:profile" in table and "profiled ms/call" in table
+    assert "+-95%" in table and "accepted at draft depth: d1" in table
 
 
 def test_variant_options_map_to_engine_settings() -> None:

@@ -50,3 +50,4 @@ def test_acceptance_by_depth_from_the_histogram():
     stats = SpecStats(accept_hist=Counter({1: 3, 2: 1, 4: 1}))
     assert stats.acceptance_by_depth() == [(1, 5, 2), (2, 2, 1), (3, 1, 1)]
     assert SpecStats().acceptance_by_depth() == []
+    assert SpecStats(accept_hist=Counter({1: 4})).acceptance_by_depth() == [(1, 4, 0)]

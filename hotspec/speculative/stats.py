@@ -22,10 +22,12 @@ class SpecStats:
     def acceptance_by_depth(self) -> list[tuple[int, int, int]]:
         """Per draft depth d = 1, 2, ...: (d, passes that reached d, passes that accepted a node at
         d). A pass of accept length a (the root included) reached depths 1..a and accepted
-        1..a-1, so the rate at d is P(accept at d | accepted at d - 1)."""
+        1..a-1, so the rate at d is P(accept at d | accepted at d - 1). Depths up to the deepest
+        accepted one, and depth 1 always (every pass drafts there): a head that never hits gets
+        its row at rate 0, not an empty table."""
         if not self.accept_hist:
             return []
-        deepest = max(self.accept_hist) - 1
+        deepest = max(max(self.accept_hist) - 1, 1)
         rows = []
         for d in range(1, deepest + 1):
             reached = sum(n for a, n in self.accept_hist.items() if a >= d)
