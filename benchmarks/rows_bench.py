@@ -33,7 +33,7 @@ from gemv_bench import grid as gemv_grid
 from hotspec.layers.fused_kernels import rms_norm, silu_mul
 from hotspec.layers.gemv_kernels import CONFIGS as TABLE
 from hotspec.layers.gemv_kernels import GemvConfig, bucket, gemv
-from hotspec.layers.rows_kernel import MAX_ROWS, RowsConfig, choose, norm_rows_linear, rows_linear
+from hotspec.layers.rows_kernel import MAX_ROWS, choose, norm_rows_linear, rows_linear
 
 # name, weight rows, K, kind: "norm" (rows_linear), "glu" (rows_linear, [gate | up]), "plain" (gemv)
 SHAPES = {
@@ -44,14 +44,14 @@ SHAPES = {
 }
 
 
-def rows_grid(k: int, glu: bool) -> list[RowsConfig]:
+def rows_grid(k: int, glu: bool) -> list[GemvConfig]:
     bns = (16, 32, 64) if glu else (32, 64, 128)
     bks = [b for b in (64, 128, 256) if b <= 2 * k]
-    return [RowsConfig(bn, bk, nw, st) for bn, bk, nw, st in
-            itertools.product(bns, bks, (4,), (3, 4)) if bn * bk / (32 * nw) >= 8]
+    return [GemvConfig(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=st)
+            for bn, bk, nw, st in itertools.product(bns, bks, (4,), (3, 4)) if bn * bk / (32 * nw) >= 8]
 
 
-def rows_label(c: RowsConfig) -> str:
+def rows_label(c: GemvConfig) -> str:
     return f"{c.BLOCK_N}x{c.BLOCK_K} w{c.num_warps} st{c.num_stages}"
 
 
@@ -70,7 +70,7 @@ def bench(name: str, n_rows: int, k: int, kind: str, m: int, ws: list[torch.Tens
         def plain(cfg: GemvConfig, i: int) -> torch.Tensor:
             return gemv(x, ws[i], config=cfg)
 
-        def rows(cfg: RowsConfig, i: int) -> torch.Tensor:
+        def rows(cfg: GemvConfig, i: int) -> torch.Tensor:
             return rows_linear(x, ws[i], cfg)
 
         cands = [("*rows " + rows_label(choose(n_rows, k, False)),
@@ -89,16 +89,17 @@ def bench(name: str, n_rows: int, k: int, kind: str, m: int, ws: list[torch.Tens
         ref = separate(0).float()
         row["base_us"] = graph_us(separate, copies)
         heur = choose(n_rows // 2 if glu else n_rows, k, glu)
-        def fused(cfg: RowsConfig, i: int) -> torch.Tensor:
+        def fused(cfg: GemvConfig, i: int) -> torch.Tensor:
             return rows_linear(rms_norm(x, g, 1e-5, r)[0], ws[i], cfg, glu=glu)
 
-        def folded(cfg: RowsConfig, i: int) -> torch.Tensor:
+        def folded(cfg: GemvConfig, i: int) -> torch.Tensor:
             return norm_rows_linear(x, r, g, 1e-5, ws[i], cfg, glu=glu)[0]
 
         grid = [heur] if quick else rows_grid(k, glu)
         cands = [(("*" if c == heur else "") + rows_label(c), functools.partial(fused, c)) for c in grid]
         if k <= 1024:  # the norm folded in: the chosen tiles, and the whole row as one K tile
-            whole = RowsConfig(16, triton.next_power_of_2(k), 8, 1)
+            whole = GemvConfig(BLOCK_N=16, BLOCK_K=triton.next_power_of_2(k), num_warps=8,
+                               num_stages=1)
             cands += [("fold " + rows_label(c), functools.partial(folded, c)) for c in (heur, whole)]
     for lab, call in cands:
         try:

@@ -11,11 +11,12 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from hotspec.layers import rows_kernel as rk  # noqa: E402
+from hotspec.layers.gemv_kernels import GemvConfig  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
 BF16 = torch.bfloat16
-SMALL = rk.RowsConfig(BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2)
+SMALL = GemvConfig(BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2)
 
 
 def _round(t: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,6 @@ from hotspec import envs
 
 if TYPE_CHECKING:
     from hotspec.layers.gemv_kernels import GemvConfig
-    from hotspec.layers.rows_kernel import RowsConfig
 
 log = logging.getLogger("hotspec")
 _SMS = 132  # H200: rows_config's rule of enough column blocks
@@ -135,7 +134,7 @@ def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.T
 
 
 def rows_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = False, norm: bool = False
-                ) -> RowsConfig | None:
+                ) -> GemvConfig | None:
     """The config to run `x @ weight.T` (glu: silu(gate) * up of a [gate | up] weight) with the
     Triton GEMM of a few rows (layers/rows_kernel.py): 2..MAX_ROWS rows, bf16/fp16, the Triton
     GEMVs allowed, and a weight under 32 MB or enough column blocks for about half the SMs (a
@@ -158,7 +157,7 @@ def rows_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = False, norm: 
     return cfg if wide or n * k < 1 << 24 else None
 
 
-def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: RowsConfig, glu: bool = False
+def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, glu: bool = False
                 ) -> torch.Tensor:
     from hotspec.layers.rows_kernel import rows_linear as kernel
 
@@ -166,7 +165,7 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: RowsConfig, glu: 
 
 
 def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                     eps: float, weight: torch.Tensor, config: RowsConfig, glu: bool = False
+                     eps: float, weight: torch.Tensor, config: GemvConfig, glu: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     from hotspec.layers.rows_kernel import norm_rows_linear as kernel
 

@@ -192,7 +192,7 @@ def _x_tile(x_ptr, K, mask, SILU: tl.constexpr):
 
 
 @triton.jit
-def _mac(acc, w, x, BLOCK_M: tl.constexpr, F32_DOT: tl.constexpr):
+def mac(acc, w, x, BLOCK_M: tl.constexpr, F32_DOT: tl.constexpr):
     """acc plus the tile's products: elementwise into [BLOCK_N, BLOCK_K] for one row (x [1, K]
     broadcast over w's rows), else x @ w.T through tl.dot into [BLOCK_M, BLOCK_N]."""
     if BLOCK_M == 1:
@@ -262,7 +262,7 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
                              EVEN_K, PRELOAD)
         k_start = k_hi  # (the loop below runs no step)
     elif PRELOAD:  # the first tile, loaded before the wait (whole): the loop's first step
-        acc = _mac(acc, w0, _x_tile(x_ptr, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)
+        acc = mac(acc, w0, _x_tile(x_ptr, K, m_ok[:, None], SILU), BLOCK_M, F32_DOT)
         k_start = k_lo + BLOCK_K
         w_ptr += BLOCK_K
         x_ptr += BLOCK_K
@@ -275,7 +275,7 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
             w = tl.load(w_ptr, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
             x = _x_tile(x_ptr, K, m_ok[:, None] & k_ok[None, :], SILU)
-        acc = _mac(acc, w, x, BLOCK_M, F32_DOT)
+        acc = mac(acc, w, x, BLOCK_M, F32_DOT)
         w_ptr += BLOCK_K
         x_ptr += BLOCK_K
     if BLOCK_M == 1:

@@ -13,8 +13,8 @@ product rounded), so it equals gate_up then silu_mul up to the fp32 summation or
 the [M, 2N] gate_up output nor the silu_mul kernel exists.
 
 The RMSNorm before the projection is its own PDL-chained kernel in the engine: the GEMM's loop
-must stay loads feeding tl.dot, or its loads stop being pipelined (a sum of squares of x in the
-8B qkv projection's loop doubles its time). norm_rows_linear folds the norm in (each program
+must stay loads feeding tl.dot, or its loads stop being pipelined (at the 8B shape a norm
+inside the loop measured 2-3x slower: benchmarks/RESULTS.md). norm_rows_linear folds the norm in (each program
 reads its rows once for their rms, then normalises each x tile as it reads it, rounded as
 fused_kernels.rms_norm rounds): one kernel fewer, where fused.NORM_FOLD_MAX_K allows.
 
@@ -26,13 +26,14 @@ waits for the kernel before: nothing else is read before the wait.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (triton_interpret: the interpreter fix)
+from hotspec.layers.gemv_kernels import GemvConfig, mac
+from hotspec.layers.norm_gemv_kernel import stream
 
 MAX_ROWS = 16  # the most rows one launch handles: one 16-row tile (taller tiles measured slower
 # than cuBLAS at the 8B shape's 32 rows)
@@ -40,17 +41,10 @@ SMEM_BUDGET = 200 * 1024  # bytes of pipelined x and weight tiles (the H200 has 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@dataclass(frozen=True)
-class RowsConfig:
-    BLOCK_N: int = 64
-    BLOCK_K: int = 256
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-def choose(n: int, k: int, glu: bool) -> RowsConfig:
-    """The config for x [rows, k] against n output columns (glu: a weight of 2n rows),
-    from benchmarks/rows_bench.py on the H200: 256-wide K tiles (masked where K is not a
+def choose(n: int, k: int, glu: bool) -> GemvConfig:
+    """The tiles for x [rows, k] against n output columns (glu: a weight of 2n rows), as a
+    gemv_kernels config (this kernel has no split-K and ignores PIPE), from
+    benchmarks/rows_bench.py on the H200: 256-wide K tiles (masked where K is not a
     multiple: SmolLM2's 576 still runs fastest so), 64 columns for a wide single-accumulator
     output and 32 with glu (two accumulators) or a narrow output, 4 stages (3 for the 8B-sized
     glu panel). The pipelined tiles are kept within SMEM_BUDGET."""
@@ -62,14 +56,7 @@ def choose(n: int, k: int, glu: bool) -> RowsConfig:
             stages -= 1
         else:
             bk //= 2
-    return RowsConfig(BLOCK_N=bn, BLOCK_K=bk, num_stages=stages)
-
-
-@triton.jit
-def _dot(x, w, acc, F32_DOT: tl.constexpr):
-    if F32_DOT:  # the interpreter's bf16 dot multiplies raw bit patterns: go through fp32
-        return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-    return tl.dot(x, tl.trans(w), acc)
+    return GemvConfig(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=stages)
 
 
 @triton.jit
@@ -77,9 +64,7 @@ def _normed(x_ptr, r_ptr, G, k, offs_k, x_ok, K, inv, HAS_RES: tl.constexpr):
     """Columns k + offs_k of rms_norm(x + residual) * g for the tile's rows, rounded where
     fused_kernels._rms_norm_kernel rounds (the stream, the normalised value, the product)."""
     dt = x_ptr.dtype.element_ty
-    s = tl.load(x_ptr + k, mask=x_ok, other=0.0)
-    if HAS_RES:
-        s = (s.to(tl.float32) + tl.load(r_ptr + k, mask=x_ok, other=0.0).to(tl.float32)).to(dt)
+    s = stream(x_ptr + k, r_ptr + k, x_ok, HAS_RES)
     normed = (s.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32)
     g = tl.load(G + k + offs_k, mask=(k + offs_k) < K, other=0.0).to(tl.float32)
     return (g[None, :] * normed).to(dt)
@@ -90,13 +75,11 @@ def _row_rms(x_ptr, r_ptr, s_ptr, m_ok, offs_k, K, eps, store_s, HAS_RES: tl.con
              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """1/rms of each row's stream s = x + residual (rounded to the dtype; x alone without
     HAS_RES), over K in BLOCK_K chunks; where store_s, s is stored (program 0)."""
-    dt = x_ptr.dtype.element_ty
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
         ok = m_ok[:, None] & ((k + offs_k) < K)[None, :]
-        s = tl.load(x_ptr + k, mask=ok, other=0.0)
+        s = stream(x_ptr + k, r_ptr + k, ok, HAS_RES)
         if HAS_RES:
-            s = (s.to(tl.float32) + tl.load(r_ptr + k, mask=ok, other=0.0).to(tl.float32)).to(dt)
             if store_s:
                 tl.store(s_ptr + k, s, mask=ok)
         sf = s.to(tl.float32)
@@ -148,11 +131,11 @@ def _rows_kernel(X, W, Y, R, G, S, M, N, K, eps, stride_xm, stride_wn, stride_ym
         else:
             x = tl.load(x_ptr + k, mask=x_ok, other=0.0)
         w = tl.load(w_ptr + k, mask=w_ok, other=0.0, eviction_policy="evict_first")
-        acc = _dot(x, w, acc, F32_DOT)
+        acc = mac(acc, w, x, BLOCK_M, F32_DOT)
         if GLU:
             w_up = tl.load(w_ptr + k + N * stride_wn, mask=w_ok, other=0.0,
                            eviction_policy="evict_first")
-            acc_up = _dot(x, w_up, acc_up, F32_DOT)
+            acc_up = mac(acc_up, w_up, x, BLOCK_M, F32_DOT)
     dt = X.dtype.element_ty
     y = acc.to(dt)
     if GLU:  # silu(gate) * up, rounded as fused_kernels._silu_mul_kernel rounds
@@ -175,7 +158,7 @@ def _check(x: torch.Tensor, w: torch.Tensor, glu: bool, what: str) -> None:
         raise ValueError(f"{what}: a [gate | up] weight has an even row count, got {w.shape[0]}")
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, config: RowsConfig | None, glu: bool,
+def _launch(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None, glu: bool,
             use_pdl: bool | None, norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None
             ) -> torch.Tensor:
     """Run the kernel; norm = (residual, g, stream out, eps) folds the norm in."""
@@ -194,7 +177,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, config: RowsConfig | None, glu: bo
     return y
 
 
-def rows_linear(x: torch.Tensor, w: torch.Tensor, config: RowsConfig | None = None, *,
+def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *,
                 glu: bool = False, use_pdl: bool | None = None) -> torch.Tensor:
     """x [M, K] @ w.T for 1 <= M <= MAX_ROWS; glu: w is [gate | up] [2N, K] and the result is
     silu(x @ gate.T) * (x @ up.T) [M, N]. bf16/fp16, unit stride along K; anything else raises
@@ -204,7 +187,7 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, config: RowsConfig | None = No
 
 
 def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                     eps: float, w: torch.Tensor, config: RowsConfig | None = None, *,
+                     eps: float, w: torch.Tensor, config: GemvConfig | None = None, *,
                      glu: bool = False, use_pdl: bool | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows_linear(rms_norm(x + residual) * g, w), x + residual), the norm in the same kernel
