@@ -3,7 +3,7 @@
     python benchmarks/ab_table.py OUT_DIR        # reads OUT_DIR/TAG_VARIANT_ROUND.json
 
 Each file is one `spec_phase_bench.py --out` run; TAG names the target (e.g. 8b, smol), VARIANT
-the code or option set (e.g. base, fold), ROUND the repetition (rounds alternate the variants, so
+the code or option set (e.g. base, new), ROUND the repetition (rounds alternate the variants, so
 machine drift hits both). Per (tag, shape, batch, phase) it prints each variant's rounds and the
 ratio of the fastest round of the second variant to that of the first: phase replays of one
 graph differ by 10-20 % between rounds, so only ratios that agree across rows mean something.

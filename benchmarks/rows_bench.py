@@ -5,8 +5,7 @@ they replace, CUDA only.
 
 Per (shape, M):
 - the pre-norm projections (qkv; gate_up with silu * up): fused_kernels.rms_norm, then
-  layers/rows_kernel.rows_linear over a config grid (--quick: the chosen config), and at hidden
-  sizes up to 1024 rows_kernel.norm_rows_linear (the norm folded in, "fold"), against
+  layers/rows_kernel.rows_linear over a config grid (--quick: the chosen config), against
   fused_kernels.rms_norm, then cuBLAS (then fused_kernels.silu_mul);
 - the plain projections after them (o, down on silu(gate) * up): rows_linear at its chosen config
   and layers/gemv_kernels.gemv at the GEMV table's row (--gemv-grid: gemv_bench's config grid)
@@ -26,14 +25,13 @@ import math
 
 import torch
 import torch.nn.functional as F
-import triton
 from gemv_bench import graph_us, label
 from gemv_bench import grid as gemv_grid
 
 from hotspec.layers.fused_kernels import rms_norm, silu_mul
 from hotspec.layers.gemv_kernels import CONFIGS as TABLE
 from hotspec.layers.gemv_kernels import GemvConfig, bucket, gemv
-from hotspec.layers.rows_kernel import MAX_ROWS, choose, norm_rows_linear, rows_linear
+from hotspec.layers.rows_kernel import MAX_ROWS, choose, rows_linear
 
 # name, weight rows, K, kind: "norm" (rows_linear), "glu" (rows_linear, [gate | up]), "plain" (gemv)
 SHAPES = {
@@ -92,15 +90,8 @@ def bench(name: str, n_rows: int, k: int, kind: str, m: int, ws: list[torch.Tens
         def fused(cfg: GemvConfig, i: int) -> torch.Tensor:
             return rows_linear(rms_norm(x, g, 1e-5, r)[0], ws[i], cfg, glu=glu)
 
-        def folded(cfg: GemvConfig, i: int) -> torch.Tensor:
-            return norm_rows_linear(x, r, g, 1e-5, ws[i], cfg, glu=glu)[0]
-
         grid = [heur] if quick else rows_grid(k, glu)
         cands = [(("*" if c == heur else "") + rows_label(c), functools.partial(fused, c)) for c in grid]
-        if k <= 1024:  # the norm folded in: the chosen tiles, and the whole row as one K tile
-            whole = GemvConfig(BLOCK_N=16, BLOCK_K=triton.next_power_of_2(k), num_warps=8,
-                               num_stages=1)
-            cands += [("fold " + rows_label(c), functools.partial(folded, c)) for c in (heur, whole)]
     for lab, call in cands:
         try:
             out = call(0).float()
@@ -126,7 +117,7 @@ def main() -> None:
     ap.add_argument("--m", default="4,8,16")
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true",
-                    help="pre-norm projections: only the chosen config (and the folded norm)")
+                    help="pre-norm projections: only the chosen config")
     ap.add_argument("--gemv-grid", action="store_true",
                     help="plain projections: gemv_bench's config grid, not only the GEMV table's row")
     args = ap.parse_args()

@@ -73,22 +73,6 @@ def draft_head(spec: str, model_cfg, tmp: Path) -> tuple[Path, str]:
     return (default_draft_head() if spec == "default" else Path(spec)), "EAGLE3"
 
 
-def candidates(args) -> None:
-    """Kernel rules the engine does not take by default, set for this run (an A/B beside a run
-    without them): --fold-norm, --fold-rope-rows, --merge-splits."""
-    if args.fold_norm is not None:
-        from hotspec.layers import fused
-
-        fused.NORM_FOLD_MAX_K = args.fold_norm
-    from hotspec.layers.attention.triton_backend import TritonBackend
-
-    defaults = TritonBackend.__init__.__kwdefaults__
-    assert defaults is not None
-    for option in ("fold_rope_rows", "merge_splits"):
-        if getattr(args, option):
-            defaults[option] = True
-
-
 def timed_ms(fn, device: torch.device, iters: int) -> float:
     """Median wall (CPU) or device-event (CUDA) milliseconds of `fn`, after three warm-up calls."""
     for _ in range(3):
@@ -197,21 +181,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--window", type=int, nargs=2, metavar=("FIRST", "COUNT"), default=None,
                    help="print kernels FIRST..FIRST+COUNT-1 of one replay of each graph (CUDA)")
     p.add_argument("--out", default=None, help="write the rows here as JSON")
-    p.add_argument("--fold-norm", type=int, default=None, metavar="K",
-                   help="fold the RMSNorm into the few-row GEMMs at hidden sizes up to K "
-                        "(fused.NORM_FOLD_MAX_K; default: the engine's)")
-    p.add_argument("--fold-rope-rows", action="store_true",
-                   help="the attention kernel rotates and stores verify's and draft_extend's K/V "
-                        "(TritonBackend fold_rope_rows; default: off, as the engine)")
-    p.add_argument("--merge-splits", action="store_true",
-                   help="several-row phases merge their attention splits in the attention kernel, "
-                        "no combine kernel (TritonBackend merge_splits; default: off, as the engine)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    candidates(args)
     model_cfg, target = build_target_model(args, device, dtype)
     tmp = Path(tempfile.mkdtemp())
     head, algorithm = draft_head(args.draft, model_cfg, tmp)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks and figures, by stage, for the device tool (`run`), printing a short table last:
 #   bash scripts/gpu_job.sh STAGE...
-#   tests    every `gpu` test (pytest -m gpu; the engine tests need the default GGUF)
+#   tests    every `gpu` test (pytest -m gpu; the engine tests need the default GGUF): ~9 minutes,
+#            a call of its own
 #   decode   benchmarks/decode_bench.py at the Llama-3.1-8B shape (random weights), graphed, batch 1,8
 #   spec     hotspec bench of the default model with its shipped EAGLE-3 head at batch 1 (needs the GGUF)
 #   train    a short train-draft run of a head for the default model (needs the GGUF)
@@ -11,9 +12,9 @@
 #   sweep    end to end on the default model (needs the GGUF and .data/spec_bench_dev.jsonl, a
 #            copy of ../shared/data's, carried): spec_sweep at batch 1, 8, 32 over 3/1/4, 5/1/6,
 #            4/8/12, 6/8/16 beside graphed vanilla
-#   fold_ab  spec_phase_bench on the 8B shape and SmolLM2's, the engine's rules against the
-#            candidates --fold-norm 1024 --fold-rope-rows --merge-splits, alternated, two rounds
-#            (benchmarks/ab_table.py); FOLD_OPTS="..." measures a subset
+#   ab       spec_phase_bench on the 8B shape and SmolLM2's, this tree ("new") against the one
+#            in .before/ ("base": `git archive REV | tar -x -C .before`, carried), alternated,
+#            two rounds, side by side (benchmarks/ab_table.py)
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .whl/     the gguf wheel the GPU image lacks: `python3 -m pip download --no-deps -d .whl gguf`
@@ -60,7 +61,8 @@ need_gguf() {  # need_gguf STAGE: true when the default GGUF is in place, else a
 
 for stage in "$@"; do
   case $stage in
-    tests) step tests 420 python3 -m pytest -q -m gpu tests ;;
+    tests) step tests 560 python3 -m pytest -q -m gpu tests --continue-on-collection-errors \
+      -p no:cacheprovider --durations=15 ;;  # (the GPU image lacks the server tests' openai)
     decode) step decode 180 python3 benchmarks/decode_bench.py --model llama8b-shape --device cuda \
       --mode graphed --batch-sizes 1,8 --context 512 --tokens 64 --out "$OUT/decode.json" ;;
     spec) need_gguf spec && step spec 240 python3 -m hotspec bench --speculative-algorithm EAGLE3 \
@@ -80,20 +82,21 @@ for stage in "$@"; do
           --out "$OUT/sweep_b$bs"
       done ;;
     rows) step rows 240 python3 benchmarks/rows_bench.py --quick --shapes smol,8b --m 4,16 ;;
-    fold_ab)
+    ab)
+      [ -d .before/hotspec ] || { echo "ab: no .before/ tree (carry it)" | tee -a "$OUT/summary.txt"; continue; }
       mkdir -p "$OUT/ab"
-      for r in 1 2; do for v in base fold; do
-        opts=""; [ $v = fold ] && opts=${FOLD_OPTS:-"--fold-norm 1024 --fold-rope-rows --merge-splits"}
-        step "8b_${v}_$r" 120 python3 benchmarks/spec_phase_bench.py --target llama8b-shape \
-          --draft eagle3:32768 --batch-sizes 1,8 --shapes 3,1,4 6,8,16 --iters 20 $opts \
-          --out "$OUT/ab/8b_${v}_$r.json"
-        step "smol_${v}_$r" 90 python3 benchmarks/spec_phase_bench.py --target smollm2-shape \
-          --draft default --batch-sizes 1,8 --shapes 3,1,4 4,8,12 --iters 30 $opts \
-          --out "$OUT/ab/smol_${v}_$r.json"
+      for r in 1 2; do for v in base new; do
+        dir=.; [ $v = base ] && dir=.before
+        step "8b_${v}_$r" 120 env PYTHONPATH="$PWD/$dir:/tmp/site" python3 $dir/benchmarks/spec_phase_bench.py \
+          --target llama8b-shape --draft eagle3:32768 --batch-sizes 1,8 --shapes 3,1,4 6,8,16 \
+          --iters 20 --out "$OUT/ab/8b_${v}_$r.json"
+        step "smol_${v}_$r" 90 env PYTHONPATH="$PWD/$dir:/tmp/site" python3 $dir/benchmarks/spec_phase_bench.py \
+          --target smollm2-shape --draft default --batch-sizes 1,8 --shapes 3,1,4 4,8,12 \
+          --iters 30 --out "$OUT/ab/smol_${v}_$r.json"
       done; done
-      python3 benchmarks/ab_table.py "$OUT/ab" | tee "$OUT/fold_ab.txt" ;;
+      python3 benchmarks/ab_table.py "$OUT/ab" | tee "$OUT/ab.txt" ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep fold_ab stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab stash)" >&2; exit 2 ;;
   esac
 done
 

@@ -19,8 +19,8 @@ def _run(tmp: Path, name: str, verify_ms: float) -> None:
 def test_ab_table_prints_the_fastest_rounds_ratio(tmp_path):
     _run(tmp_path, "smol_base_1", 2.0)
     _run(tmp_path, "smol_base_2", 1.6)
-    _run(tmp_path, "smol_fold_1", 1.2)
-    _run(tmp_path, "smol_fold_2", 1.4)
+    _run(tmp_path, "smol_new_1", 1.2)
+    _run(tmp_path, "smol_new_2", 1.4)
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks/ab_table.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     verify = next(line for line in out.splitlines() if " verify " in line)

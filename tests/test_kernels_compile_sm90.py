@@ -73,34 +73,32 @@ def eagle3_input_kernel():
 
 
 def rows_kernel():
-    """At the engine's configs of the 8B and SmolLM2 shapes, with glu and the norm fold."""
+    """At the engine's configs of the 8B and SmolLM2 shapes, with and without glu."""
     from hotspec.layers import rows_kernel as rk
 
     bf = "*bf16"
-    types = dict(X=bf, W=bf, Y=bf, R=bf, G=bf, S=bf, M="i32", N="i32", K="i32", eps="fp32",
-                 stride_xm="i32", stride_wn="i32", stride_ym="i32", stride_rm="i32", stride_sm="i32")
-    for n, k, glu, norm in [(6144, 4096, False, False), (14336, 4096, True, False),
-                            (960, 576, False, True), (1536, 576, True, True)]:
+    types = dict(X=bf, W=bf, Y=bf, M="i32", N="i32", K="i32", stride_xm="i32", stride_wn="i32",
+                 stride_ym="i32")
+    for n, k, glu in [(6144, 4096, False), (14336, 4096, True), (960, 576, False), (1536, 576, True)]:
         cfg = rk.choose(n, k, glu)
         _compile(rk._rows_kernel, types, dict(
-            GLU=glu, NORM=norm, HAS_RES=norm, BLOCK_M=rk.MAX_ROWS, BLOCK_N=cfg.BLOCK_N,
+            GLU=glu, BLOCK_M=rk.MAX_ROWS, BLOCK_N=cfg.BLOCK_N,
             BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=False, PDL=True, PF_COLS=-1))
 
 
-def attention_with_the_rope_fold_and_merge():
-    """Decode's fold, verify's rows (custom mask) and draft_extend's (causal); the splits merged
-    in the kernel (MERGE) for the rows."""
-    for new_pad, custom, merge in [(1, False, False), (16, True, True), (8, False, True)]:
-        _attention(new_pad, custom, merge)
+def attention_with_the_rope_fold():
+    """Decode's RoPE fold; verify's rows (custom mask) and draft_extend's (causal) without it."""
+    for rope, custom in [(True, False), (False, True), (False, False)]:
+        _attention(rope, custom)
 
 
-def _attention(new_pad: int, custom: bool, merge: bool) -> None:
+def _attention(rope: bool, custom: bool) -> None:
     from hotspec.layers.attention import triton_kernels as ak
 
     fn = ak.paged_attn_fwd
     ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "BT": "*i32", "KVL": "*i64",
            "QL": "*i64", "CUQ": "*i64", "CM": "*i64", "OPART": "*fp32", "LSE": "*fp32", "KN": "*bf16",
-           "VN": "*bf16", "POS": "*i64", "LOC": "*i64", "COS": "*fp32", "SIN": "*fp32", "CNT": "*i32"}
+           "VN": "*bf16", "POS": "*i64", "LOC": "*i64", "COS": "*fp32", "SIN": "*fp32"}
     const_names = {n for n, p in zip(fn.arg_names, fn.params) if p.is_constexpr}
     types = {n: ptr.get(n, "fp32" if n == "scale_log2" else "i32")
              for n in fn.arg_names if n not in const_names}
@@ -109,12 +107,11 @@ def _attention(new_pad: int, custom: bool, merge: bool) -> None:
         stride_ot=576, stride_oh=64, stride_pt=576, stride_ph=64, stride_lt=9, GROUP=3, GROUP_PAD=4,
         BLOCK_Q=16, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, HEAD_DIM=64, PAGE=16, RAGGED=False,
         CUSTOM=custom, SPLIT=True, F32_DOT=False, MASK_BITS=custom, PDL=True, PDL_WAIT=True,
-        ROPE=True, MIN_CHUNK=32, NEW_PAD=new_pad, MERGE=merge, stride_knt=192, stride_knh=64, stride_vnt=192,
+        ROPE=rope, MIN_CHUNK=32, stride_knt=192, stride_knh=64, stride_vnt=192,
         stride_vnh=64, stride_cs=32))
 
 
-CHECKS = [phase_inputs_kernels, eagle3_input_kernel, rows_kernel,
-          attention_with_the_rope_fold_and_merge]
+CHECKS = [phase_inputs_kernels, eagle3_input_kernel, rows_kernel, attention_with_the_rope_fold]
 
 if __name__ == "__main__":
     for check in CHECKS:

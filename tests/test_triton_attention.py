@@ -288,46 +288,6 @@ def test_split_kv_verify_and_padding() -> None:
     check(fb, q, kc, vc, backend=TritonBackend(PAGE, num_splits=4, block_n=16))
 
 
-@pytest.mark.parametrize("splits,block_m", [(2, None), (5, 16)])
-def test_split_merge_in_the_attention_kernel(splits, block_m, monkeypatch) -> None:
-    """merge_splits: in several-row phases the program finishing a tile's splits last merges
-    them (no combine kernel): verify (several query tiles with block_m 16, dead splits past the
-    live length) and draft_extend with padding rows match the reference; the counters are back
-    at 0 after each launch, so a second launch gives the same bits."""
-    from hotspec.layers.attention import merge_kernels
-
-    combined = []
-    monkeypatch.setattr(triton_backend, "combine_splits",
-                        _Spy(merge_kernels.combine_splits, combined))
-    n = 8
-    verify = make_case(q_lens=[n, n], kv_lens=[n, 150 + n], width=n, hq=8, hkv=2, d=64, dtype=BF16,
-                       seed=12, masks=[tree_mask(n), tree_mask(n)])
-    extend = make_case(q_lens=[1, 4, 2], kv_lens=[9, 40, 70], width=4, hq=4, hkv=2, d=64, dtype=F32,
-                       seed=13)
-    for fb, q, kc, vc in (verify, extend):
-        backend = TritonBackend(PAGE, num_splits=splits, block_n=16, block_m=block_m, min_chunk=16,
-                                merge_splits=True)
-        check(fb, q, kc, vc, backend=backend)
-        first = backend.forward(fb, q, kc, vc, 0.125)
-        assert int(backend._counters[q.device].abs().sum()) == 0
-        assert torch.equal(backend.forward(fb, q, kc, vc, 0.125), first)
-    assert not combined, "no combine kernel runs"
-    decode = make_case(q_lens=[1], kv_lens=[90], width=1, hq=4, hkv=2, d=64, dtype=F32, seed=14)
-    check(*decode, backend=TritonBackend(PAGE, num_splits=3, block_n=16, merge_splits=True))
-    assert combined, "decode keeps its combine kernel"
-
-
-class _Spy:
-    """A launchable stand-in that records its launches, then launches the real kernel."""
-
-    def __init__(self, kernel, calls: list) -> None:
-        self.kernel, self.calls = kernel, calls
-
-    def __getitem__(self, grid):
-        self.calls.append(grid)
-        return self.kernel[grid]
-
-
 def _rope_case(group: int, dtype: torch.dtype, seed: int, kv_lens: list[int], d: int = 64,
                device: torch.device = DEV):
     """A decode batch with the step's raw k, v, the positions and cache slots of its new tokens
@@ -369,63 +329,6 @@ def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
     got = folded.forward(fb, q, kc2, vc2, scale, rope=rope)
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
     assert torch.equal(got, want)
-
-
-def _rope_rows_case(phase: str, width: int, q_lens: list[int], kv_lens: list[int], seed: int,
-                    hq: int = 4 * HKV, hkv: int = HKV, d: int = 64):
-    """A verify (tree mask, every row real) or draft_extend (causal, rows past q_len padding
-    with the trash slot) batch with its raw k, v, positions and slots, for the rows' RoPE fold."""
-    masks = [tree_mask(width) for _ in q_lens] if phase == "verify" else None
-    fb, q, kc, vc = make_case(q_lens=q_lens, kv_lens=kv_lens, width=width, hq=hq, hkv=hkv,
-                              d=d, dtype=BF16, masks=masks, seed=seed)
-    fb.mode = ForwardMode.VERIFY if phase == "verify" else ForwardMode.DRAFT_EXTEND
-    b, t = len(q_lens), len(q_lens) * width
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(t, hkv, d, generator=g).to(BF16).to(DEV)
-    v = torch.randn(t, hkv, d, generator=g).to(BF16).to(DEV)
-    ang = torch.rand(max(kv_lens) + width, d // 2, generator=g) * 6.3
-    i = torch.arange(width).repeat(b)
-    base = torch.tensor(kv_lens).repeat_interleave(width) - torch.tensor(q_lens).repeat_interleave(width)
-    idx = (base + i).clamp_max(torch.tensor(kv_lens).repeat_interleave(width) - 1)
-    real = i < torch.tensor(q_lens).repeat_interleave(width)
-    pos = (base + (torch.randint(0, 3, (t,), generator=g) if phase == "verify" else i)).to(DEV)
-    bt = fb.block_tables.long().cpu()
-    rows = torch.arange(b).repeat_interleave(width)
-    loc = bt[rows, idx // PAGE] * PAGE + idx % PAGE
-    trash = kc.shape[0] - 1
-    loc = torch.where(real, loc, torch.full_like(loc, trash)).to(DEV)
-    fb.positions, fb.out_cache_loc = pos, loc
-    return fb, q, kc, vc, RopeFold(k, v, pos, loc, ang.cos().to(DEV), ang.sin().to(DEV))
-
-
-@pytest.mark.parametrize("phase,width,q_lens,kv_lens", [
-    ("verify", 4, [4, 4], [4, 70]),              # a request made only of its tree
-    ("verify", 16, [16], [130]),
-    ("draft_extend", 4, [1, 4, 2], [9, 33, 60]),  # padding rows: the trash slot
-])
-@pytest.mark.parametrize("splits,block_m", [(1, None), (3, None), (5, 16)])
-def test_rope_folded_into_row_attention(phase, width, q_lens, kv_lens, splits, block_m) -> None:
-    """The RoPE fold at several rows per request (fold_rope_rows): the attention kernel rotating
-    q and storing every real row's K and V itself gives the bits of fused_kernels.rope_store
-    followed by attention, with the new tokens split across kv splits and query tiles: the
-    output, and both caches (the trash slot aside: padding rows' K/V are never read)."""
-    from hotspec.layers import fused_kernels as fk
-
-    fb, q, kc, vc, rope = _rope_rows_case(phase, width, q_lens, kv_lens, seed=61 + width)
-    scale = q.shape[-1] ** -0.5
-    kc2, vc2 = kc.clone(), vc.clone()
-    q_rot = fk.rope_store(q, rope.k, rope.v, rope.positions, rope.cos, rope.sin, kc, vc, rope.loc)
-    kw = dict(num_splits=splits, block_n=16, block_m=block_m, min_chunk=16)
-    base = TritonBackend(PAGE, fold_rope=False, **kw)
-    base.plan(fb)
-    want = base.forward(fb, q_rot, kc, vc, scale)
-    folded = TritonBackend(PAGE, fold_rope_rows=True, **kw)
-    assert folded.folds_rope(fb) and not TritonBackend(PAGE).folds_rope(fb)
-    folded.plan(fb)
-    got = folded.forward(fb, q, kc2, vc2, scale, rope=rope)
-    real = [b * width + i for b, n in enumerate(q_lens) for i in range(n)]
-    assert torch.equal(got[real], want[real])
-    assert torch.equal(kc2[:-1], kc[:-1]) and torch.equal(vc2[:-1], vc[:-1])
 
 
 def test_rope_fold_refuses_what_it_does_not_handle() -> None:
@@ -716,10 +619,6 @@ def test_rope_fold_applies_to_decode_batches_only() -> None:
                        masks=[tree_mask(2), tree_mask(2)])[0]
     assert backend.folds_rope(decode) and not backend.folds_rope(verify)
     assert not TritonBackend(PAGE, fold_rope=False).folds_rope(decode)
-    rows = TritonBackend(PAGE, fold_rope_rows=True)
-    assert rows.folds_rope(verify) and rows.folds_rope(decode)
-    verify.mode = ForwardMode.DRAFT  # a tree draft's rows are not the last kv indices
-    assert not rows.folds_rope(verify)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
@@ -761,62 +660,6 @@ def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int)
     assert calls == [1], "the fold skips rope_store"
     for g, w in zip(got, want):
         assert torch.equal(g, w)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
-@pytest.mark.parametrize("phase,width,batch", [("verify", 4, 1), ("verify", 16, 8),
-                                               ("draft_extend", 8, 3)])
-def test_gpu_rope_fold_rows(shape, phase, width, batch) -> None:
-    """The rows' RoPE fold at the real heads, automatic splits over the engine's static bound:
-    rope_store + attention's output and caches bit for bit, ten launches in a row (a race
-    between a new token's store and its load would show as an occasional difference)."""
-    from hotspec.layers import fused_kernels as fk
-
-    kv = _rand_lens(batch, 64, 2048, seed=width)
-    q_lens = [width] * batch if phase == "verify" else [1 + i % width for i in range(batch)]
-    fb, q, kc, vc, rope = _rope_rows_case(phase, width, q_lens, kv, seed=107, hq=shape["hq"],
-                                          hkv=shape["hkv"], d=shape["d"])
-    fb.max_kv = 8192
-    scale = shape["d"] ** -0.5
-    kc0, vc0 = kc.clone(), vc.clone()
-    base = TritonBackend(PAGE, fold_rope=False)
-    base.plan(fb)
-    q_rot = fk.rope_store(q, rope.k, rope.v, rope.positions, rope.cos, rope.sin, kc, vc, rope.loc)
-    want = base.forward(fb, q_rot, kc, vc, scale)
-    real = [b * width + i for b, n in enumerate(q_lens) for i in range(n)]
-    folded = TritonBackend(PAGE, fold_rope_rows=True)
-    folded.plan(fb)
-    for _ in range(10):
-        kc2, vc2 = kc0.clone(), vc0.clone()
-        got = folded.forward(fb, q, kc2, vc2, scale, rope=rope)
-        assert torch.equal(got[real], want[real])
-        assert torch.equal(kc2[:-1], kc[:-1]) and torch.equal(vc2[:-1], vc[:-1])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
-@pytest.mark.parametrize("n,batch", [(4, 1), (16, 8)])
-def test_gpu_split_merge_in_kernel(shape, n, batch) -> None:
-    """merge_splits at the real heads with the automatic splits over the engine's static bound:
-    the combine kernel's output within rounding, the same bits over ten launches in a row (a
-    race between a split's partial and the merging program's read would show), counters at 0."""
-    kv = _rand_lens(batch, 64, 2048, seed=n)
-    fb, q, kc, vc = make_case(q_lens=[n] * batch, kv_lens=[k + n for k in kv], width=n,
-                              hq=shape["hq"], hkv=shape["hkv"], d=shape["d"], dtype=BF16, seed=n,
-                              masks=[tree_mask(n) for _ in range(batch)])
-    fb.max_kv = 8192
-    scale = shape["d"] ** -0.5
-    base = TritonBackend(PAGE)
-    base.plan(fb)
-    want = base.forward(fb, q, kc, vc, scale)
-    merged = TritonBackend(PAGE, merge_splits=True)
-    merged.plan(fb)
-    first = merged.forward(fb, q, kc, vc, scale)
-    torch.testing.assert_close(first.float(), want.float(), rtol=2e-2, atol=2e-2)
-    for _ in range(10):
-        assert torch.equal(merged.forward(fb, q, kc, vc, scale), first)
-    assert int(merged._counters[q.device].abs().sum()) == 0
 
 
 def _gpu_fold_case(shape: dict, batch: int, dtype: torch.dtype, seed: int):

@@ -22,10 +22,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hotspec")
 _SMS = 132  # H200: rows_config's rule of enough column blocks
-# The widest hidden size whose RMSNorm folds into the few-row GEMM after it (rows_kernel.
-# norm_rows_linear); 0: none does, each norm is its own kernel. benchmarks/spec_phase_bench.py
-# --fold-norm K weighs a fold at hidden sizes up to K against the two kernels.
-NORM_FOLD_MAX_K = 0
 
 
 @functools.cache
@@ -133,17 +129,13 @@ def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.T
     return cfg
 
 
-def rows_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = False, norm: bool = False
-                ) -> GemvConfig | None:
+def rows_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = False) -> GemvConfig | None:
     """The config to run `x @ weight.T` (glu: silu(gate) * up of a [gate | up] weight) with the
     Triton GEMM of a few rows (layers/rows_kernel.py): 2..MAX_ROWS rows, bf16/fp16, the Triton
     GEMVs allowed, and a weight under 32 MB or enough column blocks for about half the SMs (a
     large narrow output, such as the 8B o and down projections, keeps the split-K GEMV or
-    cuBLAS); else None. norm: with the RMSNorm before it folded in (norm_rows_linear), for hidden
-    sizes up to NORM_FOLD_MAX_K."""
+    cuBLAS); else None."""
     if x.dim() != 2 or x.stride(1) != 1 or not _gemv_allowed():
-        return None
-    if norm and x.shape[1] > NORM_FOLD_MAX_K:
         return None
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
         return None
@@ -162,14 +154,6 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, glu: 
     from hotspec.layers.rows_kernel import rows_linear as kernel
 
     return kernel(x, weight, config, glu=glu)
-
-
-def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                     eps: float, weight: torch.Tensor, config: GemvConfig, glu: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    from hotspec.layers.rows_kernel import norm_rows_linear as kernel
-
-    return kernel(x, residual, norm_weight, eps, weight, config, glu=glu)
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

@@ -30,15 +30,10 @@ def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lin(norm(x + residual)), x + residual) for [T, H] x (residual None: lin(norm(x)), x): the
     pre-norm step and the projection after it. One kernel for one row where the GEMV runs
-    (layers/norm_gemv_kernel.norm_gemv), and for 2..16 rows where fused.rows_config folds the
-    norm (layers/rows_kernel.norm_rows_linear); else the norm, then `linear`."""
-    if lin.bias is None and norm.weight.dtype == x.dtype:
-        cfg = fused.norm_gemv_config(x, lin.weight, norm.weight)
-        if cfg is not None:
-            return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)
-        rows = fused.rows_config(x, lin.weight, norm=True)
-        if rows is not None:
-            return fused.norm_rows_linear(x, residual, norm.weight, norm.eps, lin.weight, rows)
+    (layers/norm_gemv_kernel.norm_gemv), else the norm, then `linear`."""
+    cfg = fused.norm_gemv_config(x, lin.weight, norm.weight) if lin.bias is None else None
+    if cfg is not None:
+        return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)
     if residual is None:
         return linear(lin, norm(x)), x
     y, stream = norm.add_forward(x, residual)
@@ -49,20 +44,15 @@ def norm_mlp(norm: RMSNorm, gate_up: nn.Linear, down: nn.Linear, x: torch.Tensor
              residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(down(silu(gate) * up) of norm(x + residual), x + residual) for a fused [gate | up]
     projection: the pre-norm step and the MLP. For 2..16 rows gate_up and silu * up are one
-    Triton GEMM (layers/rows_kernel.py, glu) where it runs, the norm too where fused.rows_config
-    folds it; else `norm_linear`, then
+    Triton GEMM (layers/rows_kernel.py, glu) where it runs; else `norm_linear`, then
     `silu_mul_linear` (one row: the norm folds into gate_up and silu * up into down)."""
     rows = fused.rows_config(x, gate_up.weight, glu=True) if gate_up.bias is None else None
     if rows is not None:
-        if norm.weight.dtype == x.dtype and fused.rows_config(x, gate_up.weight, glu=True, norm=True):
-            h, stream = fused.norm_rows_linear(x, residual, norm.weight, norm.eps, gate_up.weight,
-                                               rows, glu=True)
-        elif residual is None:
-            h, stream = fused.rows_linear(norm(x), gate_up.weight, rows, glu=True), x
+        if residual is None:
+            h, stream = norm(x), x
         else:
-            y, stream = norm.add_forward(x, residual)
-            h = fused.rows_linear(y, gate_up.weight, rows, glu=True)
-        return linear(down, h), stream
+            h, stream = norm.add_forward(x, residual)
+        return linear(down, fused.rows_linear(h, gate_up.weight, rows, glu=True)), stream
     y, stream = norm_linear(norm, gate_up, x, residual)
     return silu_mul_linear(down, y), stream
 

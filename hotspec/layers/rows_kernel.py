@@ -14,9 +14,7 @@ the [M, 2N] gate_up output nor the silu_mul kernel exists.
 
 The RMSNorm before the projection is its own PDL-chained kernel in the engine: the GEMM's loop
 must stay loads feeding tl.dot, or its loads stop being pipelined (at the 8B shape a norm
-inside the loop measured 2-3x slower: benchmarks/RESULTS.md). norm_rows_linear folds the norm in (each program
-reads its rows once for their rms, then normalises each x tile as it reads it, rounded as
-fused_kernels.rms_norm rounds): one kernel fewer, where fused.NORM_FOLD_MAX_K allows.
+inside the loop measured 2-3x slower: benchmarks/RESULTS.md).
 
 PDL (layers/pdl.py): every launch has the attribute; a program pulls its weight panel into L2 when
 the weight fits a third of L2 (pdl.prefetch_cols), signals that the next kernel may launch, then
@@ -33,7 +31,6 @@ import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (triton_interpret: the interpreter fix)
 from hotspec.layers.gemv_kernels import GemvConfig, mac
-from hotspec.layers.norm_gemv_kernel import stream
 
 MAX_ROWS = 16  # the most rows one launch handles: one 16-row tile (taller tiles measured slower
 # than cuBLAS at the 8B shape's 32 rows)
@@ -60,42 +57,11 @@ def choose(n: int, k: int, glu: bool) -> GemvConfig:
 
 
 @triton.jit
-def _normed(x_ptr, r_ptr, G, k, offs_k, x_ok, K, inv, HAS_RES: tl.constexpr):
-    """Columns k + offs_k of rms_norm(x + residual) * g for the tile's rows, rounded where
-    fused_kernels._rms_norm_kernel rounds (the stream, the normalised value, the product)."""
-    dt = x_ptr.dtype.element_ty
-    s = stream(x_ptr + k, r_ptr + k, x_ok, HAS_RES)
-    normed = (s.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32)
-    g = tl.load(G + k + offs_k, mask=(k + offs_k) < K, other=0.0).to(tl.float32)
-    return (g[None, :] * normed).to(dt)
-
-
-@triton.jit
-def _row_rms(x_ptr, r_ptr, s_ptr, m_ok, offs_k, K, eps, store_s, HAS_RES: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1/rms of each row's stream s = x + residual (rounded to the dtype; x alone without
-    HAS_RES), over K in BLOCK_K chunks; where store_s, s is stored (program 0)."""
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        ok = m_ok[:, None] & ((k + offs_k) < K)[None, :]
-        s = stream(x_ptr + k, r_ptr + k, ok, HAS_RES)
-        if HAS_RES:
-            if store_s:
-                tl.store(s_ptr + k, s, mask=ok)
-        sf = s.to(tl.float32)
-        ss += tl.sum(sf * sf, axis=1)
-    return tl.rsqrt(ss / K + eps)
-
-
-@triton.jit
-def _rows_kernel(X, W, Y, R, G, S, M, N, K, eps, stride_xm, stride_wn, stride_ym, stride_rm,
-                 stride_sm, GLU: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
+def _rows_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym, GLU: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  EVEN_K: tl.constexpr, F32_DOT: tl.constexpr, PDL: tl.constexpr = False,
                  PF_COLS: tl.constexpr = -1):
-    """Program n: the M rows (padded to BLOCK_M) x output columns [n*BLOCK_N, +BLOCK_N). With
-    NORM, x is rms_norm(x + residual) * g: a first pass over the rows computes each row's 1/rms
-    (program 0 stores the stream), and the tiles are normalised as they are read."""
+    """Program n: the M rows (padded to BLOCK_M) x output columns [n*BLOCK_N, +BLOCK_N)."""
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -110,12 +76,7 @@ def _rows_kernel(X, W, Y, R, G, S, M, N, K, eps, stride_xm, stride_wn, stride_ym
     pdl.wait(PDL)
     rows = offs_m[:, None].to(tl.int64)
     x_ptr = X + rows * stride_xm + offs_k[None, :]
-    r_ptr = R + rows * stride_rm + offs_k[None, :]
     w_ptr = W + offs_n[:, None] * stride_wn + offs_k[None, :]
-    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:
-        inv = _row_rms(x_ptr, r_ptr, S + rows * stride_sm + offs_k[None, :], m_ok, offs_k, K, eps,
-                       pid_n == 0, HAS_RES, BLOCK_M, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
@@ -126,10 +87,7 @@ def _rows_kernel(X, W, Y, R, G, S, M, N, K, eps, stride_xm, stride_wn, stride_ym
             k_ok = (k + offs_k) < K
             x_ok = m_ok[:, None] & k_ok[None, :]
             w_ok = n_ok[:, None] & k_ok[None, :]
-        if NORM:
-            x = _normed(x_ptr, r_ptr, G, k, offs_k, x_ok, K, inv, HAS_RES)
-        else:
-            x = tl.load(x_ptr + k, mask=x_ok, other=0.0)
+        x = tl.load(x_ptr + k, mask=x_ok, other=0.0)
         w = tl.load(w_ptr + k, mask=w_ok, other=0.0, eviction_policy="evict_first")
         acc = mac(acc, w, x, BLOCK_M, F32_DOT)
         if GLU:
@@ -158,48 +116,20 @@ def _check(x: torch.Tensor, w: torch.Tensor, glu: bool, what: str) -> None:
         raise ValueError(f"{what}: a [gate | up] weight has an even row count, got {w.shape[0]}")
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None, glu: bool,
-            use_pdl: bool | None, norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None
-            ) -> torch.Tensor:
-    """Run the kernel; norm = (residual, g, stream out, eps) folds the norm in."""
-    m, k = x.shape
-    n = w.shape[0] // 2 if glu else w.shape[0]
-    cfg = config or choose(n, k, glu)
-    use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    r, g, s, eps = norm if norm is not None else (x, x, x, 0.0)
-    _rows_kernel[(triton.cdiv(n, cfg.BLOCK_N),)](
-        x, w, y, r, g, s, m, n, k, eps, x.stride(0), w.stride(0), y.stride(0), r.stride(0),
-        s.stride(0), GLU=glu, NORM=norm is not None, HAS_RES=norm is not None and r is not x,
-        BLOCK_M=MAX_ROWS, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0,
-        F32_DOT=_INTERPRET, PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
-    return y
-
-
 def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *,
                 glu: bool = False, use_pdl: bool | None = None) -> torch.Tensor:
     """x [M, K] @ w.T for 1 <= M <= MAX_ROWS; glu: w is [gate | up] [2N, K] and the result is
     silu(x @ gate.T) * (x @ up.T) [M, N]. bf16/fp16, unit stride along K; anything else raises
     ValueError (callers take F.linear)."""
     _check(x, w, glu, "rows_linear")
-    return _launch(x, w, config, glu, use_pdl, None)
-
-
-def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                     eps: float, w: torch.Tensor, config: GemvConfig | None = None, *,
-                     glu: bool = False, use_pdl: bool | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows_linear(rms_norm(x + residual) * g, w), x + residual), the norm in the same kernel
-    and rounded as fused_kernels.rms_norm rounds (residual None: the norm of x, and x itself).
-    Every program reads its rows twice (once for the rms, once for the product), which can pay
-    only where K is small (fused.NORM_FOLD_MAX_K)."""
-    _check(x, w, glu, "norm_rows_linear")
-    if norm_weight.dtype != x.dtype or norm_weight.shape != (x.shape[1],):
-        raise ValueError(f"norm_rows_linear: a norm weight [{x.shape[1]}] in x's dtype")
-    if residual is not None and (residual.shape != x.shape or residual.stride(1) != 1):
-        raise ValueError("norm_rows_linear: a residual of x's shape, unit stride along K")
-    stream = torch.empty_like(x) if residual is not None else x
-    y = _launch(x, w, config, glu, use_pdl,
-                (residual if residual is not None else x, norm_weight, stream, eps))
-    return y, stream
+    m, k = x.shape
+    n = w.shape[0] // 2 if glu else w.shape[0]
+    cfg = config or choose(n, k, glu)
+    use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _rows_kernel[(triton.cdiv(n, cfg.BLOCK_N),)](
+        x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), GLU=glu, BLOCK_M=MAX_ROWS,
+        BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=_INTERPRET,
+        PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
+    return y

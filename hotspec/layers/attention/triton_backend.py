@@ -35,7 +35,7 @@ from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.merge_kernels import combine_splits
 from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
-from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
+from hotspec.runtime.forward_batch import ForwardBatch
 
 _LOG2E = 1.4426950408889634
 
@@ -84,9 +84,6 @@ def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
     return (mask.to(torch.int64) << shifts).sum(-1)
 
 
-MAX_FOLD_ROWS = 64  # the most rows per request whose K/V the attention kernel stores itself
-
-
 def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
@@ -94,27 +91,19 @@ def _pow2(x: int) -> int:
 class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
                  num_splits: int | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None, mask_bits: bool = True, fold_rope: bool = True,
-                 fold_rope_rows: bool = False, merge_splits: bool = False,
-                 min_chunk: int | None = None) -> None:
+                 num_stages: int | None = None, mask_bits: bool = True,
+                 fold_rope: bool = True, min_chunk: int | None = None) -> None:
         """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
         split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
         num_stages the kv loop's pipeline stages (None: `_stages`' rule);
         mask_bits packs custom masks of <= 64 slots into a word per row (False: the byte mask
         wider masks use); fold_rope lets decode batches pass RoPE and the KV store to the kernel
-        (`folds_rope`; False: their own kernel, as every other phase), and with fold_rope_rows
-        verify and draft_extend batches too; merge_splits: in phases of several rows per request
-        the attention program that finishes a tile's splits last merges them (no combine
-        kernel; decode keeps it); min_chunk forces the
+        (`folds_rope`; False: their own kernel, as every other phase); min_chunk forces the
         fewest kv indices a split covers (None: `min_chunk`'s rule for the automatic splits of
         several-row phases, equal shares otherwise). The tests set these to
         reach each kernel path at small sizes; the engine keeps the defaults."""
         self.mask_bits = mask_bits
         self.fold_rope = fold_rope
-        self.fold_rope_rows = fold_rope_rows
-        self.merge_splits = merge_splits
-        self._counters: dict[torch.device, torch.Tensor] = {}
-        self._retired: list[torch.Tensor] = []
         self.min_chunk = min_chunk
         self.block_size = block_size
         self.block_n = block_n
@@ -213,35 +202,12 @@ class TritonBackend(AttentionBackend):
         loads after the softmax."""
         return self._stages(p) == 1 and block_n <= 32
 
-    def _tile_counters(self, dev: torch.device, n: int) -> torch.Tensor:
-        """The merge's per-tile arrival counters on `dev`, zero between launches (the last
-        arriver re-arms its own). Allocated on the first, eager call, never under capture (the
-        graph runner's warm-ups run first); a launch that needs more gets a larger buffer, and
-        the smaller one stays allocated for the graphs that captured it."""
-        have = self._counters.get(dev)
-        if have is None or have.numel() < n:
-            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("attention split-merge counters are allocated on first use, "
-                                   "which must not be under CUDA-graph capture")
-            if have is not None:
-                self._retired.append(have)
-            have = torch.zeros(_pow2(max(n, 4096)), dtype=torch.int32, device=dev)
-            self._counters[dev] = have
-        return have
-
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: with
-        fold_rope (the default), a decode-like batch (one row per request, no custom mask); with
-        fold_rope_rows too, a verify or draft_extend batch of at most MAX_FOLD_ROWS rows per
-        request (their real row i is kv index kv_len - q_len + i; a tree draft's rows are not).
-        The kernel then rotates q itself and stores the step's K and V, bit for bit as
+        fold_rope (the default), a decode-like batch (one row per request, no custom mask). The
+        kernel then rotates q itself and stores the step's K and V, bit for bit as
         fused_kernels.rope_store would, which saves that kernel per layer."""
-        if not self.fold_rope or fb.width is None:
-            return False
-        if fb.width == 1 and fb.custom_mask is None:
-            return True
-        return (self.fold_rope_rows and fb.width <= MAX_FOLD_ROWS
-                and fb.mode in (ForwardMode.VERIFY, ForwardMode.DRAFT_EXTEND))
+        return self.fold_rope and fb.width == 1 and fb.custom_mask is None
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
@@ -287,8 +253,7 @@ class TritonBackend(AttentionBackend):
             raise ValueError("out must be [T, Hq, D] in q's dtype, contiguous along head_dim")
         if rope is not None and not self.folds_rope(fb):
             raise ValueError("attention with RoPE folded in: decode batches only (width 1, no "
-                             "custom mask), verify and draft_extend with fold_rope_rows, with "
-                             "fold_rope on; check folds_rope first")
+                             "custom mask), with fold_rope on; check folds_rope first")
         if t == 0 or b == 0:
             return out
         if p.width is not None and t != b * p.width:
@@ -309,8 +274,6 @@ class TritonBackend(AttentionBackend):
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
         num_warps = self.num_warps or 4
-        merge = splits > 1 and self.merge_splits and rows > 1
-        cnt = self._tile_counters(q.device, q_blocks * b * hkv) if merge else lse
         use_pdl, pdl_wait = pdl.enabled(q.device), pdl.chained(q.device, t, before_resident)
         launch = pdl.launch_kwargs(q.device, t, before_resident)
         grid = (q_blocks * splits, b, hkv)
@@ -326,10 +289,10 @@ class TritonBackend(AttentionBackend):
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait, V_EARLY=self._v_early(p, block_n),
             MIN_CHUNK=self._min_chunk(p, splits, block_m, block_n),
-            **_rope_kwargs(rope, k_cache, p.width or 1), MERGE=merge, CNT=cnt,
+            **_rope_kwargs(rope, k_cache),
             num_warps=num_warps, num_stages=self._stages(p), **launch,
         )
-        if splits > 1 and not merge:
+        if splits > 1:
             comb_wait = pdl.chained(q.device, t, before_resident)
             combine_splits[(t, hq)](
                 opart, lse, out,
@@ -341,7 +304,7 @@ class TritonBackend(AttentionBackend):
         return out
 
 
-def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor, width: int) -> dict[str, object]:
+def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, object]:
     if rope is None:
         return {}
     k, v = rope.k, rope.v
@@ -350,7 +313,6 @@ def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor, width: int) -> di
         raise ValueError("RoPE fold: k, v, cos and sin need unit stride along the head dim")
     if k.dtype != k_cache.dtype or v.dtype != k_cache.dtype:
         raise ValueError("RoPE fold: k and v in the cache's dtype only")
-    return dict(ROPE=True, NEW_PAD=_pow2(width), KN=k, VN=v, POS=rope.positions.contiguous(),
-                LOC=rope.loc.contiguous(),
+    return dict(ROPE=True, KN=k, VN=v, POS=rope.positions.contiguous(), LOC=rope.loc.contiguous(),
                 COS=rope.cos, SIN=rope.sin, stride_knt=k.stride(0), stride_knh=k.stride(1),
                 stride_vnt=v.stride(0), stride_vnh=v.stride(1), stride_cs=rope.cos.stride(0))

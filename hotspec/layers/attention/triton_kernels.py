@@ -33,7 +33,6 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (the interpreter fix)
-from hotspec.layers.attention.merge_kernels import merge_tile
 
 
 @triton.jit
@@ -151,7 +150,6 @@ def paged_attn_fwd(
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
     ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, MIN_CHUNK: tl.constexpr = 0,
-    NEW_PAD: tl.constexpr = 1, MERGE: tl.constexpr = False, CNT=None,
     KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt: tl.constexpr = 0, stride_knh: tl.constexpr = 0, stride_vnt: tl.constexpr = 0,
@@ -222,36 +220,18 @@ def paged_attn_fwd(
         lo = 0
         hi = end
 
-    if ROPE:  # the programs whose kv range holds new tokens store their K and V first
-        if NEW_PAD == 1:  # decode: the request's one row, at kv index kv_len - 1
-            new = kv_len - 1
-            if (lo <= new) & (new < hi):
-                t_new = q_base
-                slot = tl.load(LOC + t_new).to(tl.int64)
-                pos_new = tl.load(POS + t_new).to(tl.int64)
-                k_src = KN + t_new * stride_knt + h * stride_knh
-                kr = _rotate(tl.load(k_src + d, mask=d_ok, other=0.0), k_src, pos_new, COS, SIN,
-                             stride_cs, d, d_ok, HEAD_DIM)
-                tl.store(K + slot * stride_kt + h * stride_kh + d, kr.to(K.dtype.element_ty), mask=d_ok)
-                vr = tl.load(VN + t_new * stride_vnt + h * stride_vnh + d, mask=d_ok, other=0.0)
-                tl.store(V + slot * stride_vt + h * stride_vh + d, vr.to(V.dtype.element_ty), mask=d_ok)
-        else:  # verify, draft_extend: real row i's token is kv index kv_len - q_len + i
-            i = tl.arange(0, NEW_PAD)
-            idx = kv_len - q_len + i
-            own = (i < q_len) & (lo <= idx) & (idx < hi)  # (q tiles of one split store alike)
-            t_new = q_base + i
-            slot = tl.load(LOC + t_new, mask=own, other=0).to(tl.int64)
-            pos_new = tl.load(POS + t_new, mask=own, other=0).to(tl.int64)
-            ok = own[:, None] & d_ok[None, :]
-            k_src = KN + t_new[:, None] * stride_knt + h * stride_knh
-            kr = _rotate(tl.load(k_src + d[None, :], mask=ok, other=0.0), k_src, pos_new[:, None],
-                         COS, SIN, stride_cs, d[None, :], ok, HEAD_DIM)
-            tl.store(K + slot[:, None] * stride_kt + h * stride_kh + d[None, :],
-                     kr.to(K.dtype.element_ty), mask=ok)
-            vr = tl.load(VN + t_new[:, None] * stride_vnt + h * stride_vnh + d[None, :], mask=ok,
-                         other=0.0)
-            tl.store(V + slot[:, None] * stride_vt + h * stride_vh + d[None, :],
-                     vr.to(V.dtype.element_ty), mask=ok)
+    if ROPE:  # decode: the program whose kv range holds the new token stores its K and V first
+        new = kv_len - 1
+        if (lo <= new) & (new < hi):
+            t_new = q_base  # width 1: the request's one row
+            slot = tl.load(LOC + t_new).to(tl.int64)
+            pos_new = tl.load(POS + t_new).to(tl.int64)
+            k_src = KN + t_new * stride_knt + h * stride_knh
+            kr = _rotate(tl.load(k_src + d, mask=d_ok, other=0.0), k_src, pos_new, COS, SIN,
+                         stride_cs, d, d_ok, HEAD_DIM)
+            tl.store(K + slot * stride_kt + h * stride_kh + d, kr.to(K.dtype.element_ty), mask=d_ok)
+            vr = tl.load(VN + t_new * stride_vnt + h * stride_vnh + d, mask=d_ok, other=0.0)
+            tl.store(V + slot * stride_vt + h * stride_vh + d, vr.to(V.dtype.element_ty), mask=d_ok)
         tl.debug_barrier()  # the stores above are seen by this program's own loads below
 
     # kv blocks every real row of the tile sees whole ([0, full)) need no mask at all
@@ -287,13 +267,6 @@ def paged_attn_fwd(
         p_ptrs = OPART + sp * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
         tl.store(p_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE + sp * stride_ls + tok * stride_lt + head, lse, mask=row_ok)
-        if MERGE:  # the tile's last split program to finish merges them (merge_kernels.py)
-            tl.debug_barrier()  # every thread's partial is written before the counter moves
-            cnt = CNT + (b.to(tl.int64) * tl.num_programs(2) + h) * (tl.num_programs(0) // num_splits) + qb
-            if tl.atomic_add(cnt, 1, sem="acq_rel") == num_splits - 1:
-                merge_tile(OPART, LSE, OUT, tok, head, row_ok, d, d_ok, num_splits, stride_ps,
-                           stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh)
-                tl.atomic_xchg(cnt, 0)  # re-armed for the next launch and graph replay
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
