@@ -1,5 +1,5 @@
-"""`hotspec` command line: generate, serve, bench, train-draft, token-map, prune-draft. Engine
-options come from EngineConfig's fields (hotspec/entrypoints/engine_args.py)."""
+"""`hotspec` command line: generate, serve, bench, distill, train-draft, token-map,
+prune-draft. Engine options come from EngineConfig's fields (hotspec/entrypoints/engine_args.py)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,14 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hotspec.entrypoints import bench_cli, prune_cli, serve_cli, token_map_cli, train_cli
+    from hotspec.entrypoints import (
+        bench_cli,
+        distill_cli,
+        prune_cli,
+        serve_cli,
+        token_map_cli,
+        train_cli,
+    )
     p = argparse.ArgumentParser(prog="hotspec", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="hotspec's log messages on stderr, e.g. the CUDA-graph table at start-up "
@@ -85,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     token_map_cli.add_parser(sub)
     train_cli.add_parser(sub)
+    distill_cli.add_parser(sub)
     prune_cli.add_parser(sub)
     serve_cli.add_parser(sub)
     bench_cli.add_parser(sub)

@@ -60,8 +60,8 @@ class TokenRecords:
         flat = np.fromiter((t for ids, _ in records for t in ids), dtype=np.int64, count=int(lens.sum()))
         if flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
             raise ValueError(f"token ids must lie in [0, {vocab_size}); got {flat.min()}..{flat.max()}")
-        mask = np.fromiter((m for _, ms in records for m in ms), dtype=bool, count=flat.size)
-        return cls(flat.astype(id_dtype(vocab_size)), np.concatenate(([0], np.cumsum(lens))), mask)
+        labels = np.fromiter((m for _, ms in records for m in ms), dtype=bool, count=flat.size)
+        return cls(flat.astype(id_dtype(vocab_size)), np.concatenate(([0], np.cumsum(lens))), labels)
 
     @classmethod
     def concat(cls, parts: list[TokenRecords]) -> TokenRecords:

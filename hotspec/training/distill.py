@@ -1,0 +1,151 @@
+"""`hotspec distill`: the target answers conversations through hotspec's batched engine, turn by
+turn, greedy, and the conversations are kept as token ids (training/token_shards.py).
+
+The conversations (training/sources.py) are shuffled once by the seed and cut into shards of
+`shard_size`; shard i is built whole (every conversation of it at turn 0 in one batch, then
+every one still going at turn 1, ...) and written atomically, so a run stopped anywhere (or at
+`time_limit`) resumes at the first missing shard with the same arguments. A conversation stops at
+its last user turn, at an answer cut by `max_new_tokens`, or when the next prompt would leave
+less than MIN_ANSWER tokens of `max_context`. Records identical to an earlier one are dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from hotspec.entrypoints.llm import LLM
+from hotspec.sampling_params import SamplingParams
+from hotspec.training.conversations import ChatIds, Conversation
+from hotspec.training.token_shards import (
+    TokenRecords,
+    load_shard,
+    save_shard,
+    shard_indices,
+    shard_path,
+    write_manifest,
+)
+
+log = logging.getLogger("hotspec")
+MIN_ANSWER = 32  # fewest tokens of room a next turn needs
+PLAN = "plan.json"
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    out: Path
+    max_new_tokens: int = 1024
+    max_context: int = 4096
+    shard_size: int = 512
+    seed: int = 0
+    time_limit: float | None = None  # seconds: no new shard starts after this
+    progress: bool = True
+
+
+def shuffled(convs: list[Conversation], seed: int) -> list[Conversation]:
+    out = list(convs)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str, Any]:
+    """Build every missing shard of `convs` (in the order given) under cfg.out; returns the
+    manifest, with `complete` False when the time limit stopped it first."""
+    if llm.tokenizer is None:
+        raise ValueError("distill needs the target's tokenizer (for its chat template)")
+    if not convs:
+        raise ValueError("no conversations to distill")
+    out = Path(cfg.out)
+    _check_plan(out, convs, cfg)
+    chat = ChatIds(llm.tokenizer)
+    vocab = llm.engine.model_config.vocab_size
+    n_shards = -(-len(convs) // cfg.shard_size)
+    done = set(shard_indices(out))
+    seen = {_digest(d, r) for d in (load_shard(shard_path(out, i)) for i in sorted(done))
+            for r in range(d.num_records)}
+    t0 = time.perf_counter()
+    complete = True
+    todo = [i for i in range(n_shards) if i not in done]
+    for i in tqdm(todo, desc="distill", unit="shard", disable=not cfg.progress):
+        if cfg.time_limit is not None and time.perf_counter() - t0 > cfg.time_limit:
+            complete = False
+            break
+        chunk = [Conversation(c.source, list(c.users)) for c in
+                 convs[i * cfg.shard_size:(i + 1) * cfg.shard_size]]
+        answer_all(llm, chat, chunk, cfg.max_new_tokens, cfg.max_context)
+        records = []
+        for c in chunk:
+            if not c.answers:
+                continue
+            rec = chat.record(c)
+            key = _key(rec[0])
+            if key not in seen:
+                seen.add(key)
+                records.append(rec)
+        save_shard(out, i, TokenRecords.build(records, vocab))
+    sources: dict[str, int] = {}
+    for c in convs:
+        sources[c.source] = sources.get(c.source, 0) + 1
+    manifest = write_manifest(out, vocab, {"conversations": len(convs), "sources": sources,
+                                           "shards_planned": n_shards})
+    manifest["complete"] = complete and len(shard_indices(out)) == n_shards
+    return manifest
+
+
+def answer_all(llm: LLM, chat: ChatIds, convs: list[Conversation], max_new_tokens: int,
+               max_context: int) -> None:
+    """Fill in each conversation's answers, turn by turn, every live conversation of a turn in
+    one batch, greedy."""
+    live = list(convs)
+    while live:
+        prompts = [chat.prompt(c) for c in live]
+        asked = [(c, p) for c, p in zip(live, prompts) if max_context - len(p) >= MIN_ANSWER]
+        if not asked:
+            break
+        params = [SamplingParams(temperature=0.0, max_tokens=min(max_new_tokens, max_context - len(p)))
+                  for _, p in asked]
+        outs = llm.generate(prompt_token_ids=[p for _, p in asked], sampling_params=params)
+        live = []
+        for (c, _), o in zip(asked, outs):
+            if not o.token_ids:
+                continue
+            c.answers.append(list(o.token_ids))
+            if o.finish_reason == "stop" and len(c.answers) < len(c.users):
+                live.append(c)
+
+
+def _key(ids: list[int]) -> str:
+    return hashlib.sha1(repr(ids).encode()).hexdigest()
+
+
+def _digest(data: TokenRecords, r: int) -> str:
+    return _key([int(t) for t in data.record(r)[0]])
+
+
+def _check_plan(out: Path, convs: list[Conversation], cfg: DistillConfig) -> None:
+    """Shards of an earlier run are kept only for the same conversations and settings."""
+    plan = {"conversations": hashlib.sha1("\x01".join("\x02".join(c.users) for c in convs)
+                                          .encode()).hexdigest(),
+            "count": len(convs), "max_new_tokens": cfg.max_new_tokens,
+            "max_context": cfg.max_context, "shard_size": cfg.shard_size}
+    path = out / PLAN
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old != plan:
+            changed = sorted(k for k in plan if old.get(k) != plan[k])
+            raise ValueError(f"{out} holds shards of another distill run (different "
+                             f"{', '.join(changed)}). Fix: run with the same sources and settings "
+                             "to resume it, or choose a new --out.")
+        return
+    if shard_indices(out):
+        raise ValueError(f"{out} holds token shards but no {PLAN}. Fix: choose a new --out.")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan, indent=1) + "\n")

@@ -1,0 +1,120 @@
+"""`hotspec distill`: multi-turn conversations answered by the target, kept as token ids with the
+mask of the target's own tokens; resumable shards; the evaluation set never enters."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hotspec.entrypoints.cli import main as cli_main
+from hotspec.models.loader import load_tokenizer, resolve_model_path
+from hotspec.training import sources
+from hotspec.training.conversations import ChatIds, Conversation
+from hotspec.training.token_shards import (
+    TokenRecords,
+    load_records,
+    load_shard,
+    save_shard,
+    shard_path,
+)
+
+SHAREGPT = [
+    {"id": "a", "conversations": [
+        {"from": "human", "value": "What is the capital of France?"},
+        {"from": "gpt", "value": "Paris is the capital of France. It lies on the Seine river."},
+        {"from": "human", "value": "And of Germany?"},
+        {"from": "gpt", "value": "Berlin."}]},
+    {"id": "b", "conversations": [
+        {"from": "human", "value": "Write one sentence about rain."},
+        {"from": "gpt", "value": "Rain falls softly on the quiet garden in the early morning."}]},
+    {"id": "c", "conversations": [
+        {"from": "human", "value": "Who played anna in once upon a time?"},
+        {"from": "gpt", "value": "Elizabeth Lail."}]},
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(resolve_model_path(None))
+
+
+def test_chat_ids_equal_the_rendered_conversation(tok):
+    """The ids of a conversation (answers kept as ids) are the tokenization of the chat template
+    rendered with the answers' text, and the mask covers exactly the answers."""
+    chat = ChatIds(tok)
+    a0 = tok.encode("Paris.<|im_end|>", add_special_tokens=False)
+    a1 = tok.encode("Berlin, of course.<|im_end|>", add_special_tokens=False)
+    conv = Conversation("sharegpt", ["Capital of France?", "And of Germany?"], [a0])
+    msgs = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."},
+            {"role": "user", "content": "And of Germany?"}]
+    want = tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+                      add_special_tokens=False)
+    assert chat.prompt(conv) == want
+    conv.answers.append(a1)
+    ids, mask = chat.record(conv)
+    assert ids[: len(want)] == want and ids[len(want):] == a1
+    assert [t for t, m in zip(ids, mask) if m] == a0 + a1
+
+
+def test_token_shards_round_trip_and_errors(tmp_path):
+    recs = [([1, 2, 3, 4], [False, False, True, True]), ([5, 6], [True, False])]
+    data = TokenRecords.build(recs, vocab_size=100)
+    assert data.tokens.dtype == np.uint16 and data.response_tokens == 3
+    back = load_shard(save_shard(tmp_path, 0, data))
+    assert back.tokens.tolist() == [1, 2, 3, 4, 5, 6] and back.offsets.tolist() == [0, 4, 6]
+    assert back.record(1)[1].tolist() == [True, False]
+    assert TokenRecords.build(recs, vocab_size=151_936).tokens.dtype == np.uint32
+    with pytest.raises(ValueError, match=r"must lie in \[0, 5\)"):
+        TokenRecords.build(recs, vocab_size=5)
+    with pytest.raises(FileNotFoundError, match="hotspec distill"):
+        load_records(tmp_path / "none")
+
+
+def test_task_prompts_and_exclusion(tmp_path):
+    docs = [("The river flows through the old town. " * 20).strip(),
+            ("Bees make honey from the nectar of flowers. " * 10).strip(),
+            ("Mountains rise above the clouds in winter. " * 10).strip(),
+            ("Trains connect the cities of the coast every hour. " * 10).strip()]
+    german = ["Ich habe heute keine Zeit, aber wir sehen uns morgen in der Stadt und gehen essen."]
+    convs = sources.task_conversations(docs, 9, seed=0, german=german)
+    kinds = {c.source for c in convs}
+    assert kinds == {"translate", "summarize", "rag"}
+    assert all(c.users[0].startswith("Summarize: ") for c in convs if c.source == "summarize")
+    assert sources.is_german(german[0]) and not sources.is_german(docs[0])
+    ex = tmp_path / "ex.jsonl"
+    ex.write_text(json.dumps({"category": "qa", "turns": ["who played ANNA in  once upon a time?"]}) + "\n")
+    kept = sources.drop_excluded([Conversation("sharegpt", ["Who played anna in once upon a time?"]),
+                                  Conversation("sharegpt", ["Hello"])], sources.excluded_turns([ex]))
+    assert [c.users for c in kept] == [["Hello"]]
+
+
+def test_distill_end_to_end_multi_turn_and_resume(tmp_path, tok, capsys):
+    """The target answers every user turn with its earlier answers in context; the evaluation
+    set's conversation is dropped; a second run with the same arguments resumes (nothing redone),
+    with other settings it is refused."""
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps(SHAREGPT))
+    ex = tmp_path / "ex.jsonl"
+    ex.write_text(json.dumps({"category": "qa", "turns": ["Who played anna in once upon a time?"]}) + "\n")
+    out = tmp_path / "data"
+    args = ["distill", "--out", str(out), "--sharegpt", str(sg), "--exclude", str(ex),
+            "--max-new-tokens", "12", "--shard-size", "1", "--device", "cpu", "--dtype", "float32",
+            "--no-progress"]
+    assert cli_main(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["conversations"] == 2 and manifest["records"] == 2
+    data = load_records(out)
+    texts = [tok.decode(data.record(r)[0].tolist()) for r in range(data.num_records)]
+    two = [t for t in texts if "And of Germany?" in t]
+    assert len(two) == 1 and two[0].count("<|im_start|>assistant") == 2  # both turns answered
+    assert all("once upon a time" not in t for t in texts)
+    ids, mask = data.record(texts.index(two[0]))
+    assert 0 < mask.sum() <= 24 and not mask[0]  # two answers of at most 12 tokens
+    stamp = shard_path(out, 0).stat().st_mtime_ns
+    assert cli_main(args) == 0
+    assert shard_path(out, 0).stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert cli_main([a if a != "12" else "16" for a in args]) == 2
+    assert "another distill run (different max_new_tokens)" in capsys.readouterr().err
