@@ -73,7 +73,7 @@ def test_token_shards_round_trip_and_errors(tmp_path):
 
 
 def test_task_prompts_and_exclusion(tmp_path):
-    docs = [("The river flows through the old town. " * 20).strip(),
+    docs = [("The wide river flows slowly through the old town of the valley. " * 12).strip(),
             ("Bees make honey from the nectar of flowers. " * 10).strip(),
             ("Mountains rise above the clouds in winter. " * 10).strip(),
             ("Trains connect the cities of the coast every hour. " * 10).strip()]

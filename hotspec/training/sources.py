@@ -103,10 +103,15 @@ def sentences(text: str, lo: int = 40, hi: int = 400) -> list[str]:
     return [s for s in parts if lo <= len(s) <= hi and s[:1].isupper()]
 
 
+def _prose(doc: str) -> bool:
+    """Mostly sentences (not code, lists or tables)."""
+    return sum(len(s) for s in sentences(doc)) > 0.6 * len(doc)
+
+
 def task_conversations(docs: list[str], n: int, seed: int, german: Iterable[str] = ()) -> list[Conversation]:
     """`n` single-turn task prompts, a third each translation, summarization and retrieval."""
     rng = random.Random(seed)
-    english = [d for d in docs if ascii_fraction(d) > MIN_ASCII]
+    english = [d for d in docs if ascii_fraction(d) > MIN_ASCII and _prose(d)]
     long_docs = [d for d in english if 600 <= len(d) <= 6000]
     short_docs = [d for d in english if 200 <= len(d) <= 1500]
     sents = [s for d in rng.sample(english, min(len(english), 4 * n)) for s in sentences(d)]
