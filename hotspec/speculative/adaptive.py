@@ -1,0 +1,216 @@
+"""The adaptive speculation policy: before each step, the shape (or plain decode) with the most
+expected tokens per second for the running batch.
+
+    expected tokens/s of shape s at batch b = b * E[tokens a request commits per step | s] / t(s, b)
+
+E[tokens | s] comes from the acceptance profile measured online from verify results. For chains
+(topk 1) the conditional acceptance at draft depth d (accepted at d, given d was reached) does not
+depend on how deep the chain goes, so one profile serves every chain length:
+E = 1 + sum_{i<=D} prod_{d<=i} alpha_d, the deepest measured rate standing in beyond what was run.
+A tree (topk > 1) accepts differently at each depth, so each tree shape keeps its own profile.
+Counts decay with a half-life in steps, so the profile follows the traffic. t(s, b) is the step
+time measured at start-up (graph replays at each captured batch size) and kept current by the
+steps that run. Plain decode ("off") commits exactly one token a step.
+
+A shape not run for a while is re-measured: every `probe_every` steps the runner-up runs for one
+step, so a profile that went stale (the traffic drifted) can win back.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class SpecShape:
+    """num_steps/topk/num_draft_tokens, as --speculative-num-steps/-eagle-topk/-num-draft-tokens;
+    OFF (0/0/1) is plain decode."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+    @property
+    def off(self) -> bool:
+        return self.num_steps == 0
+
+    @property
+    def chain(self) -> bool:
+        return self.topk == 1
+
+    @property
+    def label(self) -> str:
+        return "off" if self.off else f"{self.num_steps}/{self.topk}/{self.num_draft_tokens}"
+
+    @classmethod
+    def parse(cls, text: str) -> SpecShape:
+        """"off" or "STEPS/TOPK/TOKENS" (e.g. 3/1/4, 4/8/12); ValueError says what is wrong."""
+        if text.strip().lower() == "off":
+            return OFF
+        try:
+            s, k, n = (int(v) for v in text.split("/"))
+        except ValueError:
+            raise ValueError(f"a speculation shape is 'off' or STEPS/TOPK/TOKENS (e.g. 3/1/4), "
+                             f"got {text!r}") from None
+        if s < 1 or k < 1 or n < 2:
+            raise ValueError(f"shape {text!r}: steps and topk >= 1, tokens >= 2")
+        if k == 1 and n != s + 1:
+            raise ValueError(f"shape {text!r}: a chain (topk 1) of {s} steps verifies {s + 1} tokens")
+        if n > s * k + 1:
+            raise ValueError(f"shape {text!r}: {s} steps of topk {k} draft at most {s * k} tokens")
+        return cls(s, k, n)
+
+
+OFF = SpecShape(0, 0, 1)
+DEFAULT_CANDIDATES = ("off", "2/1/3", "3/1/4", "5/1/6", "4/8/12", "6/8/16")
+
+
+@dataclass
+class _Depths:
+    """Decayed counts of verify results: reached[d] and accepted[d] for depth d + 1."""
+
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def decay(self, f: float) -> None:
+        self.reached = [x * f for x in self.reached]
+        self.accepted = [x * f for x in self.accepted]
+
+    def add(self, accept_len: int, depth: int) -> None:
+        """One request's verify: `accept_len` drafts accepted of a `depth`-deep draft."""
+        while len(self.reached) < depth:
+            self.reached.append(0.0)
+            self.accepted.append(0.0)
+        for d in range(min(accept_len + 1, depth)):
+            self.reached[d] += 1.0
+            if d < accept_len:
+                self.accepted[d] += 1.0
+
+    def rates(self, prior: float) -> list[float]:
+        """Conditional acceptance per depth; `prior` where nothing was reached yet."""
+        return [(a + prior) / (r + 1.0) for a, r in zip(self.accepted, self.reached)]
+
+    @property
+    def weight(self) -> float:
+        return self.reached[0] if self.reached else 0.0
+
+
+class AcceptanceProfile:
+    """Acceptance per draft depth, decayed, one table for all chains and one per tree shape."""
+
+    def __init__(self, half_life: float = 64.0, prior: float = 0.5) -> None:
+        self.factor = 0.5 ** (1.0 / half_life)
+        self.prior = prior
+        self.tables: dict[str, _Depths] = {}
+
+    @staticmethod
+    def _key(shape: SpecShape) -> str:
+        return "chain" if shape.chain else shape.label
+
+    def update(self, shape: SpecShape, accept_lens: list[int]) -> None:
+        """One step of `shape`: the accepted drafts of each request of the batch."""
+        if shape.off:
+            return
+        for t in self.tables.values():
+            t.decay(self.factor)
+        table = self.tables.setdefault(self._key(shape), _Depths())
+        for a in accept_lens:
+            table.add(a, shape.num_steps)
+
+    def rates(self, shape: SpecShape) -> list[float]:
+        """Conditional acceptance at depths 1..num_steps (the deepest measured rate, or the
+        prior, beyond what was measured)."""
+        table = self.tables.get(self._key(shape), _Depths())
+        r = table.rates(self.prior)[: shape.num_steps]
+        last = r[-1] if r else self.prior
+        return r + [last] * (shape.num_steps - len(r))
+
+    def expected_tokens(self, shape: SpecShape) -> float:
+        """Tokens a request commits per step: 1 + E[accepted drafts]."""
+        total, p = 1.0, 1.0
+        for a in self.rates(shape):
+            p *= a
+            total += p
+        return total
+
+    def weight(self, shape: SpecShape) -> float:
+        """Decayed count of verifies behind `shape`'s estimate."""
+        t = self.tables.get(self._key(shape))
+        return t.weight if t is not None else 0.0
+
+
+class StepCosts:
+    """Step time per (shape, captured batch size): seeded by start-up replays, then an average
+    over the steps that run (decayed, so it follows the machine). A batch runs in the graph of
+    the smallest captured size that holds it, so that size's time is its cost."""
+
+    def __init__(self, batch_sizes: list[int], alpha: float = 0.05) -> None:
+        self.sizes = sorted(batch_sizes)
+        self.alpha = alpha
+        self.ms: dict[tuple[SpecShape, int], float] = {}
+
+    def bucket(self, bs: int) -> int:
+        i = bisect.bisect_left(self.sizes, bs)
+        if i == len(self.sizes):
+            raise ValueError(f"batch {bs} is over the largest captured size {self.sizes[-1]}")
+        return self.sizes[i]
+
+    def seed(self, shape: SpecShape, bs: int, ms: float) -> None:
+        self.ms[(shape, self.bucket(bs))] = ms
+
+    def observe(self, shape: SpecShape, bs: int, ms: float) -> None:
+        key = (shape, self.bucket(bs))
+        old = self.ms.get(key)
+        self.ms[key] = ms if old is None else old + self.alpha * (ms - old)
+
+    def cost(self, shape: SpecShape, bs: int) -> float | None:
+        return self.ms.get((shape, self.bucket(bs)))
+
+
+@dataclass
+class Choice:
+    shape: SpecShape
+    tokens_per_s: dict[str, float]  # every candidate's estimate, by label
+    probe: bool = False  # run to re-measure it, not because it is best
+
+
+class AdaptivePolicy:
+    """Picks the shape of each step (module docstring)."""
+
+    def __init__(self, candidates: list[SpecShape], costs: StepCosts,
+                 profile: AcceptanceProfile | None = None, probe_every: int = 64) -> None:
+        if not candidates:
+            raise ValueError("the adaptive policy needs at least one candidate shape")
+        self.candidates = sorted(set(candidates))
+        self.costs = costs
+        self.profile = profile or AcceptanceProfile()
+        self.probe_every = probe_every
+        self.steps = 0
+        self.chosen: dict[int, str] = {}  # batch-size bucket -> label of the last choice
+
+    def estimates(self, bs: int) -> dict[SpecShape, float]:
+        """Expected tokens per second of every candidate with a measured cost at batch `bs`."""
+        out = {}
+        for s in self.candidates:
+            ms = self.costs.cost(s, bs)
+            if ms is not None and ms > 0:
+                out[s] = bs * self.profile.expected_tokens(s) / ms * 1e3
+        return out
+
+    def choose(self, bs: int) -> Choice:
+        est = self.estimates(bs)
+        if not est:
+            raise ValueError(f"no candidate shape has a step cost at batch {bs}")
+        ranked = sorted(est, key=lambda s: (-est[s], s))
+        self.steps += 1
+        pick, probe = ranked[0], False
+        if len(ranked) > 1 and self.probe_every and self.steps % self.probe_every == 0:
+            pick, probe = ranked[1], True
+        self.chosen[self.costs.bucket(bs)] = pick.label
+        return Choice(pick, {s.label: v for s, v in est.items()}, probe)
+
+    def observe(self, shape: SpecShape, bs: int, ms: float, accept_lens: list[int]) -> None:
+        """What one step of `shape` at batch `bs` took and accepted."""
+        self.costs.observe(shape, bs, ms)
+        self.profile.update(shape, accept_lens)

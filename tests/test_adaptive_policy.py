@@ -1,0 +1,110 @@
+"""The adaptive speculation policy's choice from given step costs and acceptance profiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from hotspec.speculative.adaptive import (
+    OFF,
+    AcceptanceProfile,
+    AdaptivePolicy,
+    SpecShape,
+    StepCosts,
+)
+
+CHAIN3, CHAIN5 = SpecShape.parse("3/1/4"), SpecShape.parse("5/1/6")
+TREE = SpecShape.parse("4/8/12")
+
+
+def test_parse_shapes_and_errors():
+    assert SpecShape.parse("off") is OFF and OFF.label == "off"
+    assert SpecShape.parse("4/8/12") == SpecShape(4, 8, 12) and TREE.label == "4/8/12"
+    for bad, msg in [("3-1-4", "STEPS/TOPK/TOKENS"), ("3/1/5", "verifies 4 tokens"),
+                     ("2/2/9", "at most 4 tokens"), ("0/1/1", ">= 1")]:
+        with pytest.raises(ValueError, match=msg):
+            SpecShape.parse(bad)
+
+
+def _costs(table: dict[SpecShape, dict[int, float]]) -> StepCosts:
+    costs = StepCosts([1, 8, 32])
+    for shape, per_bs in table.items():
+        for bs, ms in per_bs.items():
+            costs.seed(shape, bs, ms)
+    return costs
+
+
+def _profile(shape: SpecShape, accept_lens: list[int], steps: int = 200) -> AcceptanceProfile:
+    p = AcceptanceProfile(half_life=1e9, prior=0.5)
+    for _ in range(steps):
+        p.update(shape, accept_lens)
+    return p
+
+
+def test_chain_profile_serves_every_chain_length():
+    """Conditional rates measured with a 3-deep chain predict a 5-deep one (the deepest rate
+    standing in for depths 4 and 5); expected tokens = 1 + sum of the products."""
+    # per 4 requests: accepted 0, 1, 2, 3 drafts -> depth 1: 3/4, depth 2: 2/3, depth 3: 1/2
+    p = _profile(CHAIN3, [0, 1, 2, 3])
+    r3 = p.rates(CHAIN3)
+    assert r3 == pytest.approx([3 / 4, 2 / 3, 1 / 2], abs=2e-3)
+    assert p.rates(CHAIN5) == pytest.approx(r3 + [r3[-1]] * 2, abs=2e-3)
+    assert p.expected_tokens(CHAIN3) == pytest.approx(1 + 0.75 + 0.5 + 0.25, abs=5e-3)
+    assert p.expected_tokens(OFF) == 1.0
+    # a tree has its own table: nothing measured yet -> the prior
+    assert p.rates(TREE) == [0.5] * 4
+
+
+def test_policy_turns_speculation_off_where_it_loses_and_on_where_it_pays():
+    """Batch 1: a step of 2x decode committing 2.5 tokens wins; batch 32: 2.5 tokens at 3x a
+    decode step loses to plain decode."""
+    costs = _costs({OFF: {1: 1.0, 32: 1.0}, CHAIN3: {1: 2.0, 32: 3.0}})
+    policy = AdaptivePolicy([OFF, CHAIN3], costs, _profile(CHAIN3, [0, 1, 2, 3]), probe_every=0)
+    c1 = policy.choose(1)
+    assert c1.shape == CHAIN3 and c1.tokens_per_s["3/1/4"] == pytest.approx(1e3 * 2.5 / 2.0, rel=1e-2)
+    assert policy.choose(20).shape == OFF  # 20 runs in the graph of 32
+    assert policy.chosen == {1: "3/1/4", 32: "off"}
+
+
+def test_policy_prefers_the_tree_when_its_acceptance_pays_for_its_cost():
+    costs = _costs({OFF: {8: 1.0}, CHAIN3: {8: 1.5}, TREE: {8: 2.0}})
+    profile = _profile(CHAIN3, [0, 1, 1, 2])  # chain: E ~ 2.0 -> 1333 tok/s per request-ms
+    for _ in range(200):
+        profile.update(TREE, [3, 4, 2, 4])  # tree: E ~ 4.25 -> 2125
+    policy = AdaptivePolicy([OFF, CHAIN3, TREE], costs, profile, probe_every=0)
+    assert policy.choose(8).shape == TREE
+
+
+def test_policy_follows_drifting_traffic():
+    """Well-accepted traffic, then traffic that accepts nothing: the decayed profile turns
+    speculation off within a few half-lives, and measured step times replace the seeds."""
+    costs = _costs({OFF: {1: 1.0}, CHAIN3: {1: 1.6}})
+    policy = AdaptivePolicy([OFF, CHAIN3], costs, AcceptanceProfile(half_life=16), probe_every=0)
+    for _ in range(100):
+        assert policy.choose(1).shape == CHAIN3
+        policy.observe(CHAIN3, 1, 1.6, [3])
+    steps = 0
+    while policy.choose(1).shape == CHAIN3:
+        policy.observe(CHAIN3, 1, 1.6, [0])
+        steps += 1
+        assert steps < 100
+    assert 5 <= steps <= 60
+    policy.observe(OFF, 1, 2.0, [])
+    assert costs.cost(OFF, 1) == pytest.approx(1.0 + 0.05 * (2.0 - 1.0))
+
+
+def test_probe_runs_the_runner_up_every_n_steps():
+    costs = _costs({OFF: {1: 1.0}, CHAIN3: {1: 1.2}})
+    policy = AdaptivePolicy([OFF, CHAIN3], costs, _profile(CHAIN3, [3]), probe_every=4)
+    picks = [policy.choose(1) for _ in range(8)]
+    assert [c.probe for c in picks] == [False, False, False, True] * 2
+    assert {c.shape for c in picks if c.probe} == {OFF}
+
+
+def test_costs_need_a_captured_size_and_a_candidate():
+    costs = StepCosts([1, 8])
+    with pytest.raises(ValueError, match="over the largest captured size 8"):
+        costs.bucket(9)
+    with pytest.raises(ValueError, match="no candidate shape has a step cost"):
+        AdaptivePolicy([CHAIN3], costs).choose(1)
+    with pytest.raises(ValueError, match="at least one candidate"):
+        AdaptivePolicy([], costs)
