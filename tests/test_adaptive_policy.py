@@ -20,7 +20,7 @@ def test_parse_shapes_and_errors():
     assert SpecShape.parse("off") is OFF and OFF.label == "off"
     assert SpecShape.parse("4/8/12") == SpecShape(4, 8, 12) and TREE.label == "4/8/12"
     for bad, msg in [("3-1-4", "STEPS/TOPK/TOKENS"), ("3/1/5", "verifies 4 tokens"),
-                     ("2/2/9", "at most 4 tokens"), ("0/1/1", ">= 1")]:
+                     ("2/2/9", "at most 6 nodes"), ("0/1/1", ">= 1")]:
         with pytest.raises(ValueError, match=msg):
             SpecShape.parse(bad)
 

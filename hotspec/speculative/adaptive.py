@@ -57,8 +57,9 @@ class SpecShape:
             raise ValueError(f"shape {text!r}: steps and topk >= 1, tokens >= 2")
         if k == 1 and n != s + 1:
             raise ValueError(f"shape {text!r}: a chain (topk 1) of {s} steps verifies {s + 1} tokens")
-        if n > s * k + 1:
-            raise ValueError(f"shape {text!r}: {s} steps of topk {k} draft at most {s * k} tokens")
+        nodes = k + (s - 1) * k * k  # as EngineConfig's check: the root plus the drafted nodes
+        if n > nodes + 1:
+            raise ValueError(f"shape {text!r}: {s} steps of topk {k} draft at most {nodes} nodes")
         return cls(s, k, n)
 
 
