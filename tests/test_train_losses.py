@@ -80,7 +80,7 @@ def test_batch_is_the_records_zero_padded() -> None:
     assert batch.tokens.shape == (2, 7)
     assert batch.tokens[0, :2].tolist() == data.tokens[5:7].tolist() and batch.tokens[0, 2:].eq(0).all()
     torch.testing.assert_close(batch.feature[1], data.feature[7:14])
-    assert batch.lengths.tolist() == [2, 7] and batch.n_prompt.tolist() == [1, 2]
+    assert batch.lengths.tolist() == [2, 7]
 
 
 def test_epoch_batches_group_lengths_and_cover_every_record_once() -> None:

@@ -9,6 +9,10 @@ Per token p of a record t_0..t_{L-1}:
     `aux_layer_ids` [n*H]; `final[p]` = f_p [H], from which training recomputes the target's
     logits over the draft vocabulary; `argmax[p]` = the target's full-vocabulary argmax at p
     (the position mask for targets outside the draft vocabulary).
+
+Which tokens are loss labels: every token past each record's prompt (`n_prompt`), or, with
+`mask`, the tokens the target wrote (several spans in a multi-turn conversation) and, with
+`tail`, whether the token after each record is one (losses.label_mask).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class FeatureBlock:
     feature: torch.Tensor  # [N, F]
     final: torch.Tensor | None = None  # [N, H] (EAGLE-3 only)
     argmax: torch.Tensor | None = None  # [N] long (EAGLE-3 only)
+    mask: torch.Tensor | None = None  # [N] bool, host: the target wrote the token (a label)
+    tail: torch.Tensor | None = None  # [R] bool, host: the token after the record is a label
 
     @property
     def num_records(self) -> int:
@@ -45,7 +51,7 @@ class FeatureBlock:
     def to(self, device: torch.device) -> FeatureBlock:
         """The per-token tensors on `device`; `offsets` and `n_prompt` stay on the host, where the
         trainer plans its batches without waiting for the device."""
-        host = ("offsets", "n_prompt")
+        host = ("offsets", "n_prompt", "mask", "tail")
         return FeatureBlock.from_dict({k: v if k in host else v.to(device)
                                        for k, v in self.to_dict().items()})
 
@@ -54,12 +60,14 @@ class FeatureBlock:
              "feature": self.feature}
         if self.final is not None and self.argmax is not None:
             d.update(final=self.final, argmax=self.argmax)
+        if self.mask is not None and self.tail is not None:
+            d.update(mask=self.mask, tail=self.tail)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, torch.Tensor]) -> FeatureBlock:
         return cls(d["tokens"], d["offsets"], d["n_prompt"], d["feature"], d.get("final"),
-                   d.get("argmax"))
+                   d.get("argmax"), d.get("mask"), d.get("tail"))
 
     @classmethod
     def concat(cls, blocks: list[FeatureBlock]) -> FeatureBlock:
@@ -72,8 +80,10 @@ class FeatureBlock:
         def cat(name: str) -> torch.Tensor:
             return torch.cat([getattr(b, name) for b in blocks])
 
+        masked = blocks[0].mask is not None
         return cls(cat("tokens"), offsets, cat("n_prompt"), cat("feature"),
-                   cat("final") if eagle3 else None, cat("argmax") if eagle3 else None)
+                   cat("final") if eagle3 else None, cat("argmax") if eagle3 else None,
+                   cat("mask") if masked else None, cat("tail") if masked else None)
 
 
 @torch.inference_mode()
@@ -81,6 +91,23 @@ def extract_features(engine: Engine, records: list[list[int]], n_prompt: list[in
                      aux_layer_ids: tuple[int, ...], token_budget: int) -> FeatureBlock:
     """Prefill every record (in batches of at most `token_budget` tokens and free KV blocks)
     through the engine's target runner; returns the features on the CPU in the engine's dtype."""
+    feature, final, argmax = target_pass(engine, records, aux_layer_ids, token_budget,
+                                         torch.device("cpu"))
+    lens = torch.tensor([len(r) for r in records], dtype=torch.long)
+    return FeatureBlock(
+        tokens=torch.tensor([t for r in records for t in r], dtype=torch.long),
+        offsets=torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+        n_prompt=torch.tensor(n_prompt, dtype=torch.long),
+        feature=feature, final=final, argmax=argmax)
+
+
+@torch.inference_mode()
+def target_pass(engine: Engine, records: list[list[int]], aux_layer_ids: tuple[int, ...],
+                token_budget: int, to: torch.device) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                torch.Tensor | None]:
+    """(feature [N, F], final [N, H] | None, argmax [N] | None) of the records back to back, on
+    `to`, in the engine's dtype: the target runner's prefill of each batch of records (at most
+    `token_budget` tokens and the free KV blocks); final and argmax for EAGLE-3 (aux layers)."""
     runner = engine.worker.runner  # type: ignore[attr-defined]  # the vanilla worker's
     target = engine.target
     eagle3 = bool(aux_layer_ids)
@@ -102,22 +129,16 @@ def extract_features(engine: Engine, records: list[list[int]], n_prompt: list[in
                 for r in reqs:
                     engine.allocator.free(r.blocks)
             if eagle3:
-                feats.append(torch.cat(aux, dim=-1).cpu())
-                finals.append(hidden.cpu())
+                feats.append(torch.cat(aux, dim=-1).to(to))
+                finals.append(hidden.to(to, copy=True))  # not a view of a runner buffer
                 # In pieces: full-vocabulary logits of a whole batch would be [tokens, V] float32.
-                argmaxes += [target.compute_logits(h).argmax(-1).cpu() for h in hidden.split(4096)]
+                argmaxes += [target.compute_logits(h).argmax(-1).to(to) for h in hidden.split(4096)]
             else:
-                feats.append(hidden.cpu())
+                feats.append(hidden.to(to, copy=True))
     finally:
         target.capture_layers = saved
-    lens = torch.tensor([len(r) for r in records], dtype=torch.long)
-    return FeatureBlock(
-        tokens=torch.tensor([t for r in records for t in r], dtype=torch.long),
-        offsets=torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
-        n_prompt=torch.tensor(n_prompt, dtype=torch.long),
-        feature=torch.cat(feats),
-        final=torch.cat(finals) if eagle3 else None,
-        argmax=torch.cat(argmaxes) if eagle3 else None)
+    return (torch.cat(feats), torch.cat(finals) if eagle3 else None,
+            torch.cat(argmaxes) if eagle3 else None)
 
 
 def _blocks(engine: Engine, n_tokens: int) -> int:

@@ -1,9 +1,13 @@
 """Losses of the unrolled head (head_forward.unroll) against the target's own outputs.
 
 Which (index j, step k) pairs count: the label position q = j + k + 1 must lie in the record
-(q < L) and predict a response token (q >= n_prompt - 1: the target's distribution at q is over
-token q + 1). Step k weighs 0.8^k (EAGLE-3 paper, SpecForge's ploss weights); each step's loss is
-a mean over its counted positions.
+(q < L), and the token the target's distribution at q is over, q + 1, must be one the target
+wrote: `labels[q + 1]` (`label_mask`). Column L of the labels stands for the token after the
+record: set where a token shard's record is cut inside a target turn and for every prompt +
+response record (FeatureBlock's n_prompt: token p is a label iff n_prompt <= p <= L, the target's
+distribution after its last response token included), clear where a token shard's record ends
+(after the target's end of turn comes the template's text). Step k weighs 0.8^k (EAGLE-3 paper,
+SpecForge's ploss weights); each step's loss is a mean over its counted positions.
 
   * EAGLE-1/2 (EAGLE paper, SafeAILab/EAGLE train/main.py): SmoothL1(out, f_q) averaged over the
     hidden size + 0.1 * cross-entropy of the head's logits against the target's next-token
@@ -32,7 +36,6 @@ class TrainBatch:
     tokens: torch.Tensor  # [B, T] long, zero-padded
     feature: torch.Tensor  # [B, T, F] what the head reads at step 0
     lengths: torch.Tensor  # [B] long
-    n_prompt: torch.Tensor  # [B] long
     final: torch.Tensor | None = None  # [B, T, H] target's final normed hidden (EAGLE-3)
     argmax: torch.Tensor | None = None  # [B, T] target's full-vocabulary argmax (EAGLE-3)
     # Per TTT step k: flat indices b * T + j of the counted (index j, step k) pairs, planned on the
@@ -48,11 +51,33 @@ class LossOut:
     counted: list[int]  # positions counted per step (before EAGLE-3's vocabulary filter)
 
 
-def counted_rows(lengths: torch.Tensor, n_prompt: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:
-    """Host tensors in, per step k the flat [B * T] indices of index j with a label (see the module
-    docstring): q = j + k + 1 < L and q >= n_prompt - 1."""
+def label_mask(lengths: torch.Tensor, mask: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """[B, T + 1] bool from the zero-padded per-token mask [B, T] (1: the target wrote the token)
+    and `tail` [B] (the token after each record is a label): column p < L is mask[p], column L is
+    tail, columns past L are 0."""
+    b, t = mask.shape
+    col = torch.arange(t + 1).view(1, -1)
+    padded = torch.cat((mask.bool(), torch.zeros(b, 1, dtype=torch.bool)), dim=1)
+    ends = lengths.view(-1, 1)
+    return torch.where(col < ends, padded, (col == ends) & tail.view(-1, 1).bool())
+
+
+def prompt_label_mask(lengths: torch.Tensor, n_prompt: torch.Tensor, t: int) -> torch.Tensor:
+    """The labels of prompt + response records: token p is a label iff n_prompt <= p <= L."""
+    col = torch.arange(t + 1).view(1, -1)
+    return (col >= n_prompt.view(-1, 1)) & (col <= lengths.view(-1, 1))
+
+
+def counted_rows(lengths: torch.Tensor, labels: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:
+    """Host tensors in (`labels` [B, T + 1] from label_mask / prompt_label_mask), per step k the
+    flat [B * T] indices of index j with a label (see the module docstring): q = j + k + 1 < L and
+    labels[q + 1]."""
+    b = lengths.shape[0]
+    # labels[q + 1] for q = j + k + 1 up to T + steps: pad the columns past T with 0.
+    padded = torch.zeros(b, t + steps + 2, dtype=torch.bool)
+    padded[:, : labels.shape[1]] = labels.bool()
     q = torch.arange(t).view(1, -1) + 1
-    return [((q + k < lengths.view(-1, 1)) & (q + k >= n_prompt.view(-1, 1) - 1)).view(-1).nonzero().view(-1)
+    return [((q + k < lengths.view(-1, 1)) & padded[:, q.view(-1) + k + 1]).view(-1).nonzero().view(-1)
             for k in range(steps)]
 
 

@@ -3,20 +3,27 @@ on CUDA, a tqdm bar, and checkpoints that `--resume` continues from exactly.
 
 Data order is a pure function of (seed, epoch): epoch e visits the batches
 `epoch_batches(data, B, seed + e)` (random order, grouped by length), so optimizer step s is
-batch s % steps_per_epoch of epoch s // steps_per_epoch. A checkpoint (DIR/checkpoints/last.pt,
-written atomically every `save_every` steps and at the end) holds the step counter, the trainable
-weights, the optimizer and scheduler states and the loss history; resuming from it replays
-nothing and skips nothing.
+batch s % steps_per_epoch of epoch s // steps_per_epoch. The data is a FeatureBlock (features
+recorded beforehand) or a BatchSource that makes each batch itself (online.OnlineData: the
+target's features computed per batch).
+
+A checkpoint (DIR/checkpoints/last.pt, written atomically every `save_every` steps, at the end
+and on halting) holds the step counter, the trainable weights (float32), AdamW's moments as
+bfloat16 (half the optimizer's bytes), the scheduler state, the loss history and the meta that
+--resume compares. Saving rounds the live moments to bfloat16 as well, so the state a checkpoint
+restores is the state the uninterrupted run continues with: resuming from a checkpoint of the
+`save_every` schedule replays nothing, skips nothing and ends with the same weights.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -27,9 +34,49 @@ from hotspec.training.config import TrainConfig, TrainConfigError
 from hotspec.training.features import FeatureBlock
 from hotspec.training.head_forward import unroll
 from hotspec.training.head_init import trainable_parameters
-from hotspec.training.losses import LossOut, TrainBatch, counted_rows, eagle3_loss, eagle_loss
+from hotspec.training.losses import (
+    LossOut,
+    TrainBatch,
+    counted_rows,
+    eagle3_loss,
+    eagle_loss,
+    label_mask,
+    prompt_label_mask,
+)
 
 CHECKPOINT = "last.pt"
+MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW state stored as bfloat16
+
+
+class BatchSource(Protocol):
+    """Training data that makes its batches itself (online.OnlineData)."""
+
+    @property
+    def num_records(self) -> int: ...
+
+    @property
+    def offsets(self) -> torch.Tensor: ...  # [R+1] long, host
+
+    def batch(self, records: list[int], device: torch.device, steps: int) -> TrainBatch: ...
+
+
+@dataclass
+class Throughput:
+    """What this process trained: optimizer steps, label positions (TTT step 0's counted
+    positions), record tokens (unpadded) and seconds from the first step to the last."""
+
+    steps: int = 0
+    label_positions: int = 0
+    record_tokens: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.seconds
+        return {"steps": self.steps, "label_positions": self.label_positions,
+                "record_tokens": self.record_tokens, "wall_s": round(s, 3),
+                "label_positions_per_s": round(self.label_positions / s, 1) if s else None,
+                "record_tokens_per_s": round(self.record_tokens / s, 1) if s else None,
+                "steps_per_s": round(self.steps / s, 4) if s else None}
 
 
 @dataclass
@@ -53,7 +100,7 @@ class Vocab:
 
 
 class Trainer:
-    def __init__(self, head: DraftHead, data: FeatureBlock, cfg: TrainConfig, ttt_steps: int,
+    def __init__(self, head: DraftHead, data: FeatureBlock | BatchSource, cfg: TrainConfig, ttt_steps: int,
                  vocab: Vocab | None, ckpt_dir: Path, meta: dict[str, Any]) -> None:
         self.head, self.data, self.cfg = head, data, cfg
         self.ttt_steps, self.vocab = ttt_steps, vocab
@@ -70,14 +117,25 @@ class Trainer:
             self.opt, cosine_with_warmup(self.total_steps, cfg.warmup_ratio))
         self.step = 0
         self.history = History()
+        self.throughput = Throughput()
+        self._batch_tokens = 0  # record tokens of the batch being trained
         self._epoch: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
 
     # -- checkpoints -----------------------------------------------------------------------
     def save(self) -> None:
+        """Write the checkpoint atomically, the moments rounded to bfloat16 (in memory too)."""
         self.ckpt.parent.mkdir(parents=True, exist_ok=True)
+        opt = self.opt.state_dict()
+        with torch.no_grad():
+            for st in self.opt.state.values():
+                for k in MOMENTS:
+                    if k in st:
+                        st[k].copy_(st[k].to(torch.bfloat16))
+        opt["state"] = {i: {k: v.to(torch.bfloat16).cpu() if k in MOMENTS else v.cpu()
+                            for k, v in st.items()} for i, st in opt["state"].items()}
         state = {"step": self.step, "meta": self.meta,
-                 "trainable": {n: p.detach().cpu() for n, p in self.params.items()},
-                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                 "trainable": {n: p.detach().float().cpu() for n, p in self.params.items()},
+                 "optimizer": opt, "scheduler": self.sched.state_dict(),
                  "history": self.history.as_dict()}
         tmp = self.ckpt.with_name(self.ckpt.name + ".tmp")
         torch.save(state, tmp)
@@ -88,21 +146,32 @@ class Trainer:
         if not self.ckpt.is_file():
             return False
         state = torch.load(self.ckpt, map_location="cpu", weights_only=True)
-        if state["meta"] != self.meta:
-            changed = sorted(k for k in set(state["meta"]) | set(self.meta)
-                             if state["meta"].get(k) != self.meta.get(k))
-            raise TrainConfigError(
-                f"--resume: the checkpoint {self.ckpt} was made with other settings ({', '.join(changed)}: "
-                f"{[state['meta'].get(k) for k in changed]} there, {[self.meta.get(k) for k in changed]} "
-                "now). Fix: resume with the original settings, or train into a new --out.")
+        self._check_meta(state["meta"])
         with torch.no_grad():
             for n, p in self.params.items():
                 p.copy_(state["trainable"][n])
-        self.opt.load_state_dict(state["optimizer"])
+        opt = state["optimizer"]
+        opt["state"] = {i: {k: v.float() if k in MOMENTS else v for k, v in st.items()}
+                        for i, st in opt["state"].items()}
+        self.opt.load_state_dict(opt)
         self.sched.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.history = History(**state["history"])
         return True
+
+    def _check_meta(self, saved: dict[str, Any]) -> None:
+        if saved == self.meta:
+            return
+        if saved.get("data") != self.meta.get("data"):
+            raise TrainConfigError(
+                f"--resume: the checkpoint {self.ckpt} was trained on other data ({saved.get('data')} "
+                f"there, {self.meta.get('data')} now). Fix: resume with the same --data folder and "
+                "--max-seq-len, or train into a new --out.")
+        changed = sorted(k for k in set(saved) | set(self.meta) if saved.get(k) != self.meta.get(k))
+        raise TrainConfigError(
+            f"--resume: the checkpoint {self.ckpt} was made with other settings ({', '.join(changed)}: "
+            f"{[saved.get(k) for k in changed]} there, {[self.meta.get(k) for k in changed]} "
+            "now). Fix: resume with the original settings, or train into a new --out.")
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> History:
@@ -110,12 +179,19 @@ class Trainer:
         cfg = self.cfg
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not cfg.progress)
+        t0 = time.perf_counter()
         while self.step < self.total_steps:
             lr = cast(float, self.sched.get_last_lr()[0])  # the rate this step uses
-            out = self.train_step(self.batch(self.step))
+            batch = self.batch(self.step)
+            out = self.train_step(batch)
             self.step += 1
             k = out.step_loss.numel()
             stats = torch.cat((out.loss.detach().view(1), out.step_loss, out.step_acc)).tolist()  # the sync
+            tp = self.throughput
+            tp.steps += 1
+            tp.label_positions += out.counted[0]
+            tp.record_tokens += self._batch_tokens
+            tp.seconds = time.perf_counter() - t0
             self.history.loss.append(stats[0])
             self.history.step_loss.append(stats[1:1 + k])
             self.history.step_acc.append(stats[1 + k:])
@@ -159,13 +235,18 @@ class Trainer:
         epoch, i = divmod(step, self.steps_per_epoch)
         if self._epoch is None or self._epoch[0] != epoch:  # planned once per epoch
             self._epoch = (epoch, epoch_batches(self.data, self.cfg.batch_size, self.cfg.seed + epoch))
-        return make_batch(self.data, self._epoch[1][i], self.device, self.ttt_steps)
+        records = self._epoch[1][i]
+        offsets = self.data.offsets
+        self._batch_tokens = sum(int(offsets[r + 1] - offsets[r]) for r in records)
+        if isinstance(self.data, FeatureBlock):
+            return make_batch(self.data, records, self.device, self.ttt_steps)
+        return self.data.batch(records, self.device, self.ttt_steps)
 
 
 GROUP_BATCHES = 32  # length grouping: batches are cut from runs of this many batches' records
 
 
-def epoch_batches(data: FeatureBlock, batch_size: int, seed: int) -> list[list[int]]:
+def epoch_batches(data: FeatureBlock | BatchSource, batch_size: int, seed: int) -> list[list[int]]:
     """The batches of one epoch, a pure function of `seed`: records in random order, each run of
     GROUP_BATCHES * batch_size of them sorted by length and cut into batches, the batches shuffled.
     A batch is padded to its longest record and attention costs T^2, so grouping similar lengths
@@ -187,10 +268,11 @@ def epoch_batches(data: FeatureBlock, batch_size: int, seed: int) -> list[list[i
 
 
 def make_batch(data: FeatureBlock, records: list[int], device: torch.device, steps: int) -> TrainBatch:
-    """Zero-padded [B, T] batch of the given records with the counted rows of `steps` TTT steps.
+    """Zero-padded [B, T] batch of the given records with the counted rows of `steps` TTT steps
+    (labels from the block's mask and tail, or else from its n_prompt).
     Planned from the host's offsets, gathered where the per-token data lives (the GPU when the
     trainer put it there) and moved to `device`; nothing here waits for the GPU."""
-    offsets, n_prompt = data.offsets.cpu(), data.n_prompt.cpu()
+    offsets = data.offsets.cpu()
     rec = torch.tensor(records, dtype=torch.long)
     starts = offsets[rec]
     lengths = offsets[rec + 1] - starts
@@ -208,9 +290,14 @@ def make_batch(data: FeatureBlock, records: list[int], device: torch.device, ste
         return torch.where(m, x[idx_d], 0).to(device, non_blocking=True)
 
     final, argmax = (rows(data.final), rows(data.argmax)) if data.final is not None else (None, None)
-    counted = [_h2d(r, device) for r in counted_rows(lengths, n_prompt[rec], t, steps)]
+    if data.mask is None or data.tail is None:
+        labels = prompt_label_mask(lengths, data.n_prompt.cpu()[rec], t)
+    else:
+        mask = torch.where(valid, data.mask.cpu()[idx], False)
+        labels = label_mask(lengths, mask, data.tail.cpu()[rec])
+    counted = [_h2d(r, device) for r in counted_rows(lengths, labels, t, steps)]
     return TrainBatch(rows(data.tokens), rows(data.feature), _h2d(lengths, device),  # type: ignore[arg-type]
-                      _h2d(n_prompt[rec], device), final, argmax, counted)
+                      final, argmax, counted)
 
 
 def _h2d(x: torch.Tensor, device: torch.device) -> torch.Tensor:

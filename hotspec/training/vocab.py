@@ -1,6 +1,7 @@
 """Draft vocabularies from the training data's token frequencies (FR-Spec ranking).
 
-Counted tokens are the responses' (what the head learns to propose). The ranking is
+Counted tokens are the responses' (what the head learns to propose): the tokens past each
+record's prompt, or those of the per-token mask (token shards: every token the target wrote). The ranking is
 token_map_builder's: most frequent first, ties to the lower id, EOS / end-of-turn tokens forced in.
   * EAGLE-3: the head's own LM head has one row per kept id; `d2t[d] = id_d - d` (offsets, the
     public format: target id = draft id + d2t[draft id]) with ids ascending, as SpecForge writes
@@ -22,10 +23,17 @@ import torch
 
 from hotspec.speculative.token_map_builder import rank_ids
 from hotspec.training.features import FeatureBlock
+from hotspec.training.token_shards import TokenRecords
 
 
-def response_token_counts(data: FeatureBlock, vocab_size: int) -> np.ndarray:
-    """Occurrences of each token id in the responses (positions past each record's prompt)."""
+def response_token_counts(data: FeatureBlock | TokenRecords, vocab_size: int) -> np.ndarray:
+    """Occurrences of each token id in the responses: the tokens of mask 1 (TokenRecords, or a
+    FeatureBlock with a mask), else the positions past each record's prompt."""
+    if isinstance(data, TokenRecords):
+        return np.bincount(data.tokens[data.mask].astype(np.int64), minlength=vocab_size)[:vocab_size]
+    if data.mask is not None:
+        counts = torch.bincount(data.tokens[data.mask.to(data.tokens.device)], minlength=vocab_size)
+        return counts[:vocab_size].cpu().numpy().astype(np.int64)
     pos = torch.arange(data.tokens.shape[0])
     rec = torch.bucketize(pos, data.offsets[1:], right=True)  # record of each position
     in_response = pos >= data.offsets[:-1][rec] + data.n_prompt[rec]
