@@ -39,6 +39,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", nargs="+", type=Path, default=(), metavar="FILE",
                    help="ShareGPT .json/.jsonl (first user turn of each conversation) or .txt (one "
                    "prompt per line); default: prompts sampled from the target itself")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="train on the token shards of DIR (tokens_NNNNN.npz, from `hotspec "
+                   "distill`): the target's features are computed per batch on the device; no "
+                   "prompts are answered and no feature shards are written")
+    p.add_argument("--eval-prompts-file", type=Path, default=None, metavar="FILE",
+                   help="with --data: measure tau on the first --eval-prompts prompts of FILE "
+                   "(.jsonl/.json/.txt as --prompts) instead of holding back the last "
+                   "--eval-prompts records (evaluated on their prefix up to the first answer)")
     p.add_argument("--num-prompts", type=int, default=256, help="prompts to use (default: 256)")
     p.add_argument("--synth-prompts", type=int, default=0, metavar="N",
                    help="with --prompts: also sample N user messages from the target and train on "
@@ -91,7 +99,8 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         out=args.out, model=args.model, arch=args.arch, draft_vocab=args.draft_vocab,
         intermediate_size=args.intermediate_size,
         token_maps=tuple(args.token_maps), max_num_seqs=args.max_num_seqs,
-        prompts=tuple(args.prompts), num_prompts=args.num_prompts, eval_prompts=args.eval_prompts,
+        prompts=tuple(args.prompts), data=args.data, eval_prompts_file=args.eval_prompts_file,
+        num_prompts=args.num_prompts, eval_prompts=args.eval_prompts,
         synth_prompts=args.synth_prompts, responses_per_prompt=args.responses_per_prompt,
         max_new_tokens=args.max_new_tokens, response_temperature=args.temperature,
         max_seq_len=args.max_seq_len, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
@@ -108,8 +117,11 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
     tau = report.get("tau")
     tau_text = f", tau {tau['mean']:.2f} on {len(tau['per_prompt'])} prompts" if tau else ""
     t = report["training"]
+    speed = t["throughput"]
+    speed_text = (f", {speed['label_positions_per_s']:.0f} labels/s"
+                  if speed.get("label_positions_per_s") else "")
     print(f"draft head ({report['algorithm']}): {t['steps']} steps, final loss {t['final_loss']:.4f}"
-          f"{tau_text} -> {args.out}")
+          f"{speed_text}{tau_text} -> {args.out}")
 
 
 def _command(args: argparse.Namespace) -> str:

@@ -31,6 +31,11 @@ class TrainConfig:
     # FR-Spec maps DIR/freq_<N>.pt of the N most frequent response tokens, for either arch.
     token_maps: tuple[int, ...] = ()
     prompts: tuple[Path, ...] = ()  # empty: prompts synthesized by the target itself
+    # Token shards (token_shards.py) to train on, the target's features computed per batch
+    # (online.py); no prompts, responses or feature shards are made.
+    data: Path | None = None
+    # With `data`: evaluate tau on these prompts (first user turns) instead of held-back records.
+    eval_prompts_file: Path | None = None
     num_prompts: int = 256
     # With prompt files: this many more prompts sampled from the target, added to the files' ones.
     synth_prompts: int = 0
@@ -97,8 +102,25 @@ class TrainConfig:
             raise TrainConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.response_temperature < 0:
             raise TrainConfigError(f"response temperature must be >= 0, got {self.response_temperature}")
+        self._check_data()
         if self.max_seq_len <= 2:
             raise TrainConfigError(f"max_seq_len must be > 2, got {self.max_seq_len}")
+
+    def _check_data(self) -> None:
+        """--data trains on recorded conversations: the generation options do not apply."""
+        if self.data is None:
+            if self.eval_prompts_file is not None:
+                raise TrainConfigError("--eval-prompts-file goes with --data; without it, "
+                                       "--eval-prompts prompts are held back from --prompts")
+            return
+        clash = [flag for flag, on in (("--prompts", bool(self.prompts)),
+                                       ("--synth-prompts", self.synth_prompts > 0),
+                                       ("--responses-per-prompt", self.responses_per_prompt > 1))
+                 if on]
+        if clash:
+            raise TrainConfigError(f"--data trains on the conversations of its token shards; "
+                                   f"{', '.join(clash)} generate(s) new ones. Fix: drop "
+                                   f"{', '.join(clash)}, or drop --data.")
 
     def _check_intermediate_size(self) -> None:
         """A width the head's Linear layers can have: a positive int (not a float or bool, which

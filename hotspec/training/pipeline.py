@@ -5,7 +5,8 @@ Output folder DIR:
   freq_<N>.pt                      FR-Spec maps (list of int): EAGLE-1/2 with --draft-vocab N,
                                    and each N of --token-maps (either arch)
   train_report.json, loss.png      what was done and how well the head drafts (tau)
-  data/                            prompts and feature shards (data.py)
+  data/                            prompts and feature shards (data.py); none with --data,
+                                   whose token shards are read where they are (online.py)
   checkpoints/last.pt              the latest training state (trainer.py)
 """
 
@@ -14,9 +15,11 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hotspec.entrypoints.llm import LLM
@@ -31,11 +34,32 @@ from hotspec.training.head_init import (
     export_head,
     head_config,
 )
+from hotspec.training.online import (
+    OnlineData,
+    check_token_ids,
+    data_counts,
+    read_token_data,
+    split_data,
+)
+from hotspec.training.prompts import Prompt
 from hotspec.training.report import measure_tau, plot_losses, write_report
-from hotspec.training.trainer import Trainer, Vocab
+from hotspec.training.token_shards import TokenRecords
+from hotspec.training.trainer import BatchSource, Trainer, Vocab
 from hotspec.training.vocab import choose_draft_vocab, response_token_counts, write_token_maps
 
 log = logging.getLogger("hotspec")
+
+
+@dataclass
+class Prepared:
+    """The training data and what the rest of the run needs of it."""
+
+    train: FeatureBlock | BatchSource
+    counts: np.ndarray  # response token counts over the target vocabulary
+    eval_prompts: list[Prompt]
+    eval_from: str
+    report: dict[str, Any]  # the report's "prompts" and "data" sections
+    meta: dict[str, Any]  # added to the checkpoint meta
 
 
 def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
@@ -45,6 +69,7 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     out = Path(cfg.out)
     data_dir, ckpt_dir = out / "data", out / "checkpoints"
     _check_out_dir(cfg, data_dir, ckpt_dir)
+    tokens = None if cfg.data is None else read_token_data(cfg.data)  # before loading the target
 
     llm = LLM(cfg.model, **cfg.engine_options())
     engine = llm.engine
@@ -52,20 +77,20 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     forced = end_of_turn_ids(llm.tokenizer, vocab_size) if llm.tokenizer is not None else []
     forced += sorted(t for t in engine.eos_token_ids if t < vocab_size)
     _check_token_maps(cfg, vocab_size, forced)
-    split = prepare_prompts(llm, cfg, data_dir)
     # EAGLE-3: rows of the head's own LM head; EAGLE-1/2: size of the FR-Spec map (or none).
     n_draft = cfg.draft_vocab
     if cfg.arch == "eagle3":
         n_draft = min(n_draft or DEFAULT_EAGLE3_VOCAB, vocab_size)
     config = head_config(tcfg, cfg.algorithm, n_draft, cfg.intermediate_size)
     aux = aux_layers(config, tcfg, cfg.algorithm)
-    data_stats = build_shards(llm, cfg, split, aux, data_dir)
+    if tokens is None:
+        prep = _recorded_data(llm, cfg, aux, data_dir)
+    else:
+        prep = _online_data(llm, cfg, aux, tokens)
     t_data = time.perf_counter()
 
-    data = load_dataset(data_dir)
-    counts = response_token_counts(data, vocab_size)
-    vocab = choose_draft_vocab(cfg.algorithm, n_draft, counts, forced, out)
-    token_maps = write_token_maps(cfg.token_maps, counts, forced, out)
+    vocab = choose_draft_vocab(cfg.algorithm, n_draft, prep.counts, forced, out)
+    token_maps = write_token_maps(cfg.token_maps, prep.counts, forced, out)
 
     device = engine.device
     ttt = cfg.resolved_ttt_steps(device.type)
@@ -75,26 +100,26 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
         rows = engine.target.lm_head.weight[vocab.draft_to_target.to(device)]
         loss_vocab = Vocab(rows, vocab.t2d.to(device))
     meta = {"arch": cfg.arch, "draft_vocab": n_draft, "lr": cfg.lr, "seed": cfg.seed,
-            **_width_meta(config, tcfg.intermediate_size)}
-    trainer = Trainer(head, _training_data(data, device), cfg, ttt, loss_vocab, ckpt_dir, meta)
+            **_width_meta(config, tcfg.intermediate_size), **prep.meta}
+    trainer = Trainer(head, prep.train, cfg, ttt, loss_vocab, ckpt_dir, meta)
     if cfg.resume:
         trainer.load()
     history = trainer.run()
     if not trainer.finished:
         return {"halted": trainer.step}
     t_train = time.perf_counter()
+    throughput = trainer.throughput.as_dict()
 
     export_head(head, config, out, engine.dtype, vocab.d2t, vocab.t2d)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     dtype = str(engine.dtype).removeprefix("torch.")
-    del trainer, head, loss_vocab, engine, llm
+    del trainer, head, loss_vocab, engine, llm, prep.train
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    eval_prompts, eval_on = _eval_prompts(split, cfg.eval_prompts)
-    tau = measure_tau(cfg, out, eval_prompts, vocab.token_map) if eval_prompts else None
+    tau = measure_tau(cfg, out, prep.eval_prompts, vocab.token_map) if prep.eval_prompts else None
     if tau is not None:
-        tau["prompts_from"] = eval_on
+        tau["prompts_from"] = prep.eval_from
     t_end = time.perf_counter()
 
     try:
@@ -108,15 +133,15 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
         "target": str(cfg.model) if cfg.model is not None else "default (SmolLM2-135M-Instruct)",
         "arch": cfg.arch, "algorithm": cfg.algorithm,
         "device": device_name, "dtype": dtype,
-        "prompts": {"source": split.source, "files": [str(f) for f in cfg.prompts],
-                    "train": len(split.train), "held_back": len(split.eval)},
-        "data": data_stats,
+        **prep.report,
         "draft_vocab": vocab.info,
         "token_maps": token_maps,
         "aux_layer_ids": list(aux),
         "intermediate_size": config["intermediate_size"],
         "training": {"steps": len(history.loss), "epochs": cfg.epochs,
                      "batch_size": cfg.batch_size, "ttt_steps": ttt, "lr": cfg.lr,
+                     "features": "online (per batch)" if cfg.data is not None else "recorded",
+                     "throughput": throughput,
                      "final_loss": history.loss[-1] if history.loss else None,
                      "final_step_acc": history.step_acc[-1] if history.step_acc else None,
                      **history.as_dict()},
@@ -127,6 +152,38 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     }
     write_report(out, report)
     return report
+
+
+def _recorded_data(llm: LLM, cfg: TrainConfig, aux: tuple[int, ...], data_dir: Path) -> Prepared:
+    """Prompts, the target's responses and their features recorded under DIR/data (data.py)."""
+    split = prepare_prompts(llm, cfg, data_dir)
+    data_stats = build_shards(llm, cfg, split, aux, data_dir)
+    data = load_dataset(data_dir)
+    counts = response_token_counts(data, llm.engine.model_config.vocab_size)
+    eval_prompts, eval_from = _eval_prompts(split, cfg.eval_prompts)
+    report = {"prompts": {"source": split.source, "files": [str(f) for f in cfg.prompts],
+                          "train": len(split.train), "held_back": len(split.eval)},
+              "data": data_stats}
+    return Prepared(_training_data(data, llm.engine.device), counts, eval_prompts, eval_from,
+                    report, {})
+
+
+def _online_data(llm: LLM, cfg: TrainConfig, aux: tuple[int, ...], tokens: TokenRecords) -> Prepared:
+    """Token shards whose features the target computes per batch (online.py)."""
+    engine = llm.engine
+    check_token_ids(tokens, engine.model_config.vocab_size, Path(str(cfg.data)))
+    max_len = min(cfg.max_seq_len, engine.max_model_len)
+    split = split_data(cfg, tokens, max_len, llm.tokenizer)
+    counts = response_token_counts(split.train.records, engine.model_config.vocab_size)
+    budget = 16384 if engine.device.type == "cuda" else 4096
+    folder = data_counts(tokens)
+    report = {"prompts": {"source": "data", "eval_prompts_from": split.eval_from,
+                          "eval_prompts_file": None if cfg.eval_prompts_file is None
+                          else str(cfg.eval_prompts_file), "held_back": len(split.eval)},
+              "data": {"folder": str(cfg.data), **folder, "max_seq_len": max_len, **split.stats}}
+    meta = {"data": {**folder, "max_seq_len": max_len, "train_records": split.train.num_records}}
+    return Prepared(OnlineData(engine, split.train, aux, budget), counts, split.eval,
+                    split.eval_from, report, meta)
 
 
 def _plain(v: Any) -> Any:
@@ -150,7 +207,7 @@ def _width_meta(config: dict[str, Any], target_width: int) -> dict[str, int]:
 def _check_out_dir(cfg: TrainConfig, data_dir: Path, ckpt_dir: Path) -> None:
     if cfg.resume:
         return
-    used = [p for p in (data_dir, ckpt_dir) if p.exists()]
+    used = [p for p in ((ckpt_dir,) if cfg.data is not None else (data_dir, ckpt_dir)) if p.exists()]
     if used:
         raise TrainConfigError(
             f"{cfg.out} already holds a training run ({', '.join(p.name for p in used)}/). Fix: pass "

@@ -16,7 +16,8 @@ from hotspec.training.trainer import History
 def measure_tau(cfg: TrainConfig, head_dir: Path, prompts: list[Prompt],
                 token_map: Path | None) -> dict[str, Any]:
     """Greedy decoding of `prompts` with the trained head (chain drafts of eval_num_steps); tau is
-    the mean over prompts of generated tokens per verify pass (RequestStats.tau)."""
+    the mean over prompts of generated tokens per verify pass (RequestStats.tau); the acceptance
+    rate at each draft depth d is P(accept at d | accepted at d - 1) (SpecStats.acceptance_by_depth)."""
     steps = cfg.eval_num_steps
     opts = cfg.engine_options()
     # a batch never holds more than the held-back prompts: capture no larger graphs than that
@@ -28,9 +29,12 @@ def measure_tau(cfg: TrainConfig, head_dir: Path, prompts: list[Prompt],
     outs = llm.generate(prompt_token_ids=[p.ids for p in prompts],
                         sampling_params=SamplingParams(temperature=0.0, max_tokens=cfg.max_new_tokens))
     taus = [o.stats.tau for o in outs]
-    hist = llm.engine.worker.stats.accept_hist  # type: ignore[attr-defined]
+    stats = llm.engine.worker.stats  # type: ignore[attr-defined]
+    hist = stats.accept_hist
     return {"mean": sum(taus) / len(taus), "per_prompt": taus, "num_steps": steps, "topk": 1,
             "accept_hist": {str(k): v for k, v in sorted(hist.items())},
+            "acceptance_by_depth": [{"depth": d, "reached": n, "accepted": k, "rate": k / n}
+                                    for d, n, k in stats.acceptance_by_depth()],
             "generated_tokens": sum(o.stats.generated_tokens for o in outs)}
 
 
