@@ -20,7 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "answered by the target with hotspec's engine, the target's features are recorded, and a "
         "draft head is trained on them. DIR receives config.json + model.safetensors (the public "
         "format: pass DIR as --speculative-draft-model-path), train_report.json (losses, tau) and "
-        "loss.png; DIR/data and DIR/checkpoints let --resume continue an interrupted run.")
+        "loss.png; DIR/data and DIR/checkpoints let --resume continue an interrupted run. With "
+        "--data, the head trains on token shards of conversations instead (`hotspec distill`), "
+        "the target's features computed for each batch on the device.")
     p.add_argument("--model", default=None,
                    help="target model folder or .gguf (default: the built-in model)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
