@@ -12,7 +12,7 @@ import pytest
 from hotspec.config import EngineConfig
 from hotspec.entrypoints.cli import build_parser, main
 
-COMMANDS = ("generate", "serve", "bench", "train-draft", "token-map", "prune-draft")
+COMMANDS = ("generate", "serve", "bench", "distill", "train-draft", "token-map", "prune-draft")
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:

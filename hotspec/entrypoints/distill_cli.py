@@ -51,12 +51,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="conversations per shard, the unit of resumption (default: 512)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="start no new shard after this long (for time-boxed GPU runs; resume later)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the target runs; auto is cuda when available")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="target dtype (auto: bfloat16 on CUDA, else float32)")
     p.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
                    help="requests decoded at once (default: the engine's)")
-    p.add_argument("--kv-cache-memory-gb", type=float, default=None)
+    p.add_argument("--kv-cache-memory-gb", type=float, default=None,
+                   help="KV cache of the engine (default: the engine's)")
     p.add_argument("--seed", type=int, default=0, help="conversation order and sampled prompts")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_distill)
