@@ -274,3 +274,16 @@ def test_online_features_are_the_recorded_ones(data: Path, vanilla: LLM) -> None
     assert block.mask is not None and block.tail is not None
     assert block.mask.tolist() == [bool(m) for r in (3, 0) for m in records.records.record(r)[1]]
     assert block.tail.tolist() == records.tail[[3, 0]].tolist()
+
+
+def test_time_limit_saves_and_stops(root: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--time-limit: the step that passes it is saved and the run stops, for --resume to go on."""
+    out = root / "timed"
+    rc = main(["train-draft", "--data", str(data), "--out", str(out), "--draft-vocab", "256",
+               "--eval-prompts", "2", "--max-seq-len", "64", "--batch-size", "2", "--ttt-steps", "2",
+               "--device", "cpu", "--dtype", "float32", "--kv-cache-memory-gb", "0.01",
+               "--time-limit", "1e-6", "--no-progress"])
+    assert rc == 0 and "stopped at step 1 (--time-limit)" in capsys.readouterr().out
+    assert torch.load(out / "checkpoints" / "last.pt", weights_only=True)["step"] == 1
+    with pytest.raises(TrainConfigError, match="--time-limit must be > 0"):
+        _config(out, data, time_limit=0)

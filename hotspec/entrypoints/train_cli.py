@@ -86,6 +86,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="seed of prompt sampling, the head's initialisation and shuffling (default: 0)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in DIR (its data shards and last checkpoint)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="after this many seconds of training, save the checkpoint and stop; "
+                   "--resume continues (time-boxed GPU runs)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train_draft)
 
@@ -108,7 +111,7 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         max_seq_len=args.max_seq_len, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         ttt_steps=args.ttt_steps, warmup_ratio=args.warmup_ratio, save_every=args.save_every,
         device=args.device, dtype=args.dtype, seed=args.seed, resume=args.resume,
-        progress=not args.no_progress, engine_kwargs=engine_kwargs,
+        time_limit=args.time_limit, progress=not args.no_progress, engine_kwargs=engine_kwargs,
         command=_command(args))
     try:
         report = run_train_draft(cfg)
@@ -116,6 +119,10 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         raise
     except (OSError, ValueError) as e:  # unreadable prompt files, no usable prompt, ...
         raise HotspecError(str(e)) from e
+    if "halted" in report:
+        print(f"stopped at step {report['halted']} (--time-limit); the same command with --resume "
+              f"continues it -> {args.out}")
+        return
     tau = report.get("tau")
     tau_text = f", tau {tau['mean']:.2f} on {len(tau['per_prompt'])} prompts" if tau else ""
     t = report["training"]

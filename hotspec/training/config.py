@@ -63,6 +63,9 @@ class TrainConfig:
     # Stop after this many optimizer steps as if interrupted (the schedule still spans all epochs);
     # tests use it to exercise --resume.
     halt_after: int | None = None
+    # Seconds of training after which the run saves its checkpoint and stops, to be continued with
+    # --resume (time-boxed GPU runs).
+    time_limit: float | None = None
     max_num_seqs: int | None = None  # data and evaluation engines; None: the engine's default
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra EngineConfig fields
     command: str = ""  # the command line, for the report
@@ -94,6 +97,8 @@ class TrainConfig:
             raise TrainConfigError(f"--token-maps sizes must be >= 1, got {list(self.token_maps)}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise TrainConfigError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise TrainConfigError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
         if self.ttt_steps is not None and self.ttt_steps < 1:
             raise TrainConfigError(f"--ttt-steps must be >= 1, got {self.ttt_steps}")
         if not self.lr > 0:

@@ -175,7 +175,8 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> History:
-        """Train until the last step (or `halt_after`), saving checkpoints on the way."""
+        """Train until the last step (or `halt_after` steps, or `time_limit` seconds), saving
+        checkpoints on the way and at a halt."""
         cfg = self.cfg
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not cfg.progress)
@@ -198,7 +199,8 @@ class Trainer:
             self.history.lr.append(lr)
             bar.update(1)
             bar.set_postfix(loss=f"{stats[0]:.4f}", acc0=f"{stats[1 + k]:.3f}")
-            halting = cfg.halt_after is not None and self.step >= cfg.halt_after
+            halting = ((cfg.halt_after is not None and self.step >= cfg.halt_after)
+                       or (cfg.time_limit is not None and tp.seconds >= cfg.time_limit))
             if self.step % cfg.save_every == 0 or self.step == self.total_steps or halting:
                 self.save()
             if halting:
