@@ -20,6 +20,12 @@
 #            and 20,000 self-written prompts, 1,024-token greedy answers, for DISTILL_SECONDS (420)
 #            a call; the run resumes in /root/distill while the machine stays warm, and every call
 #            returns the whole folder as $OUT/distill.tar.partNN (15 MB pieces: `cat` them, untar)
+#   train_data  `hotspec train-draft --data` on the distilled shards (/root/distill, or carried
+#            .data/distill.tar.part*): EAGLE-3, 8,192-token draft vocabulary, TRAIN_EPOCHS (2)
+#            passes, for TRAIN_SECONDS (420) a call; a halted run resumes from /root/head (or a
+#            carried .data/head.tar.part*) and comes back as $OUT/head.tar.partNN, the finished head
+#            as $OUT/head.tar (its report inside)
+#   sweep_head  `sweep` at batch 32 of the shipped head beside /root/head (3/1/4 and 4/8/12)
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .whl/     the gguf wheel the GPU image lacks: `python3 -m pip download --no-deps -d .whl gguf`
@@ -111,8 +117,29 @@ for stage in "$@"; do
           --time-limit "$ds" --no-progress
         tar -C /root -cf - distill | split -b 15M -d - "$OUT/distill.tar.part"
         ls -la "$OUT"/distill.tar.part* | tee -a "$OUT/summary.txt"; } ;;
+    train_data) need_gguf train_data && {
+        ts=${TRAIN_SECONDS:-420}
+        [ -d /root/distill ] || cat .data/distill.tar.part* | tar -x -C /root
+        if [ ! -d /root/head ] && ls .data/head.tar.part* >/dev/null 2>&1; then
+          cat .data/head.tar.part* | tar -x -C /root
+        fi
+        resume=""; [ -d /root/head/checkpoints ] && resume="--resume"
+        step train $((ts + 240)) python3 -m hotspec train-draft --data /root/distill --out /root/head \
+          --arch eagle3 --draft-vocab 8192 --epochs "${TRAIN_EPOCHS:-2}" --batch-size 32 --lr 3e-4 \
+          --warmup-ratio 0.02 --max-seq-len 2048 --eval-prompts 16 --save-every 500 \
+          --device cuda --time-limit "$ts" --no-progress $resume
+        if [ -f /root/head/model.safetensors ]; then
+          tar -C /root -cf "$OUT/head.tar" --exclude=checkpoints head
+        else
+          tar -C /root -cf - head | split -b 15M -d - "$OUT/head.tar.part"
+        fi
+        ls -la "$OUT"/head.tar* | tee -a "$OUT/summary.txt"; } ;;
+    sweep_head) need_gguf sweep_head && step sweep_head 400 python3 benchmarks/spec_sweep.py \
+        --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl --num-prompts 128 \
+        --max-tokens 256 --batch-size 32 --variants 3/1/4 4/8/12 3/1/4:draft=/root/head \
+        4/8/12:draft=/root/head --out "$OUT/sweep_head" ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data sweep_head stash)" >&2; exit 2 ;;
   esac
 done
 
