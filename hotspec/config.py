@@ -92,6 +92,15 @@ class EngineConfig:
     speculative_num_draft_tokens: int | None = _option(
         None, "tokens verified per step: the root plus the best drafted nodes; unset: num_steps + "
         "1 for a chain, else min(8, tree size + 1)")
+    speculative_adaptive: bool = _option(
+        False, "choose the speculation shape before every step among --speculative-candidates, "
+        "the one with the most expected tokens per second: acceptance per draft depth measured "
+        "from verify results, step times measured as the steps run; the shape given by "
+        "--speculative-num-steps/-eagle-topk/-num-draft-tokens is one of them")
+    speculative_candidates: tuple[str, ...] = _option(
+        ("2/1/3", "3/1/4", "5/1/6", "4/8/12", "6/8/16"), "the shapes --speculative-adaptive "
+        "chooses from, STEPS/TOPK/TOKENS each (e.g. 3/1/4 a chain, 4/8/12 a tree); each is "
+        "captured as its own step graphs")
     speculative_token_map: str | None = _option(
         None, "FR-Spec token map (torch.save list of ids, e.g. from `hotspec token-map`): the draft "
         "head proposes only these tokens, a smaller LM head for large vocabularies")
@@ -132,6 +141,18 @@ class EngineConfig:
             return
         if algo not in SPEC_ALGORITHMS:
             raise ConfigError(f"speculative_algorithm={algo!r}; choose one of {SPEC_ALGORITHMS}")
+        if self.speculative_adaptive:
+            if not self.fuse_spec_step:
+                raise ConfigError("speculative_adaptive runs each shape as a fused step graph: drop "
+                                  "--no-fuse-spec-step")
+            from hotspec.speculative.adaptive import SpecShape
+
+            for c in self.speculative_candidates:
+                try:
+                    if SpecShape.parse(c).off:
+                        raise ValueError(f"a speculation shape is STEPS/TOPK/TOKENS, got {c!r}")
+                except ValueError as e:
+                    raise ConfigError(f"speculative_candidates: {e}") from None
         steps, topk, ntok = self.spec_shape
         if steps < 1:
             raise ConfigError(f"speculative_num_steps must be >= 1, got {steps}")

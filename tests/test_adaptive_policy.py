@@ -100,11 +100,17 @@ def test_probe_runs_the_runner_up_every_n_steps():
     assert {c.shape for c in picks if c.probe} == {OFF}
 
 
-def test_costs_need_a_captured_size_and_a_candidate():
+def test_unmeasured_shapes_run_first_and_buckets():
+    """A candidate without a cost at a batch size is run (probed) before any estimate is
+    trusted; a batch past the largest captured size counts as the largest."""
     costs = StepCosts([1, 8])
-    with pytest.raises(ValueError, match="over the largest captured size 8"):
-        costs.bucket(9)
-    with pytest.raises(ValueError, match="no candidate shape has a step cost"):
-        AdaptivePolicy([CHAIN3], costs).choose(1)
+    assert costs.bucket(3) == 8 and costs.bucket(9) == 8
+    policy = AdaptivePolicy([OFF, CHAIN3], costs, _profile(CHAIN3, [3]), probe_every=0)
+    first = policy.choose(1)
+    assert first.probe and first.shape == OFF
+    policy.observe(OFF, 1, 1.0, [])
+    assert policy.choose(1).shape == CHAIN3 and policy.choose(1).probe
+    policy.observe(CHAIN3, 1, 1.5, [3])
+    assert policy.choose(1).shape == CHAIN3 and not policy.choose(1).probe
     with pytest.raises(ValueError, match="at least one candidate"):
         AdaptivePolicy([], costs)

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -162,7 +162,7 @@ class EngineBuilder:
                 ModelRunner(draft, draft_pool, backend), self.graphs, self.block_size, self.device,
                 steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases,
                 fuse_step=self.cfg.fuse_spec_step, overlap=self._overlap(),
-                max_rows=self.cfg.max_num_seqs)
+                max_rows=self.cfg.max_num_seqs, **self._adaptive())
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
             log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())
@@ -184,6 +184,18 @@ class EngineBuilder:
             return self.cfg.overlap_schedule
         return self.graphs.mode == "cuda" and (self.cfg.speculative_algorithm is None
                                                or self.cfg.fuse_spec_step)
+
+    def _adaptive(self) -> dict[str, Any]:
+        """EagleWorker's extra shapes and policy under --speculative-adaptive."""
+        if not self.cfg.speculative_adaptive:
+            return {}
+        from hotspec.speculative.adaptive import AdaptivePolicy, SpecShape, StepCosts
+
+        pinned = SpecShape(*self.cfg.spec_shape)
+        shapes = list(dict.fromkeys([pinned, *map(SpecShape.parse, self.cfg.speculative_candidates)]))
+        policy = AdaptivePolicy(shapes, StepCosts(self.graphs.batch_sizes))
+        return {"extra_shapes": tuple((s.num_steps, s.topk, s.num_draft_tokens) for s in shapes[1:]),
+                "policy": policy}
 
     def _load_draft(self) -> DraftHead:
         from hotspec.models.draft_loader import load_draft_head

@@ -12,7 +12,8 @@ Counts decay with a half-life in steps, so the profile follows the traffic. t(s,
 time measured at start-up (graph replays at each captured batch size) and kept current by the
 steps that run. Plain decode ("off") commits exactly one token a step.
 
-A shape not run for a while is re-measured: every `probe_every` steps the runner-up runs for one
+Each candidate runs once at each batch-size bucket before any is chosen (its first cost). A
+shape not run for a while is re-measured: every `probe_every` steps the runner-up runs for one
 step, so a profile that went stale (the traffic drifted) can win back.
 """
 
@@ -152,10 +153,10 @@ class StepCosts:
         self.ms: dict[tuple[SpecShape, int], float] = {}
 
     def bucket(self, bs: int) -> int:
+        """The captured size a batch of `bs` runs at (past the largest: the largest, where it
+        runs eagerly and costs about as much per row)."""
         i = bisect.bisect_left(self.sizes, bs)
-        if i == len(self.sizes):
-            raise ValueError(f"batch {bs} is over the largest captured size {self.sizes[-1]}")
-        return self.sizes[i]
+        return self.sizes[min(i, len(self.sizes) - 1)]
 
     def seed(self, shape: SpecShape, bs: int, ms: float) -> None:
         self.ms[(shape, self.bucket(bs))] = ms
@@ -201,8 +202,10 @@ class AdaptivePolicy:
 
     def choose(self, bs: int) -> Choice:
         est = self.estimates(bs)
-        if not est:
-            raise ValueError(f"no candidate shape has a step cost at batch {bs}")
+        unmeasured = [s for s in self.candidates if s not in est]
+        if unmeasured:  # every candidate runs once at each batch size before any is chosen
+            self.chosen[self.costs.bucket(bs)] = unmeasured[0].label
+            return Choice(unmeasured[0], {s.label: v for s, v in est.items()}, probe=True)
         ranked = sorted(est, key=lambda s: (-est[s], s))
         self.steps += 1
         pick, probe = ranked[0], False

@@ -1,9 +1,10 @@
 """The speculative phases' inputs and outputs, with the static shapes each input declares.
 
-B is the batch, K = topk, N = num_draft_tokens, W = num_steps + 1 (the accepted path's largest
-length: root, drafts, no bonus), H the draft head's hidden size, F the target feature it reads
-(EAGLE-3: three target layers concatenated, 3 x target hidden). Padding rows (what `example`
-builds) use the null block 0 and length 1, so they write nowhere that matters.
+B is the batch, K = topk (the draft state's: SpecShapes.state_k), N = num_draft_tokens, W =
+num_steps + 1 (the accepted path's largest length: root, drafts, no bonus), H the draft head's
+hidden size, F the target feature it reads (EAGLE-3: three target layers concatenated, 3 x target
+hidden). Padding rows (what `example` builds) use the null block 0 and length 1, so they write
+nowhere that matters.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ class SpecShapes:
     target_feature: int  # F: draft_head.target_feature_size
     dtype: torch.dtype  # activations (hidden states, features)
     device: torch.device
+    # K of the draft state a step leaves (the depth-1 candidates): the largest topk of every shape
+    # the worker runs, so any of them can take the next step; 0: this shape's topk
+    state_topk: int = 0
+
+    @property
+    def state_k(self) -> int:
+        return self.state_topk or self.topk
 
     @property
     def width(self) -> int:
@@ -65,8 +73,8 @@ class DraftIn(Rows, DraftState):
     @classmethod
     def example(cls, s: SpecShapes, bs: int) -> DraftIn:
         return cls(seq=s._long(bs, fill=1), tables=s._tables(bs), root=s._long(bs),
-                   topk_logp=torch.full((bs, s.topk), MAX_LOGP, device=s.device),
-                   topk_ids=s._long(bs, s.topk),
+                   topk_logp=torch.full((bs, s.state_k), MAX_LOGP, device=s.device),
+                   topk_ids=s._long(bs, s.state_k),
                    feature=torch.zeros(bs, s.draft_hidden, device=s.device, dtype=s.dtype))
 
 

@@ -62,7 +62,7 @@ class EaglePhases:
         self.target, self.draft = target, draft
         self.target_runner, self.draft_runner = target_runner, draft_runner
         self.block_size, self.shapes, self.carry = block_size, shapes, carry
-        self.num_steps, self.topk = shapes.num_steps, shapes.topk
+        self.num_steps, self.topk, self.state_k = shapes.num_steps, shapes.topk, shapes.state_k
         self.num_draft_tokens, self.width = shapes.num_draft_tokens, shapes.width
         self.scratch = self.topk * (self.num_steps - 1)  # draft-tree KV slots per request
         self.reserve = max(self.num_draft_tokens, self.scratch, self.width)
@@ -92,8 +92,11 @@ class EaglePhases:
         root, seq, tables = x.root, x.seq, x.tables
         b, k, n_fw = root.shape[0], self.topk, self.num_steps - 1
         dev = root.device
-        scores, tokens = [x.topk_logp], [x.topk_ids]
-        f_score, f_tok = x.topk_logp, x.topk_ids
+        # the state holds the best state_k >= k candidates, best first: this shape takes k
+        top_logp, top_ids = (x.topk_logp, x.topk_ids) if self.state_k == k else (
+            x.topk_logp[:, :k], x.topk_ids[:, :k])
+        scores, tokens = [top_logp], [top_ids]
+        f_score, f_tok = top_logp, top_ids
         f_global = self.node_ids.expand(b, k)
         f_globals: list[torch.Tensor] = []  # each step's frontier: the parents of its k*k children
         f_feat = x.feature.unsqueeze(1).expand(b, k, -1).reshape(b * k, -1)
@@ -187,7 +190,7 @@ class EaglePhases:
             q_lens=a, kv_lens=kv_lens, block_tables=tables, width=w, max_q=w, max_kv=self.max_kv,
             hidden_in=x.acc_feature.reshape(b * w, -1))
         h_logits, h_feat = self.draft_runner.forward(fb)
-        logp, ids, logits = self.draft_topk(h_logits[last], self.topk)
+        logp, ids, logits = self.draft_topk(h_logits[last], self.state_k)
         return ExtendOut(topk_logp=logp, topk_ids=ids, feature=h_feat[last], logits=logits)
 
     def step(self, x: StepIn) -> StepOut:

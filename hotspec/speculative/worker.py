@@ -19,6 +19,7 @@ are reserved for the largest advance.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, 
 from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.phase_io import sampling_fields
+from hotspec.speculative.adaptive import AdaptivePolicy, SpecShape
 from hotspec.speculative.io import (
     Accepted,
     DraftIn,
@@ -76,9 +78,13 @@ class EagleWorker:
                  draft_runner: ModelRunner, graphs: GraphRunner, block_size: int,
                  device: torch.device, num_steps: int, topk: int, num_draft_tokens: int,
                  max_blocks_per_seq: int, profile: bool = False, fuse_step: bool = False,
-                 overlap: bool = False, max_rows: int = 1) -> None:
+                 overlap: bool = False, max_rows: int = 1,
+                 extra_shapes: tuple[tuple[int, int, int], ...] = (),
+                 policy: AdaptivePolicy | None = None) -> None:
         if overlap and not fuse_step:
             raise ValueError("the overlap schedule launches the fused step graph: needs fuse_step")
+        if extra_shapes and not fuse_step:
+            raise ValueError("several step shapes run as fused step graphs: needs fuse_step")
         self.target, self.draft, self.graphs, self.device = target, draft, graphs, device
         self.block_size = block_size
         self.profile = profile
@@ -89,12 +95,27 @@ class EagleWorker:
             rows = max(max_rows, graphs.max_bs)
             carry = {k: torch.zeros(rows, dtype=torch.long, device=device)
                      for k in ("seq", "root", "offsets")}
-        shapes = SpecShapes(num_steps, topk, num_draft_tokens, max_blocks_per_seq, draft.hidden_size,
-                            draft.target_feature_size, target.lm_head.weight.dtype, device)
-        self.phases = EaglePhases(target, draft, target_runner, draft_runner, block_size, shapes, carry)
-        self.topk, self.width = topk, shapes.width
-        self.reserve = self.phases.reserve  # KV slots a step writes beyond seq_len
-        self.max_advance = self.width  # a step commits at most num_steps + 1 tokens
+        # Every shape's phases, over the same KV, carry and draft state: the state holds the
+        # largest topk's candidates, so any shape can take the step after any other.
+        primary = (num_steps, topk, num_draft_tokens)
+        self.shapes = list(dict.fromkeys([primary, *extra_shapes]))
+        state_k = max(k for _, k, _ in self.shapes)
+        self.phases_of: dict[tuple[int, int, int], EaglePhases] = {}
+        for steps_, topk_, ntok_ in self.shapes:
+            shapes = SpecShapes(steps_, topk_, ntok_, max_blocks_per_seq, draft.hidden_size,
+                                draft.target_feature_size, target.lm_head.weight.dtype, device,
+                                state_topk=state_k)
+            self.phases_of[(steps_, topk_, ntok_)] = EaglePhases(
+                target, draft, target_runner, draft_runner, block_size, shapes, carry)
+        self.phases = self.phases_of[primary]
+        self.shape = primary  # the shape the next step runs (the policy's choice, when there is one)
+        self.policy = policy
+        self._launched: deque[tuple[tuple[int, int, int], float]] = deque()  # shape, launch time
+        self._last_read = 0.0  # when the host last read a step
+        self.topk, self.width = topk, self.phases.width
+        # KV slots a step writes beyond seq_len, and its largest advance, over every shape
+        self.reserve = max(p.reserve for p in self.phases_of.values())
+        self.max_advance = max(p.width for p in self.phases_of.values())
         self.launches = Launches()
         self.stats = SpecStats()
         # the last step's per-request states and the batch tensors they are rows of
@@ -102,18 +123,26 @@ class EagleWorker:
         self.restacks = 0  # steps that had to stack the states (the batch changed)
         ids = draft.to_target_ids(torch.arange(draft.draft_vocab_size, device=device))
         self.draft_vocab: frozenset[int] = frozenset(ids.tolist())  # host-side, for statistics
-        self._register(shapes, carried=carry is not None)
+        self.step_graphs: dict[tuple[int, int, int], tuple[PhaseGraph[StepIn, StepOut], ...]] = {}
+        for shape in self.shapes:
+            self._register(shape, carried=carry is not None)
 
-    def _register(self, s: SpecShapes, carried: bool) -> None:
-        """The graphs that run: the fused step's, and the phases' when the step runs as phases
-        or they are profiled (the phase benchmarks replay both)."""
-        p, g = self.phases, self.graphs
+    def _register(self, shape: tuple[int, int, int], carried: bool) -> None:
+        """The graphs that run: each shape's fused step (the first shape's named `step`, the
+        others `step@S/K/N`), and the first shape's phases when the step runs as phases or they
+        are profiled (the phase benchmarks replay both)."""
+        p, g = self.phases_of[shape], self.graphs
+        s = p.shapes
+        tag = "" if shape == self.shapes[0] else "@{}/{}/{}".format(*shape)
         if self.fuse_step:
-            self.step_graph = g.register("step", p.step, lambda bs: StepIn.example(s, bs, carried=carried),
-                                         StepOut, device_inputs=_STATE, publish=("emitted",))
-            self.step_sample_graph = g.register(
-                "step[sample]", p.step, lambda bs: StepIn.example(s, bs, sampled=True, carried=carried),
-                StepOut, device_inputs=_STATE, publish=("emitted",))
+            self.step_graphs[shape] = (
+                g.register("step" + tag, p.step, lambda bs: StepIn.example(s, bs, carried=carried),
+                           StepOut, device_inputs=_STATE, publish=("emitted",)),
+                g.register("step[sample]" + tag, p.step,
+                           lambda bs: StepIn.example(s, bs, sampled=True, carried=carried),
+                           StepOut, device_inputs=_STATE, publish=("emitted",)))
+        if tag:
+            return
         self.phase_graphs: _PhaseGraphs | None = None
         if not self.fuse_step or self.profile:
             tree = ("tokens", "parents", "depth", "mask")
@@ -127,6 +156,10 @@ class EagleWorker:
                            device_inputs=tree),
                 g.register("draft_extend", p.draft_extend, lambda bs: ExtendIn.example(s, bs),
                            ExtendOut, device_inputs=("acc_tokens", "accept_len", "bonus", "acc_feature")))
+
+    @property
+    def step_graph(self) -> PhaseGraph[StepIn, StepOut]:
+        return self.step_graphs[self.shapes[0]][0]
 
     def _timed(self, phase: str, t0: float) -> float:
         self.stats.phase_calls[phase] += 1
@@ -162,7 +195,7 @@ class EagleWorker:
         dfb = prefill_batch(reqs, shifted, self.block_size, self.device)
         dfb.hidden_in = p.feature(hidden, aux)
         h_logits, h_feat = p.draft_runner.forward(dfb)
-        logp, ids, _ = p.draft_topk(h_logits[last], self.topk)
+        logp, ids, _ = p.draft_topk(h_logits[last], p.state_k)
         for i, (r, t) in enumerate(zip(reqs, tokens)):
             r.seq_len += len(t)
             if final[i]:
@@ -192,8 +225,8 @@ class EagleWorker:
             raise RuntimeError("a speculative step was launched before the last one was read; "
                                "that needs the overlap schedule")
         if self.graphs.mode == "eager":
-            self.phases.max_kv = max(r.seq_len + a * self.max_advance
-                                     for r, a in zip(reqs, ahead)) + self.reserve
+            self.phases_of[self.shape].max_kv = max(r.seq_len + a * self.max_advance
+                                                    for r, a in zip(reqs, ahead)) + self.reserve
         # The same requests in the same order as the last step, holding the states it set: its
         # batch tensors serve as they are (no stack kernels).
         states, last = [r.spec_state for r in reqs], self._last_states
@@ -215,9 +248,15 @@ class EagleWorker:
         """Enqueue the fused step for `reqs`; no host sync. Each request's draft state becomes its
         row of this step's outputs at once (they stay on the device)."""
         t0 = time.perf_counter()
+        if self.policy is not None:
+            c = self.policy.choose(len(reqs)).shape
+            self.shape = (c.num_steps, c.topk, c.num_draft_tokens)
+        while len(self._launched) > len(self.launches):  # the engine dropped failed launches
+            self._launched.popleft()
+        self._launched.append((self.shape, t0))
         greedy = all(r.params.temperature == 0 for r in reqs)
         x = self._inputs(reqs, src=self.overlap, sampled=not greedy)
-        graph = self.step_graph if greedy else self.step_sample_graph
+        graph = self.step_graphs[self.shape][0 if greedy else 1]
         # (borrowed from the graph: HostCopy copies it out before the next launch)
         out = graph.run(x, borrow=("emitted",))
         self._set_states(reqs, out)
@@ -228,7 +267,14 @@ class EagleWorker:
         """The oldest launched step's requests and emitted tokens: the one host sync of a step.
         Requests that finished since (a stop in the step before, an abort) are not counted."""
         reqs, emitted = self.launches.pop()
-        return reqs, self._account(reqs, emitted.tolist())
+        rows = emitted.tolist()
+        shape, t_launch = self._launched.popleft()
+        now = time.perf_counter()
+        if self.policy is not None:  # the step's time: since its launch, or since the last read
+            ms = (now - max(t_launch, self._last_read)) * 1e3
+            self.policy.observe(SpecShape(*shape), len(reqs), ms, [row[0] - 1 for row in rows])
+        self._last_read = now
+        return reqs, self._account(reqs, rows)
 
     def _account(self, reqs: list[Request], rows: list[list[int]]) -> list[list[int]]:
         emitted: list[list[int]] = []
@@ -251,6 +297,8 @@ class EagleWorker:
     def _phases_step(self, reqs: list[Request]) -> list[list[int]]:
         """The step as three phase graphs (--no-fuse-spec-step, or phases profiled)."""
         g = self.phase_graphs
+        if self.shape != self.shapes[0]:
+            raise RuntimeError(f"the phase graphs run the first shape {self.shapes[0]}, not {self.shape}")
         if g is None:
             raise RuntimeError("the phase graphs were not built: construct the engine with "
                                "profile_phases (or without fuse_spec_step) to run phases one by one")

@@ -1,0 +1,92 @@
+"""--speculative-adaptive: the engine switches speculation shapes between steps and stays lossless
+(float32, CPU: token for token the target's own greedy output)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hotspec import LLM, SamplingParams
+from hotspec.config import ConfigError, EngineConfig
+from hotspec.models.default_model import default_model_path
+from hotspec.models.draft_checkpoint import random_draft_checkpoint
+from hotspec.models.loader import load_checkpoint
+from hotspec.speculative.adaptive import AdaptivePolicy, Choice, SpecShape
+
+PROMPTS = ["The capital of France is", "def quicksort(arr):", "List three colours:",
+           "Write a haiku about the sea.", "In 1969, the first humans landed on"]
+MAX_TOKENS = 16
+CANDIDATES = ("2/1/3", "3/1/4", "4/8/12", "3/4/8")
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    cfg, _ = load_checkpoint(default_model_path(), torch.float32)
+    return random_draft_checkpoint(tmp_path_factory.mktemp("head") / "e3", cfg, "EAGLE3", seed=1)
+
+
+@pytest.fixture(scope="module")
+def adaptive_llm(head):
+    return LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE3",
+               speculative_draft_model_path=str(head), speculative_adaptive=True,
+               speculative_candidates=CANDIDATES)
+
+
+class RandomShapes(AdaptivePolicy):
+    """A shape drawn at random before every step: switches as often as possible."""
+
+    def __init__(self, shapes: list[SpecShape], seed: int) -> None:
+        super().__init__(shapes, costs=None)  # type: ignore[arg-type]
+        self.rng = random.Random(seed)
+        self.picked: list[str] = []
+
+    def choose(self, bs: int) -> Choice:
+        s = self.rng.choice(self.candidates)
+        self.picked.append(s.label)
+        return Choice(s, {})
+
+    def observe(self, shape: SpecShape, bs: int, ms: float, accept_lens: list[int]) -> None:
+        pass
+
+
+def test_switching_shapes_every_step_is_lossless(adaptive_llm, smol_llm):
+    worker = adaptive_llm.engine.worker
+    assert [SpecShape(*s).label for s in worker.shapes] == ["3/1/4", "2/1/3", "4/8/12", "3/4/8"]
+    p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    want = [o.token_ids for o in smol_llm.generate(PROMPTS, p)]
+    policy, worker.policy = worker.policy, RandomShapes([SpecShape.parse(c) for c in CANDIDATES], 0)
+    try:
+        for bs in (1, 3, 5):
+            outs = adaptive_llm.generate(PROMPTS[:bs], p)
+            assert [o.token_ids for o in outs] == want[:bs], bs
+        assert len(set(worker.policy.picked)) == len(CANDIDATES)
+    finally:
+        worker.policy = policy
+
+
+def test_the_policy_measures_and_chooses(adaptive_llm, smol_llm):
+    """The real policy: every candidate runs at each batch size first, then the choices follow
+    the estimates; outputs stay the target's."""
+    worker = adaptive_llm.engine.worker
+    p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    want = [o.token_ids for o in smol_llm.generate(PROMPTS, p)]
+    outs = adaptive_llm.generate(PROMPTS, p)
+    assert [o.token_ids for o in outs] == want
+    policy = worker.policy
+    assert set(policy.chosen) and all(c in {*CANDIDATES} for c in policy.chosen.values())
+    measured = {s.label for (s, _) in policy.costs.ms}
+    assert measured == set(CANDIDATES)
+    assert policy.profile.weight(SpecShape.parse("3/1/4")) > 0
+
+
+def test_candidates_are_checked():
+    with pytest.raises(ConfigError, match="speculative_candidates: a speculation shape is"):
+        EngineConfig(speculative_algorithm="EAGLE3", speculative_adaptive=True,
+                     speculative_candidates=("3-1-4",))
+    with pytest.raises(ConfigError, match="a chain"):
+        EngineConfig(speculative_algorithm="EAGLE3", speculative_adaptive=True,
+                     speculative_candidates=("3/1/5",))
+    with pytest.raises(ConfigError, match="fused step"):
+        EngineConfig(speculative_algorithm="EAGLE3", speculative_adaptive=True, fuse_spec_step=False)
