@@ -98,9 +98,10 @@ class EngineConfig:
         "from verify results, step times measured as the steps run; the shape given by "
         "--speculative-num-steps/-eagle-topk/-num-draft-tokens is one of them")
     speculative_candidates: tuple[str, ...] = _option(
-        ("2/1/3", "3/1/4", "5/1/6", "4/8/12", "6/8/16"), "the shapes --speculative-adaptive "
-        "chooses from, STEPS/TOPK/TOKENS each (e.g. 3/1/4 a chain, 4/8/12 a tree); each is "
-        "captured as its own step graphs")
+        ("off", "2/1/3", "3/1/4", "5/1/6", "4/8/12", "6/8/16"), "the shapes --speculative-adaptive "
+        "chooses from: STEPS/TOPK/TOKENS each (e.g. 3/1/4 a chain, 4/8/12 a tree), each captured "
+        "as its own step graphs, and `off`, plain decoding (the draft catches up on its tokens "
+        "before the next speculative step)")
     speculative_token_map: str | None = _option(
         None, "FR-Spec token map (torch.save list of ids, e.g. from `hotspec token-map`): the draft "
         "head proposes only these tokens, a smaller LM head for large vocabularies")
@@ -149,8 +150,7 @@ class EngineConfig:
 
             for c in self.speculative_candidates:
                 try:
-                    if SpecShape.parse(c).off:
-                        raise ValueError(f"a speculation shape is STEPS/TOPK/TOKENS, got {c!r}")
+                    SpecShape.parse(c)
                 except ValueError as e:
                     raise ConfigError(f"speculative_candidates: {e}") from None
         steps, topk, ntok = self.spec_shape

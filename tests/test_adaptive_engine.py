@@ -18,7 +18,7 @@ from hotspec.speculative.adaptive import AdaptivePolicy, Choice, SpecShape
 PROMPTS = ["The capital of France is", "def quicksort(arr):", "List three colours:",
            "Write a haiku about the sea.", "In 1969, the first humans landed on"]
 MAX_TOKENS = 16
-CANDIDATES = ("2/1/3", "3/1/4", "4/8/12", "3/4/8")
+CANDIDATES = ("off", "2/1/3", "3/1/4", "4/8/12", "3/4/8")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ class RandomShapes(AdaptivePolicy):
 
 def test_switching_shapes_every_step_is_lossless(adaptive_llm, smol_llm):
     worker = adaptive_llm.engine.worker
-    assert [SpecShape(*s).label for s in worker.shapes] == ["3/1/4", "2/1/3", "4/8/12", "3/4/8"]
+    assert [SpecShape(*s).label for s in worker.shapes] == ["3/1/4", "off", "2/1/3", "4/8/12", "3/4/8"]
     p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     want = [o.token_ids for o in smol_llm.generate(PROMPTS, p)]
     policy, worker.policy = worker.policy, RandomShapes([SpecShape.parse(c) for c in CANDIDATES], 0)
@@ -79,6 +79,54 @@ def test_the_policy_measures_and_chooses(adaptive_llm, smol_llm):
     measured = {s.label for (s, _) in policy.costs.ms}
     assert measured == set(CANDIDATES)
     assert policy.profile.weight(SpecShape.parse("3/1/4")) > 0
+
+
+class Cycle(RandomShapes):
+    """`off` for `n_off` steps, then one step of `shape`, over and over."""
+
+    def __init__(self, shape: str, n_off: int) -> None:
+        super().__init__([SpecShape.parse("off"), SpecShape.parse(shape)], 0)
+        self.cycle = [SpecShape.parse("off")] * n_off + [SpecShape.parse(shape)]
+
+    def choose(self, bs: int) -> Choice:
+        s = self.cycle[len(self.picked) % len(self.cycle)]
+        self.picked.append(s.label)
+        return Choice(s, {})
+
+
+def _accept_rate(worker) -> float:
+    hist = worker.stats.accept_hist
+    steps = sum(hist.values())
+    return sum((a - 1) * n for a, n in hist.items()) / steps / 3 if steps else 0.0
+
+
+def test_the_draft_catches_up_after_plain_decode_steps(smol_llm):
+    """With the shipped head: a 3/1/4 step after plain decode steps (the draft caught up on
+    their tokens, once by the bound of MAX_PENDING steps while still off) accepts about as
+    often as 3/1/4 steps back to back; outputs stay the target's."""
+    from hotspec.speculative import worker as worker_mod
+
+    llm = LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE3",
+              speculative_adaptive=True, speculative_candidates=("off", "3/1/4"))
+    worker = llm.engine.worker
+    p = SamplingParams(temperature=0.0, max_tokens=48)
+    want = [o.token_ids for o in smol_llm.generate(PROMPTS[:2], p)]
+    worker.policy = Cycle("3/1/4", 0)
+    assert [o.token_ids for o in llm.generate(PROMPTS[:2], p)] == want
+    steady = _accept_rate(worker)
+    worker.stats.accept_hist.clear()
+    worker.policy = Cycle("3/1/4", 3)
+    assert [o.token_ids for o in llm.generate(PROMPTS[:2], p)] == want
+    after_off = _accept_rate(worker)
+    assert steady > 0.2 and after_off > 0.6 * steady, (steady, after_off)
+    old, worker_mod.MAX_PENDING = worker_mod.MAX_PENDING, 4
+    try:
+        worker.policy = Cycle("3/1/4", 10)
+        calls = worker.stats.phase_calls["catch_up"]
+        assert [o.token_ids for o in llm.generate(PROMPTS[:2], p)] == want
+        assert worker.stats.phase_calls["catch_up"] - calls > 2
+    finally:
+        worker_mod.MAX_PENDING = old
 
 
 def test_candidates_are_checked():

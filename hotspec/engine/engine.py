@@ -189,8 +189,12 @@ class Engine:
         worker = self.worker
         reqs = [r for r in self.running if not self._finishes_by_then(r)]
         outs: list[StepOutput] = []
-        if not self._grow(reqs):  # out of blocks: preemption needs every step read first
+        drains = getattr(worker, "drains_before", None)  # (the adaptive speculative worker)
+        if reqs and drains is not None and drains(len(reqs)):
             outs = self._drain()
+            reqs = [r for r in self.running if not self._finishes_by_then(r)]
+        if not self._grow(reqs):  # out of blocks: preemption needs every step read first
+            outs += self._drain()
             reqs = self._reserve_step_slots()
         launched = set(reqs)
         self.in_flight = reqs + [r for r in self.running if worker.launches.ahead(r) and r not in launched]

@@ -16,17 +16,19 @@ def block_table_tensor(reqs: list[Request], device: torch.device) -> torch.Tenso
 
 
 def prefill_batch(reqs: list[Request], tokens: list[list[int]], block_size: int,
-                  device: torch.device) -> ForwardBatch:
-    """Ragged causal pass over `tokens[i]`, appended after each request's committed `seq_len`."""
+                  device: torch.device, starts: list[int] | None = None) -> ForwardBatch:
+    """Ragged causal pass over `tokens[i]` at positions starts[i], ... (default: appended after
+    each request's committed `seq_len`)."""
     ids: list[int] = []
     pos: list[int] = []
     loc: list[int] = []
-    for r, toks in zip(reqs, tokens):
+    first = starts if starts is not None else [r.seq_len for r in reqs]
+    for r, toks, s in zip(reqs, tokens, first):
         ids += toks
-        pos += range(r.seq_len, r.seq_len + len(toks))
-        loc += r.slots(r.seq_len, len(toks), block_size)
+        pos += range(s, s + len(toks))
+        loc += r.slots(s, len(toks), block_size)
     q = [len(t) for t in tokens]
-    kv = [r.seq_len + n for r, n in zip(reqs, q)]
+    kv = [s + n for s, n in zip(first, q)]
     cu = [0]
     for n in q:
         cu.append(cu[-1] + n)

@@ -21,6 +21,7 @@ from hotspec.layers.sampler import shape_logits_to_probs
 from hotspec.layers.topk_logp import topk_logp
 from hotspec.models.draft_head import DraftHead
 from hotspec.models.llama import LlamaForCausalLM
+from hotspec.runtime.decode_inputs import decode_inputs
 from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.phase_io import Sampled, Tensors
@@ -30,6 +31,8 @@ from hotspec.speculative.io import (
     DraftIn,
     ExtendIn,
     ExtendOut,
+    OffIn,
+    OffOut,
     Rows,
     SpecShapes,
     StepIn,
@@ -192,6 +195,29 @@ class EaglePhases:
         h_logits, h_feat = self.draft_runner.forward(fb)
         logp, ids, logits = self.draft_topk(h_logits[last], self.state_k)
         return ExtendOut(topk_logp=logp, topk_ids=ids, feature=h_feat[last], logits=logits)
+
+    def decode(self, x: OffIn) -> OffOut:
+        """`decode`: a plain target step without the draft (the adaptive policy's "off"), and the
+        target feature at the root, which the draft reads when it catches up on the tokens of such
+        steps (speculative/worker.py). Sampled when `x` has sampling fields."""
+        if self.carry is not None:
+            x = OffIn.of(from_carry(x.tensors(), self.carry))
+        ids, loc, q_lens, kv_lens = decode_inputs(x.root, x.seq, x.tables, self.block_size)
+        fb = ForwardBatch(
+            mode=ForwardMode.DECODE, input_ids=ids, positions=x.seq, out_cache_loc=loc,
+            q_lens=q_lens, kv_lens=kv_lens, block_tables=x.tables, width=1, max_q=1,
+            max_kv=self.max_kv)
+        hidden, aux = self.target_runner.forward(fb)
+        if x.temperature is None:
+            nxt = argmax(self.target.compute_logits(hidden, False))
+        else:
+            nxt = x.sampling().sample(self.target.compute_logits(hidden))
+        one = torch.ones_like(nxt)
+        if self.carry is not None:  # seq + 1, the next root, offset + 1
+            offsets = {"offsets": x.offsets} if x.offsets is not None else {}
+            to_carry(self.carry, {"seq": x.seq, "root": nxt} | offsets,
+                     plus={"seq": one} | ({"offsets": one} if offsets else {}))
+        return OffOut(emitted=torch.stack([one, x.root, nxt], 1), feature=self.feature(hidden, aux))
 
     def step(self, x: StepIn) -> StepOut:
         """`step`: draft -> verify -> accept -> draft_extend as one function (one graph per batch

@@ -19,6 +19,7 @@ are reserved for the largest advance.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -40,6 +41,8 @@ from hotspec.speculative.io import (
     DraftState,
     ExtendIn,
     ExtendOut,
+    OffIn,
+    OffOut,
     SpecShapes,
     StepIn,
     StepOut,
@@ -52,6 +55,8 @@ from hotspec.speculative.tree import DraftTree
 
 __all__ = ["EagleWorker", "SpecStats"]
 
+_OFF = (0, 0, 1)  # plain decode (speculative/adaptive.py's OFF)
+MAX_PENDING = 64  # plain decode steps after which the draft catches up even while off
 _STATE = ("topk_logp", "topk_ids", "feature")  # inputs the last step left on the device
 _CPU = torch.device("cpu")  # the graph runner moves host inputs to the device itself
 
@@ -100,8 +105,9 @@ class EagleWorker:
         primary = (num_steps, topk, num_draft_tokens)
         self.shapes = list(dict.fromkeys([primary, *extra_shapes]))
         state_k = max(k for _, k, _ in self.shapes)
+        self.carry = carry
         self.phases_of: dict[tuple[int, int, int], EaglePhases] = {}
-        for steps_, topk_, ntok_ in self.shapes:
+        for steps_, topk_, ntok_ in [s for s in self.shapes if s != _OFF]:
             shapes = SpecShapes(steps_, topk_, ntok_, max_blocks_per_seq, draft.hidden_size,
                                 draft.target_feature_size, target.lm_head.weight.dtype, device,
                                 state_topk=state_k)
@@ -110,8 +116,14 @@ class EagleWorker:
         self.phases = self.phases_of[primary]
         self.shape = primary  # the shape the next step runs (the policy's choice, when there is one)
         self.policy = policy
-        self._launched: deque[tuple[tuple[int, int, int], float]] = deque()  # shape, launch time
+        self._planned: tuple[int, tuple[int, int, int]] | None = None  # (batch, shape) chosen ahead
+        # per launch: its shape, launch time, and for plain decode the target features it returns
+        self._launched: deque[tuple[tuple[int, int, int], float, torch.Tensor | None]] = deque()
         self._last_read = 0.0  # when the host last read a step
+        # per request: (position, target feature, token) of each plain decode step read since
+        # the draft last ran over its tokens
+        self._pending: weakref.WeakKeyDictionary[Request, list[tuple[int, torch.Tensor, int]]] = (
+            weakref.WeakKeyDictionary())
         self.topk, self.width = topk, self.phases.width
         # KV slots a step writes beyond seq_len, and its largest advance, over every shape
         self.reserve = max(p.reserve for p in self.phases_of.values())
@@ -125,7 +137,12 @@ class EagleWorker:
         self.draft_vocab: frozenset[int] = frozenset(ids.tolist())  # host-side, for statistics
         self.step_graphs: dict[tuple[int, int, int], tuple[PhaseGraph[StepIn, StepOut], ...]] = {}
         for shape in self.shapes:
-            self._register(shape, carried=carry is not None)
+            if shape != _OFF:
+                self._register(shape, carried=carry is not None)
+        self.off_graphs: tuple[PhaseGraph[OffIn, OffOut], ...] = ()
+        if _OFF in self.shapes:
+            self.off_graphs = tuple(self._register_off(sampled, carry is not None)
+                                    for sampled in (False, True))
 
     def _register(self, shape: tuple[int, int, int], carried: bool) -> None:
         """The graphs that run: each shape's fused step (the first shape's named `step`, the
@@ -156,6 +173,16 @@ class EagleWorker:
                            device_inputs=tree),
                 g.register("draft_extend", p.draft_extend, lambda bs: ExtendIn.example(s, bs),
                            ExtendOut, device_inputs=("acc_tokens", "accept_len", "bonus", "acc_feature")))
+
+    def _register_off(self, sampled: bool, carried: bool) -> PhaseGraph[OffIn, OffOut]:
+        """Plain decode (the policy's "off"): `decode`, `decode[sample]`."""
+        s = self.phases.shapes
+
+        def example(bs: int) -> OffIn:
+            return OffIn.example(s, bs, sampled, carried)
+
+        return self.graphs.register("decode[sample]" if sampled else "decode", self.phases.decode,
+                                    example, OffOut, publish=("emitted",))
 
     @property
     def step_graph(self) -> PhaseGraph[StepIn, StepOut]:
@@ -200,6 +227,7 @@ class EagleWorker:
             r.seq_len += len(t)
             if final[i]:
                 r.spec_state = _DraftState(logp[i], ids[i], h_feat[last[i]])
+                self._pending.pop(r, None)
         return [[nxt[i]] if final[i] else [] for i in range(len(reqs))]
 
     # -- one speculative step ----------------------------------------------------------------
@@ -243,40 +271,124 @@ class EagleWorker:
             src=torch.tensor(self.launches.src_rows(reqs), dtype=torch.long) if src else None,
             **state.tensors(), **(sampling_fields(reqs, _CPU, ahead) if sampled else {}))
 
+    def drains_before(self, bs: int) -> bool:
+        """Whether every launched step must be read before the next launch (for `bs` requests):
+        the first speculative step after plain decode steps, whose draft first catches up on
+        their tokens (the engine's overlap schedule asks)."""
+        if self.policy is None:
+            return False
+        shape = self._choose(bs)
+        self._planned = (bs, shape)
+        return shape != _OFF and any(s == _OFF for s, _, _ in self._launched)
+
+    def _choose(self, bs: int) -> tuple[int, int, int]:
+        if self._planned is not None and self._planned[0] == bs:
+            shape = self._planned[1]
+        else:
+            assert self.policy is not None
+            c = self.policy.choose(bs).shape
+            shape = (c.num_steps, c.topk, c.num_draft_tokens)
+        self._planned = None
+        return shape
+
     @torch.inference_mode()
     def launch(self, reqs: list[Request]) -> None:
-        """Enqueue the fused step for `reqs`; no host sync. Each request's draft state becomes its
-        row of this step's outputs at once (they stay on the device)."""
+        """Enqueue the step for `reqs` (the fused step of the current shape, or a plain decode
+        step); no host sync. After a speculative step each request's draft state is its row of
+        the step's outputs at once (they stay on the device)."""
         t0 = time.perf_counter()
-        if self.policy is not None:
-            c = self.policy.choose(len(reqs)).shape
-            self.shape = (c.num_steps, c.topk, c.num_draft_tokens)
         while len(self._launched) > len(self.launches):  # the engine dropped failed launches
             self._launched.popleft()
-        self._launched.append((self.shape, t0))
+        if self.policy is not None:
+            shape = self._choose(len(reqs))
+            off_unread = any(s == _OFF for s, _, _ in self._launched)
+            # a speculative step needs the draft caught up on every plain step: while one is
+            # unread, plain decode goes on
+            self.shape = _OFF if shape != _OFF and off_unread else shape
         greedy = all(r.params.temperature == 0 for r in reqs)
+        if self.shape == _OFF:
+            self._launch_off(reqs, greedy, t0)
+            return
+        behind = [r for r in reqs if self._pending.get(r)]
+        if behind:
+            self._catch_up(behind)
         x = self._inputs(reqs, src=self.overlap, sampled=not greedy)
         graph = self.step_graphs[self.shape][0 if greedy else 1]
         # (borrowed from the graph: HostCopy copies it out before the next launch)
         out = graph.run(x, borrow=("emitted",))
         self._set_states(reqs, out)
         self.launches.push(reqs, graph.read_back("emitted") or HostCopy(out.emitted))
+        self._launched.append((self.shape, t0, None))
         self._timed("step", t0)
+
+    def _launch_off(self, reqs: list[Request], greedy: bool, t0: float) -> None:
+        """A plain decode step; its target features are kept for the draft's catch-up."""
+        long_behind = [r for r in reqs if len(self._pending.get(r, ())) >= MAX_PENDING]
+        if long_behind:
+            self._catch_up(long_behind)
+        ahead = [self.launches.ahead(r) for r in reqs]
+        if any(ahead) and not self.overlapping:
+            raise RuntimeError("a step was launched before the last one was read; that needs the "
+                               "overlap schedule")
+        if self.graphs.mode == "eager":
+            self.phases.max_kv = max(r.seq_len + a * self.max_advance
+                                     for r, a in zip(reqs, ahead)) + self.reserve
+        x = OffIn(seq=torch.tensor([r.seq_len for r in reqs], dtype=torch.long),
+                  tables=block_table_tensor(reqs, _CPU),
+                  root=torch.tensor([0 if a else r.last_token for r, a in zip(reqs, ahead)],
+                                    dtype=torch.long),
+                  src=torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
+                  if self.overlap else None,
+                  **({} if greedy else sampling_fields(reqs, _CPU, ahead)))
+        graph = self.off_graphs[0 if greedy else 1]
+        out = graph.run(x, borrow=("emitted",))
+        feature = out.feature.clone()  # (the graph's buffer: the next replay overwrites it)
+        self.launches.push(reqs, graph.read_back("emitted") or HostCopy(out.emitted))
+        self._launched.append((_OFF, t0, feature))
+        self._last_states = None
+        self._timed("decode", t0)
+
+    def _catch_up(self, reqs: list[Request]) -> None:
+        """The draft over the tokens that plain decode steps committed, as at prefill: the row at
+        position p reads the token after p with the target feature at p, writing the draft's KV
+        there; each request's last row gives its new draft state."""
+        p = self.phases
+        items = [self._pending.pop(r) for r in reqs]
+        for it in items:
+            assert [pos for pos, _, _ in it] == list(range(it[0][0], it[0][0] + len(it))), \
+                "plain decode steps are caught up on in order"
+        fb = prefill_batch(reqs, [[t for _, _, t in it] for it in items], self.block_size,
+                           self.device, starts=[it[0][0] for it in items])
+        fb.hidden_in = torch.cat([torch.stack([f for _, f, _ in it]) for it in items])
+        h_logits, h_feat = p.draft_runner.forward(fb)
+        last = last_token_index(fb)
+        logp, ids, _ = p.draft_topk(h_logits[last], p.state_k)
+        for i, r in enumerate(reqs):
+            r.spec_state = _DraftState(logp[i], ids[i], h_feat[last[i]])
+        self._last_states = None
+        self.stats.phase_calls["catch_up"] += 1
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:
         """The oldest launched step's requests and emitted tokens: the one host sync of a step.
         Requests that finished since (a stop in the step before, an abort) are not counted."""
         reqs, emitted = self.launches.pop()
         rows = emitted.tolist()
-        shape, t_launch = self._launched.popleft()
+        shape, t_launch, feature = self._launched.popleft()
         now = time.perf_counter()
         if self.policy is not None:  # the step's time: since its launch, or since the last read
             ms = (now - max(t_launch, self._last_read)) * 1e3
             self.policy.observe(SpecShape(*shape), len(reqs), ms, [row[0] - 1 for row in rows])
         self._last_read = now
-        return reqs, self._account(reqs, rows)
+        if feature is not None:  # plain decode: the draft catches up on these tokens later
+            for i, (r, row) in enumerate(zip(reqs, rows)):
+                if r.status is not Status.FINISHED:
+                    self._pending.setdefault(r, []).append((r.seq_len, feature[i], row[-1]))
+        return reqs, self._account(reqs, rows, spec=feature is None)
 
-    def _account(self, reqs: list[Request], rows: list[list[int]]) -> list[list[int]]:
+    def _account(self, reqs: list[Request], rows: list[list[int]], spec: bool = True
+                 ) -> list[list[int]]:
+        """Each request's new tokens; seq_len and the statistics advance (a plain decode step
+        counts as a step of the request, not in the acceptance histogram)."""
         emitted: list[list[int]] = []
         for r, row in zip(reqs, rows):
             a = row[0]
@@ -285,7 +397,8 @@ class EagleWorker:
                 continue
             r.seq_len += a
             r.stats.spec_steps += 1
-            self.stats.accept_hist[a] += 1
+            if spec:
+                self.stats.accept_hist[a] += 1
         return emitted
 
     def _set_states(self, reqs: list[Request], out: DraftState) -> None:
