@@ -114,3 +114,33 @@ def test_unmeasured_shapes_run_first_and_buckets():
     assert policy.choose(1).shape == CHAIN3 and not policy.choose(1).probe
     with pytest.raises(ValueError, match="at least one candidate"):
         AdaptivePolicy([], costs)
+
+
+def test_speculative_metrics_report_counters_and_the_chosen_shapes():
+    """/metrics of a speculative engine: draft and accepted token counters, acceptance per
+    position, steps per shape, and the adaptive policy's choice per batch size."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from hotspec.entrypoints.metrics import _SpecMetrics
+    from hotspec.speculative.stats import SpecStats
+
+    stats = SpecStats()
+    stats.accept_hist.update({1: 3, 2: 2, 4: 1})  # 6 passes, accepted 0+0+0+1+1+3 = 5
+    stats.drafted = 18
+    stats.shape_steps.update({"3/1/4": 6, "off": 4})
+    policy = AdaptivePolicy([OFF, CHAIN3], StepCosts([1, 8]))
+    policy.chosen = {1: "3/1/4", 8: "off"}
+    reg = CollectorRegistry()
+    m = _SpecMetrics(reg)
+    worker = SimpleNamespace(stats=stats, policy=policy)
+    m.update(worker)
+    m.update(worker)  # counters advance by what is new only
+    text = generate_latest(reg).decode()
+    assert "hotspec_spec_draft_tokens_total 18.0" in text
+    assert "hotspec_spec_accepted_tokens_total 5.0" in text
+    assert 'hotspec_spec_accepted_tokens_per_pos_total{position="0"} 3.0' in text
+    assert 'hotspec_spec_accepted_tokens_per_pos_total{position="2"} 1.0' in text
+    assert 'hotspec_spec_steps_total{shape="off"} 4.0' in text
+    assert 'hotspec_spec_shape_chosen{batch_size="8",shape="off"} 1.0' in text

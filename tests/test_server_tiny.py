@@ -214,6 +214,7 @@ def test_concurrent_streaming_load(tiny_dir: Path, spec: bool, overlap: bool, n:
     assert preemptions, "the cache was meant to be too small for the load"
     if spec:
         assert 'hotspec_request_tau_count' in metrics and "hotspec_hot_set_coverage" in metrics
+        assert 'hotspec_spec_draft_tokens_total' in metrics and 'hotspec_spec_steps_total{shape="' in metrics
         assert float(metrics.split("hotspec_request_tau_count ")[1].split()[0]) > 0
     print(f"{n} requests in {elapsed:.1f}s, {len(preemptions)} preemptions")
 

@@ -7,6 +7,7 @@ prometheus-client's metric objects are thread-safe: the engine thread writes, /m
 from __future__ import annotations
 
 from collections import Counter as CountOf
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -32,6 +33,7 @@ class EngineMetrics:
                              "tokens per verify pass (mean acceptance length)", buckets=TAU_BUCKETS,
                              registry=r)
         self.hot_coverage: Gauge | None = None  # speculative engines only (describe_engine)
+        self.spec: _SpecMetrics | None = None
         self.waiting = Gauge("hotspec_num_requests_waiting", "Requests waiting for admission", registry=r)
         self.running = Gauge("hotspec_num_requests_running", "Requests admitted (prefilling or "
                              "decoding)", registry=r)
@@ -51,6 +53,8 @@ class EngineMetrics:
         if hasattr(getattr(engine.worker, "stats", None), "hot_coverage"):
             self.hot_coverage = Gauge("hotspec_hot_set_coverage", "FR-Spec: fraction of served "
                                       "tokens inside the draft head's vocabulary", registry=self.registry)
+        if hasattr(getattr(engine.worker, "stats", None), "accept_hist"):
+            self.spec = _SpecMetrics(self.registry)
         per_phase = CountOf((phase, status) for (phase, _bs), status in engine.graphs.status.items())
         for (phase, status), n in per_phase.items():
             self.graphs.labels(phase=phase, status=status).set(n)
@@ -66,6 +70,8 @@ class EngineMetrics:
         self._dropped_seen = engine.dropped_rows
         if self.hot_coverage is not None:
             self.hot_coverage.set(engine.worker.stats.hot_coverage)  # type: ignore[attr-defined]
+        if self.spec is not None:
+            self.spec.update(engine.worker)
 
     def on_finished(self, engine: Engine, req: Request) -> None:
         self.requests.labels(finish_reason=req.finish_reason or "unknown").inc()
@@ -78,3 +84,41 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _SpecMetrics:
+    """Speculative decoding's counters (in the spirit of vLLM's spec_decode_* metrics) and, under
+    --speculative-adaptive, the shape chosen at each batch size."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.drafted = Counter("hotspec_spec_draft_tokens", "Draft tokens verified", registry=r)
+        self.accepted = Counter("hotspec_spec_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.per_pos = Counter("hotspec_spec_accepted_tokens_per_pos", "Verify passes that "
+                               "accepted the draft token at each depth (position 0: depth 1)",
+                               ["position"], registry=r)
+        self.steps = Counter("hotspec_spec_steps", "Steps run per speculation shape (off: plain "
+                             "decoding)", ["shape"], registry=r)
+        self.chosen = Gauge("hotspec_spec_shape_chosen", "1 for the shape --speculative-adaptive "
+                            "chose last at each captured batch size", ["batch_size", "shape"],
+                            registry=r)
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def _inc(self, counter: Counter, key: tuple[str, str], value: int, **labels: str) -> None:
+        delta = value - self._seen.get(key, 0)
+        if delta > 0:
+            (counter.labels(**labels) if labels else counter).inc(delta)
+            self._seen[key] = value
+
+    def update(self, worker: Any) -> None:
+        stats = worker.stats
+        self._inc(self.drafted, ("drafted", ""), stats.drafted)
+        self._inc(self.accepted, ("accepted", ""), stats.accepted)
+        for depth, _reached, accepted in stats.acceptance_by_depth():
+            self._inc(self.per_pos, ("pos", str(depth - 1)), accepted, position=str(depth - 1))
+        for shape, n in stats.shape_steps.items():
+            self._inc(self.steps, ("steps", shape), n, shape=shape)
+        policy = getattr(worker, "policy", None)
+        if policy is not None:
+            self.chosen.clear()
+            for bs, label in policy.chosen.items():
+                self.chosen.labels(batch_size=str(bs), shape=label).set(1)

@@ -14,6 +14,13 @@ class SpecStats:
     phase_seconds: Counter[str] = field(default_factory=Counter)
     hot_hits: int = 0  # served tokens inside the draft vocabulary (FR-Spec hot-set coverage)
     served: int = 0  # tokens that verify passes produced and the engine kept (stops applied)
+    drafted: int = 0  # draft tokens verified (num_draft_tokens - 1 per request and step)
+    shape_steps: Counter[str] = field(default_factory=Counter)  # steps run per shape (label)
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted."""
+        return sum((a - 1) * n for a, n in self.accept_hist.items())
 
     @property
     def hot_coverage(self) -> float:

@@ -383,7 +383,14 @@ class EagleWorker:
             for i, (r, row) in enumerate(zip(reqs, rows)):
                 if r.status is not Status.FINISHED:
                     self._pending.setdefault(r, []).append((r.seq_len, feature[i], row[-1]))
+        self._count(shape, reqs)
         return reqs, self._account(reqs, rows, spec=feature is None)
+
+    def _count(self, shape: tuple[int, int, int], reqs: list[Request]) -> None:
+        """Steps per shape, and the draft tokens a speculative step verified."""
+        self.stats.shape_steps[SpecShape(*shape).label] += 1
+        if shape != _OFF:
+            self.stats.drafted += (shape[2] - 1) * sum(r.status is not Status.FINISHED for r in reqs)
 
     def _account(self, reqs: list[Request], rows: list[list[int]], spec: bool = True
                  ) -> list[list[int]]:
@@ -429,6 +436,7 @@ class EagleWorker:
         self._timed("draft_extend", t0)
         rows = emitted_rows(acc).tolist()  # the one host sync of the step
         self._set_states(reqs, ext)
+        self._count(self.shape, reqs)
         return self._account(reqs, rows)
 
     def record_served(self, tokens: list[int]) -> None:
