@@ -9,7 +9,8 @@ then each variant in an engine of its own (released before the next), on the sam
         --prompts ../shared/data/spec_bench_dev.jsonl --num-prompts 26 --max-tokens 256 \\
         --variants 6/8/16:unfused 6/8/16 4/1/5 8/10/60 6/8/16:map=freq_16384.pt
 
-A variant is STEPS/TOPK/DRAFT_TOKENS, then options joined by ':': `fused` / `unfused`
+A variant is STEPS/TOPK/DRAFT_TOKENS, or `adaptive` (--speculative-adaptive over the default
+candidates; the table then lists its steps per shape), then options joined by ':': `fused` / `unfused`
 (--fuse-spec-step / --no-fuse-spec-step; else the engine options' setting, fused by default),
 `map=PATH` (--speculative-token-map; `map=none` drops the engine options' map), `draft=DIR`
 (--speculative-draft-model-path: two heads side by side; `draft=default` is the default model's
@@ -45,15 +46,20 @@ from hotspec.errors import HotspecError
 
 
 def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
-    """'6/8/16:unfused:map=P' -> (EngineConfig overrides, profile?)."""
+    """'6/8/16:unfused:map=P' -> (EngineConfig overrides, profile?); 'adaptive' (or
+    'adaptive:...') is --speculative-adaptive over the default candidates."""
     shape, *opts = text.split(":")
-    try:
-        steps, topk, ntok = (int(v) for v in shape.split("/"))
-    except ValueError:
-        raise HotspecError(f"variant {text!r}: expected STEPS/TOPK/DRAFT_TOKENS[:fused][:map=PATH]"
-                           "[:profile], e.g. 6/8/16:fused") from None
-    over: dict[str, Any] = {"speculative_num_steps": steps, "speculative_eagle_topk": topk,
-                            "speculative_num_draft_tokens": ntok}
+    over: dict[str, Any]
+    if shape == "adaptive":
+        over = {"speculative_adaptive": True}
+    else:
+        try:
+            steps, topk, ntok = (int(v) for v in shape.split("/"))
+        except ValueError:
+            raise HotspecError(f"variant {text!r}: expected STEPS/TOPK/DRAFT_TOKENS[:fused]"
+                               "[:map=PATH][:profile] or adaptive, e.g. 6/8/16:fused") from None
+        over = {"speculative_num_steps": steps, "speculative_eagle_topk": topk,
+                "speculative_num_draft_tokens": ntok}
     profile = False
     for o in opts:
         if o in ("fused", "unfused"):
@@ -179,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         if r["acceptance_by_depth"]:
             lines.append("    accepted at draft depth: " + ", ".join(
                 f"d{e['depth']} {e['rate']:.0%}" for e in r["acceptance_by_depth"]))
+        if len(r.get("steps_per_shape", {})) > 1:  # the adaptive variant: what it chose
+            lines.append("    steps per shape: " + ", ".join(
+                f"{k} {n}" for k, n in r["steps_per_shape"].items()))
         if r["phases"]:
             ph = r["phases"]["phases"]
             lines.append("    profiled ms/call: " + ", ".join(

@@ -25,6 +25,8 @@
 #            passes, for TRAIN_SECONDS (420) a call; a halted run resumes from /root/head (or a
 #            carried .data/head.tar.part*) and comes back as $OUT/head.tar.partNN, the finished head
 #            as $OUT/head.tar (its report inside)
+#   adaptive end to end at batch 1, 4, 8, 16, 32, 64 (needs the GGUF and .data/spec_bench_dev.jsonl):
+#            --speculative-adaptive beside every fixed candidate shape and graphed vanilla
 #   sweep_head  `sweep` at batch 32 of the shipped head beside /root/head (3/1/4 and 4/8/12)
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
@@ -134,12 +136,19 @@ for stage in "$@"; do
           tar -C /root -cf - head | split -b 15M -d - "$OUT/head.tar.part"
         fi
         ls -la "$OUT"/head.tar* | tee -a "$OUT/summary.txt"; } ;;
+    adaptive) need_gguf adaptive && for bs in 1 4 8 16 32 64; do
+        n=$((bs < 8 ? 32 : (4 * bs > 240 ? 240 : 4 * bs)))
+        step "adaptive_b$bs" 150 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
+          --prompts .data/spec_bench_dev.jsonl --num-prompts $n --max-tokens 256 --batch-size $bs \
+          --variants adaptive 2/1/3 3/1/4 5/1/6 4/8/12 6/8/16 --out "$OUT/adaptive_b$bs"
+      done
+      (cd "$OUT" && tar -cf adaptive.tar adaptive_b* && rm -f adaptive_b*) ;;  # (8 files come back)
     sweep_head) need_gguf sweep_head && step sweep_head 400 python3 benchmarks/spec_sweep.py \
         --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl --num-prompts 128 \
         --max-tokens 256 --batch-size 32 --variants 3/1/4 4/8/12 3/1/4:draft=/root/head \
         4/8/12:draft=/root/head --out "$OUT/sweep_head" ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data sweep_head stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data adaptive sweep_head stash)" >&2; exit 2 ;;
   esac
 done
 

@@ -60,6 +60,8 @@ def merged_stats(runs: list[BatchRun]) -> SpecStats:
         total.phase_seconds.update(r.stats.phase_seconds)
         total.hot_hits += r.stats.hot_hits
         total.served += r.stats.served
+        total.drafted += r.stats.drafted
+        total.shape_steps.update(r.stats.shape_steps)
     return total
 
 
@@ -79,7 +81,8 @@ def spec_summary(runs: list[BatchRun]) -> dict[str, Any]:
                                     for d, n, k in stats.acceptance_by_depth()],
             "accept_hist": {str(k): hist[k] for k in sorted(hist)},
             "accept_len_mean": _ratio(sum(k * v for k, v in hist.items()), passes),
-            "hot_coverage": stats.hot_coverage, "hot_served_tokens": stats.served}
+            "hot_coverage": stats.hot_coverage, "hot_served_tokens": stats.served,
+            "steps_per_shape": dict(stats.shape_steps.most_common())}
 
 
 def phase_breakdown(runs: list[BatchRun], source: str) -> dict[str, Any]:
@@ -243,6 +246,8 @@ def table(results: dict[str, Any], header: str) -> str:
               "acceptance by draft depth (accepted / reached): " + (" ".join(
                   f"d{r['depth']} {r['rate']:.0%} ({r['accepted']}/{r['reached']})"
                   for r in o["speculative"]["acceptance_by_depth"]) or "-"),
+              "steps per shape: " + (" ".join(
+                  f"{k} {v}" for k, v in o["speculative"].get("steps_per_shape", {}).items()) or "-"),
               f"hot-set coverage: {o['speculative']['hot_coverage']:.1%} of "
               f"{o['speculative']['hot_served_tokens']} served tokens",
               f"greedy outputs identical to vanilla: {o['greedy_identical']}/{o['num_prompts']}"

@@ -84,7 +84,9 @@ def _stats_delta(before: SpecStats, after: SpecStats) -> SpecStats:
     return SpecStats(accept_hist=after.accept_hist - before.accept_hist,
                      phase_calls=after.phase_calls - before.phase_calls,
                      phase_seconds=after.phase_seconds - before.phase_seconds,
-                     hot_hits=after.hot_hits - before.hot_hits, served=after.served - before.served)
+                     hot_hits=after.hot_hits - before.hot_hits, served=after.served - before.served,
+                     drafted=after.drafted - before.drafted,
+                     shape_steps=after.shape_steps - before.shape_steps)
 
 
 def drive(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> BatchRun:

@@ -163,10 +163,15 @@ class EngineBuilder:
                 steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases,
                 fuse_step=self.cfg.fuse_spec_step, overlap=self._overlap(),
                 max_rows=self.cfg.max_num_seqs, **self._adaptive())
+        reserved = torch.cuda.memory_reserved(self.device) if self.graphs.mode == "cuda" else 0
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
-            log.info("CUDA graphs (phase x batch size):\n%s", self.graphs.report())
+            graph_gb = (torch.cuda.memory_reserved(self.device) - reserved) / 1e9
+            log.info("CUDA graphs (phase x batch size), %.2f GB:\n%s", graph_gb, self.graphs.report())
             log.info("layer kernels: %s", fused.describe(self.device))
+        costs = getattr(worker, "measure_costs", None)
+        if costs is not None and self.cfg.speculative_adaptive:
+            log.info("speculative-adaptive step times, ms (shape x batch size):\n%s", costs())
         if self._overlap():
             log.info("overlap schedule: step N+1 is launched before step N is read%s",
                      "" if self.cfg.overlap_schedule else " (the default with CUDA graphs; "

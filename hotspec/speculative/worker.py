@@ -184,6 +184,36 @@ class EagleWorker:
         return self.graphs.register("decode[sample]" if sampled else "decode", self.phases.decode,
                                     example, OffOut, publish=("emitted",))
 
+    def measure_costs(self, replays: int = 5) -> str:
+        """Seed the adaptive policy's step costs with each shape's graph replay time (greedy) at
+        every captured batch size; returns the table for the start-up log. Without CUDA graphs
+        the policy measures each shape as it first runs."""
+        if self.policy is None or self.graphs.mode != "cuda":
+            return "measured as the steps run (no CUDA graphs)"
+        sizes = self.graphs.batch_sizes
+        lines = ["shape   " + " ".join(f"{b:>6}" for b in sizes)]
+        for shape in self.shapes:
+            graph = self.off_graphs[0] if shape == _OFF else self.step_graphs[shape][0]
+            cells = []
+            for bs in sizes:
+                replay = graph.captured(bs)
+                if replay is None:
+                    cells.append(f"{'-':>6}")
+                    continue
+                for _ in range(2):
+                    replay.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(replays):
+                    replay.replay()
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end) / replays
+                self.policy.costs.seed(SpecShape(*shape), bs, ms)
+                cells.append(f"{ms:>6.3f}")
+            lines.append(f"{SpecShape(*shape).label:<7} " + " ".join(cells))
+        return "\n".join(lines)
+
     @property
     def step_graph(self) -> PhaseGraph[StepIn, StepOut]:
         return self.step_graphs[self.shapes[0]][0]
