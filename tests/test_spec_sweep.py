@@ -72,6 +72,8 @@ def test_variant_options_map_to_engine_settings() -> None:
     over, _ = spec_sweep.parse_variant("4/8/12:draft=default:map=none:plain")
     assert over["overlap_schedule"] is False
     assert over["speculative_draft_model_path"] is None and over["speculative_token_map"] is None
+    over, _ = spec_sweep.parse_variant("adaptive:draft=heads/new")
+    assert over == {"speculative_adaptive": True, "speculative_draft_model_path": "heads/new"}
 
 
 @pytest.mark.parametrize("bad", ["6/8", "6/8/16:fast", "a/b/c"])
