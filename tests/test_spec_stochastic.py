@@ -12,8 +12,10 @@ reference, and a deliberately wrong verifier shows that the check has the power 
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,11 +167,15 @@ def depth_pvalues(tokens: np.ndarray, joint: np.ndarray) -> list[float]:
 
 
 # -- sampling through the engine --------------------------------------------------------------
-def sample_tokens(models: Models, temperature: float, top_p: float, **engine_kwargs: Any
+def sample_tokens(models: Models, temperature: float, top_p: float,
+                  setup: Callable[[LLM], None] | None = None, **engine_kwargs: Any
                   ) -> tuple[np.ndarray, LLM]:
-    """[NUM_SAMPLES, 3] first tokens of NUM_SAMPLES seeded requests (seed = index)."""
+    """[NUM_SAMPLES, 3] first tokens of NUM_SAMPLES seeded requests (seed = index); `setup` may
+    adjust the engine first."""
     llm = LLM(model=str(models.target), dtype="float32", device="cpu", skip_tokenizer_init=True,
               max_num_seqs=BATCH, num_kv_blocks=3 * BATCH, block_size=8, **engine_kwargs)
+    if setup is not None:
+        setup(llm)
     params = [SamplingParams(temperature=temperature, top_p=top_p, seed=i, max_tokens=3,
                              ignore_eos=True) for i in range(NUM_SAMPLES)]
     t0 = time.perf_counter()
@@ -265,4 +271,40 @@ def test_speculative_sampling_with_token_map_is_lossless(models: Models, shape: 
     assert sum(n for a, n in hist.items() if a > 1) > 100 and hist[1] > 100
     assert 0.0 < llm.engine.worker.stats.hot_coverage < 1.0
     pvals = depth_pvalues(tokens, exact_joint(models, 1.0, 1.0))
+    assert min(pvals) > ALPHA, pvals
+
+
+def test_sampling_stays_exact_across_shape_switches(models: Models) -> None:
+    """--speculative-adaptive switching at random before every step between plain decoding, a
+    chain and a tree (the draft catching up after plain steps): still the exact distribution."""
+    from hotspec.speculative.adaptive import Choice, SpecShape
+
+    shapes = [SpecShape.parse(c) for c in ("off", "2/1/3", "3/4/8")]
+    rng = random.Random(0)
+    picked: Counter[str] = Counter()
+
+    class RandomShapes:
+        probe_every = 0
+
+        def choose(self, bs: int) -> Choice:
+            s = rng.choice(shapes)
+            picked[s.label] += 1
+            return Choice(s, {})
+
+        def observe(self, *args: Any) -> None:
+            pass
+
+    def setup(llm: LLM) -> None:
+        llm.engine.worker.policy = RandomShapes()
+
+    temperature, top_p = SAMPLING["t1"]
+    tokens, llm = sample_tokens(models, temperature, top_p, setup,
+                                speculative_algorithm="EAGLE3",
+                                speculative_draft_model_path=str(models.heads["EAGLE3"]),
+                                speculative_adaptive=True,
+                                speculative_candidates=("off", "2/1/3", "3/4/8"))
+    assert set(picked) == {"off", "2/1/3", "3/4/8"}
+    assert llm.engine.worker.stats.phase_calls["catch_up"] > 0
+    pvals = depth_pvalues(tokens, exact_joint(models, temperature, top_p))
+    print("adaptive p-values", pvals, dict(picked))
     assert min(pvals) > ALPHA, pvals
