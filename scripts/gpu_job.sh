@@ -27,6 +27,8 @@
 #            as $OUT/head.tar (its report inside)
 #   adaptive end to end at batch 1, 4, 8, 16, 32, 64 (needs the GGUF and .data/spec_bench_dev.jsonl):
 #            --speculative-adaptive beside every fixed candidate shape and graphed vanilla
+#   drift    benchmarks/drift_bench.py: MT-bench categories then translation and summarization at
+#            batch 8, vanilla, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
 #   sweep_head  `sweep` at batch 32 of the shipped head beside /root/head (3/1/4 and 4/8/12)
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
@@ -143,12 +145,17 @@ for stage in "$@"; do
           --variants adaptive 2/1/3 3/1/4 5/1/6 4/8/12 6/8/16 --out "$OUT/adaptive_b$bs"
       done
       (cd "$OUT" && tar -cf adaptive.tar adaptive_b* && rm -f adaptive_b*) ;;  # (8 files come back)
+    drift) need_gguf drift && step drift 400 python3 benchmarks/drift_bench.py \
+        --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl \
+        --first writing,roleplay,reasoning,math,coding,extraction,stem,humanities \
+        --then translation,summarization --per-phase 80 --batch-size 8 --fixed 3/1/4 4/8/12 \
+        --out "$OUT/drift.json" --plot "$OUT/drift.png" ;;
     sweep_head) need_gguf sweep_head && step sweep_head 400 python3 benchmarks/spec_sweep.py \
         --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl --num-prompts 128 \
         --max-tokens 256 --batch-size 32 --variants 3/1/4 4/8/12 3/1/4:draft=/root/head \
         4/8/12:draft=/root/head --out "$OUT/sweep_head" ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data adaptive sweep_head stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data adaptive drift sweep_head stash)" >&2; exit 2 ;;
   esac
 done
 
