@@ -138,3 +138,16 @@ def test_candidates_are_checked():
                      speculative_candidates=("3/1/5",))
     with pytest.raises(ConfigError, match="fused step"):
         EngineConfig(speculative_algorithm="EAGLE3", speculative_adaptive=True, fuse_spec_step=False)
+
+
+def test_profiled_engine_still_adapts(head, smol_llm):
+    """With phase profiling on (hotspec bench on the CPU), the policy's shapes still run, as fused
+    steps."""
+    llm = LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE3",
+              speculative_draft_model_path=str(head), speculative_adaptive=True,
+              speculative_candidates=("off", "2/1/3", "4/8/12"), profile_phases=True)
+    llm.engine.worker.profile = True
+    p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    want = [o.token_ids for o in smol_llm.generate(PROMPTS[:2], p)]
+    assert [o.token_ids for o in llm.generate(PROMPTS[:2], p)] == want
+    assert set(llm.engine.worker.stats.shape_steps) >= {"off", "2/1/3", "4/8/12"}

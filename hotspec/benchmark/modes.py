@@ -77,6 +77,7 @@ def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opt
         worker = engine.worker
         warm_up(engine, opts.warmup_prompts, opts.warmup_tokens)
         on_cpu = engine.device.type != "cuda"
+        # (the adaptive policy's steps are not split into phases: their breakdown is the step's)
         worker.profile = on_cpu  # type: ignore[attr-defined]
         _log("speculative: timed pass" + (" (phases profiled)" if on_cpu else ""))
         runs = run_categories(engine, groups, opts.params)

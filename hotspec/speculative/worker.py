@@ -270,8 +270,8 @@ class EagleWorker:
     @torch.inference_mode()
     def step(self, reqs: list[Request]) -> list[list[int]]:
         """One speculative step, launched and read."""
-        if self.fuse_step and not self.profile:
-            self.launch(reqs)
+        if self.fuse_step and (not self.profile or self.policy is not None):
+            self.launch(reqs)  # (the adaptive policy's shapes run as fused steps, profiled or not)
             return self.collect()[1]
         return self._phases_step(reqs)
 
