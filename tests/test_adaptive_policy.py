@@ -90,6 +90,15 @@ def test_policy_follows_drifting_traffic():
     assert 5 <= steps <= 60
     policy.observe(OFF, 1, 2.0, [])
     assert costs.cost(OFF, 1) == pytest.approx(1.0 + 0.05 * (2.0 - 1.0))
+    policy.observe(OFF, 1, None, [])  # a step whose time is not measured leaves the cost
+    assert costs.cost(OFF, 1) == pytest.approx(1.05)
+    # while off, what was measured fades toward the prior: speculation is tried again
+    off_steps = 0
+    while policy.choose(1).shape == OFF:
+        policy.observe(OFF, 1, 1.05, [])
+        off_steps += 1
+        assert off_steps < 400
+    assert off_steps > 16
 
 
 def test_probe_runs_the_runner_up_every_n_steps():

@@ -8,13 +8,16 @@ E[tokens | s] comes from the acceptance profile measured online from verify resu
 depend on how deep the chain goes, so one profile serves every chain length:
 E = 1 + sum_{i<=D} prod_{d<=i} alpha_d, the deepest measured rate standing in beyond what was run.
 A tree (topk > 1) accepts differently at each depth, so each tree shape keeps its own profile.
-Counts decay with a half-life in steps, so the profile follows the traffic. t(s, b) is the step
-time measured at start-up (graph replays at each captured batch size) and kept current by the
-steps that run. Plain decode ("off") commits exactly one token a step.
+Counts decay with a half-life in steps (every step's, plain decoding's too), so the profile
+follows the traffic and, after a long time off, reverts to the prior and speculation is retried.
+t(s, b) is the step time measured at start-up (graph replays at each captured batch size) and
+kept current by the steps that run. Plain decode ("off") commits exactly one token a step.
 
 Each candidate runs once at each batch-size bucket before any is chosen (its first cost). A
 shape not run for a while is re-measured: every `probe_every` steps the runner-up runs for one
-step, so a profile that went stale (the traffic drifted) can win back.
+step, so a profile that went stale (the traffic drifted) can win back. A batch size keeps its
+shape until another is `hysteresis` (3 %) faster: at the boundary of two about equal shapes the
+decay would flip the choice every step, and a switch costs a little.
 """
 
 from __future__ import annotations
@@ -111,11 +114,14 @@ class AcceptanceProfile:
         return "chain" if shape.chain else shape.label
 
     def update(self, shape: SpecShape, accept_lens: list[int]) -> None:
-        """One step of `shape`: the accepted drafts of each request of the batch."""
-        if shape.off:
-            return
+        """One step of `shape`: the accepted drafts of each request of the batch. Every step
+        decays every table, plain decoding's too: what was measured long ago weighs less than
+        the prior, so a shape not run for a while looks as good as the prior says and is tried
+        again."""
         for t in self.tables.values():
             t.decay(self.factor)
+        if shape.off:
+            return
         table = self.tables.setdefault(self._key(shape), _Depths())
         for a in accept_lens:
             table.add(a, shape.num_steps)
@@ -181,15 +187,18 @@ class AdaptivePolicy:
     """Picks the shape of each step (module docstring)."""
 
     def __init__(self, candidates: list[SpecShape], costs: StepCosts,
-                 profile: AcceptanceProfile | None = None, probe_every: int = 64) -> None:
+                 profile: AcceptanceProfile | None = None, probe_every: int = 64,
+                 hysteresis: float = 0.03) -> None:
         if not candidates:
             raise ValueError("the adaptive policy needs at least one candidate shape")
         self.candidates = sorted(set(candidates))
         self.costs = costs
         self.profile = profile or AcceptanceProfile()
         self.probe_every = probe_every
+        self.hysteresis = hysteresis
         self.steps = 0
         self.chosen: dict[int, str] = {}  # batch-size bucket -> label of the last choice
+        self.kept: dict[int, SpecShape] = {}  # batch-size bucket -> the shape it runs (probes aside)
 
     def estimates(self, bs: int) -> dict[SpecShape, float]:
         """Expected tokens per second of every candidate with a measured cost at batch `bs`."""
@@ -209,12 +218,17 @@ class AdaptivePolicy:
         ranked = sorted(est, key=lambda s: (-est[s], s))
         self.steps += 1
         pick, probe = ranked[0], False
+        last = self.kept.get(self.costs.bucket(bs))
+        if last is not None and last in est and est[last] >= (1 - self.hysteresis) * est[pick]:
+            pick = last
+        self.kept[self.costs.bucket(bs)] = pick
         if len(ranked) > 1 and self.probe_every and self.steps % self.probe_every == 0:
-            pick, probe = ranked[1], True
+            pick, probe = next(s for s in ranked if s != pick), True
         self.chosen[self.costs.bucket(bs)] = pick.label
         return Choice(pick, {s.label: v for s, v in est.items()}, probe)
 
-    def observe(self, shape: SpecShape, bs: int, ms: float, accept_lens: list[int]) -> None:
-        """What one step of `shape` at batch `bs` took and accepted."""
-        self.costs.observe(shape, bs, ms)
+    def observe(self, shape: SpecShape, bs: int, ms: float | None, accept_lens: list[int]) -> None:
+        """What one step of `shape` at batch `bs` took (None: not measured) and accepted."""
+        if ms is not None:
+            self.costs.observe(shape, bs, ms)
         self.profile.update(shape, accept_lens)

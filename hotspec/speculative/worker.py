@@ -340,15 +340,17 @@ class EagleWorker:
             self._launch_off(reqs, greedy, t0)
             return
         behind = [r for r in reqs if self._pending.get(r)]
+        measured = t0
         if behind:
             self._catch_up(behind)
+            measured = -1.0  # (the catch-up is the switch's cost: this step's time is not measured)
         x = self._inputs(reqs, src=self.overlap, sampled=not greedy)
         graph = self.step_graphs[self.shape][0 if greedy else 1]
         # (borrowed from the graph: HostCopy copies it out before the next launch)
         out = graph.run(x, borrow=("emitted",))
         self._set_states(reqs, out)
         self.launches.push(reqs, graph.read_back("emitted") or HostCopy(out.emitted))
-        self._launched.append((self.shape, t0, None))
+        self._launched.append((self.shape, measured, None))
         self._timed("step", t0)
 
     def _launch_off(self, reqs: list[Request], greedy: bool, t0: float) -> None:
@@ -406,7 +408,7 @@ class EagleWorker:
         shape, t_launch, feature = self._launched.popleft()
         now = time.perf_counter()
         if self.policy is not None:  # the step's time: since its launch, or since the last read
-            ms = (now - max(t_launch, self._last_read)) * 1e3
+            ms = (now - max(t_launch, self._last_read)) * 1e3 if t_launch >= 0 else None
             self.policy.observe(SpecShape(*shape), len(reqs), ms, [row[0] - 1 for row in rows])
         self._last_read = now
         if feature is not None:  # plain decode: the draft catches up on these tokens later
