@@ -42,12 +42,12 @@ class RandomShapes(AdaptivePolicy):
         self.rng = random.Random(seed)
         self.picked: list[str] = []
 
-    def choose(self, bs: int) -> Choice:
+    def choose(self, bs: int, rids: list[int] | None = None) -> Choice:
         s = self.rng.choice(self.candidates)
         self.picked.append(s.label)
         return Choice(s, {})
 
-    def observe(self, shape: SpecShape, bs: int, ms: float, accept_lens: list[int]) -> None:
+    def observe(self, *args: object) -> None:
         pass
 
 
@@ -88,7 +88,7 @@ class Cycle(RandomShapes):
         super().__init__([SpecShape.parse("off"), SpecShape.parse(shape)], 0)
         self.cycle = [SpecShape.parse("off")] * n_off + [SpecShape.parse(shape)]
 
-    def choose(self, bs: int) -> Choice:
+    def choose(self, bs: int, rids: list[int] | None = None) -> Choice:
         s = self.cycle[len(self.picked) % len(self.cycle)]
         self.picked.append(s.label)
         return Choice(s, {})

@@ -153,3 +153,22 @@ def test_speculative_metrics_report_counters_and_the_chosen_shapes():
     assert 'hotspec_spec_accepted_tokens_per_pos_total{position="2"} 1.0' in text
     assert 'hotspec_spec_steps_total{shape="off"} 4.0' in text
     assert 'hotspec_spec_shape_chosen{batch_size="8",shape="off"} 1.0' in text
+
+
+def test_each_request_accepts_on_top_of_the_batch():
+    """A request's own verifies move its estimate off the batch's within a few steps; a new
+    request starts from the batch's; the tables of requests gone are dropped."""
+    p = AcceptanceProfile(half_life=1e9, request_half_life=1e9, request_weight=4.0)
+    for _ in range(50):
+        p.update(CHAIN3, [3, 0], rids=[1, 2])  # request 1 accepts everything, request 2 nothing
+    batch = p.expected_tokens(CHAIN3)
+    good, bad = p.expected_tokens(CHAIN3, [1]), p.expected_tokens(CHAIN3, [2])
+    assert bad < 1.2 < batch < good and good > 3.8
+    assert p.expected_tokens(CHAIN3, [3]) == pytest.approx(batch)  # new: the batch's
+    assert p.expected_tokens(CHAIN3, [1, 2]) == pytest.approx((good + bad) / 2)
+    # at batch 1 a prompt that accepts nothing turns speculation off, the next one turns it on
+    costs = _costs({OFF: {1: 1.0}, CHAIN3: {1: 1.5}})
+    policy = AdaptivePolicy([OFF, CHAIN3], costs, p, probe_every=0)
+    assert policy.choose(1, [2]).shape == OFF
+    assert policy.choose(1, [5]).shape == CHAIN3
+    assert set(p.requests) == set()  # (request 2 is gone: its table too)

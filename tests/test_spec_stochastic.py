@@ -286,7 +286,7 @@ def test_sampling_stays_exact_across_shape_switches(models: Models) -> None:
     class RandomShapes:
         probe_every = 0
 
-        def choose(self, bs: int) -> Choice:
+        def choose(self, bs: int, rids: list[int] | None = None) -> Choice:
             s = rng.choice(shapes)
             picked[s.label] += 1
             return Choice(s, {})

@@ -190,7 +190,7 @@ class Engine:
         reqs = [r for r in self.running if not self._finishes_by_then(r)]
         outs: list[StepOutput] = []
         drains = getattr(worker, "drains_before", None)  # (the adaptive speculative worker)
-        if reqs and drains is not None and drains(len(reqs)):
+        if reqs and drains is not None and drains(reqs):
             outs = self._drain()
             reqs = [r for r in self.running if not self._finishes_by_then(r)]
         if not self._grow(reqs):  # out of blocks: preemption needs every step read first

@@ -3,7 +3,8 @@ expected tokens per second for the running batch.
 
     expected tokens/s of shape s at batch b = b * E[tokens a request commits per step | s] / t(s, b)
 
-E[tokens | s] comes from the acceptance profile measured online from verify results. For chains
+E[tokens | s] comes from the acceptance profile measured online from verify results: the batch's,
+and each request's own on top of it (the mean over the batch's requests). For chains
 (topk 1) the conditional acceptance at draft depth d (accepted at d, given d was reached) does not
 depend on how deep the chain goes, so one profile serves every chain length:
 E = 1 + sum_{i<=D} prod_{d<=i} alpha_d, the deepest measured rate standing in beyond what was run.
@@ -102,42 +103,78 @@ class _Depths:
 
 
 class AcceptanceProfile:
-    """Acceptance per draft depth, decayed, one table for all chains and one per tree shape."""
+    """Acceptance per draft depth, decayed, one table for all chains and one per tree shape; the
+    batch's (every request's verifies) and each request's own, which starts from the batch's
+    (`request_weight` verifies' worth of it) and soon speaks for itself: a new prompt is expected
+    to accept as the traffic does, and one that accepts worse or better is treated so within a
+    few steps."""
 
-    def __init__(self, half_life: float = 64.0, prior: float = 0.5) -> None:
+    def __init__(self, half_life: float = 64.0, prior: float = 0.5, request_half_life: float = 32.0,
+                 request_weight: float = 4.0) -> None:
         self.factor = 0.5 ** (1.0 / half_life)
+        self.request_factor = 0.5 ** (1.0 / request_half_life)
         self.prior = prior
+        self.request_weight = request_weight
         self.tables: dict[str, _Depths] = {}
+        self.requests: dict[int, dict[str, _Depths]] = {}
 
     @staticmethod
     def _key(shape: SpecShape) -> str:
         return "chain" if shape.chain else shape.label
 
-    def update(self, shape: SpecShape, accept_lens: list[int]) -> None:
-        """One step of `shape`: the accepted drafts of each request of the batch. Every step
-        decays every table, plain decoding's too: what was measured long ago weighs less than
-        the prior, so a shape not run for a while looks as good as the prior says and is tried
-        again."""
+    def update(self, shape: SpecShape, accept_lens: list[int], rids: list[int] | None = None) -> None:
+        """One step of `shape`: the accepted drafts of each request of the batch (`rids`: their
+        ids, for their own tables). Every step decays every table of the batch and of its
+        requests, plain decoding's too: what was measured long ago weighs less than the prior,
+        so a shape not run for a while looks as good as the prior says and is tried again."""
         for t in self.tables.values():
             t.decay(self.factor)
+        for rid in rids or ():
+            for t in self.requests.get(rid, {}).values():
+                t.decay(self.request_factor)
         if shape.off:
             return
-        table = self.tables.setdefault(self._key(shape), _Depths())
-        for a in accept_lens:
+        key = self._key(shape)
+        table = self.tables.setdefault(key, _Depths())
+        for i, a in enumerate(accept_lens):
             table.add(a, shape.num_steps)
+            if rids is not None:
+                self.requests.setdefault(rids[i], {}).setdefault(key, _Depths()).add(a, shape.num_steps)
 
-    def rates(self, shape: SpecShape) -> list[float]:
+    def keep(self, rids: list[int]) -> None:
+        """Only these requests' tables stay (the batch about to run: the others finished)."""
+        keep = set(rids)
+        if any(r not in keep for r in self.requests):
+            self.requests = {r: t for r, t in self.requests.items() if r in keep}
+
+    def rates(self, shape: SpecShape, rid: int | None = None) -> list[float]:
         """Conditional acceptance at depths 1..num_steps (the deepest measured rate, or the
-        prior, beyond what was measured)."""
+        prior, beyond what was measured): the batch's, or request `rid`'s on top of it."""
         table = self.tables.get(self._key(shape), _Depths())
         r = table.rates(self.prior)[: shape.num_steps]
         last = r[-1] if r else self.prior
-        return r + [last] * (shape.num_steps - len(r))
+        batch = r + [last] * (shape.num_steps - len(r))
+        own = self.requests.get(rid, {}).get(self._key(shape)) if rid is not None else None
+        if own is None:
+            return batch
+        m = self.request_weight
+        return [(a + m * g) / (n + m) if d < len(own.reached) else g
+                for d, (g, a, n) in enumerate(zip(batch, own.accepted + [0.0] * len(batch),
+                                                  own.reached + [0.0] * len(batch)))]
 
-    def expected_tokens(self, shape: SpecShape) -> float:
-        """Tokens a request commits per step: 1 + E[accepted drafts]."""
+    def expected_tokens(self, shape: SpecShape, rids: list[int] | None = None) -> float:
+        """Tokens a request commits per step, 1 + E[accepted drafts]: the batch's, or the mean
+        over the requests `rids`."""
+        if shape.off:
+            return 1.0
+        if not rids:
+            return self._expected(self.rates(shape))
+        return sum(self._expected(self.rates(shape, r)) for r in rids) / len(rids)
+
+    @staticmethod
+    def _expected(rates: list[float]) -> float:
         total, p = 1.0, 1.0
-        for a in self.rates(shape):
+        for a in rates:
             p *= a
             total += p
         return total
@@ -200,17 +237,20 @@ class AdaptivePolicy:
         self.chosen: dict[int, str] = {}  # batch-size bucket -> label of the last choice
         self.kept: dict[int, SpecShape] = {}  # batch-size bucket -> the shape it runs (probes aside)
 
-    def estimates(self, bs: int) -> dict[SpecShape, float]:
-        """Expected tokens per second of every candidate with a measured cost at batch `bs`."""
+    def estimates(self, bs: int, rids: list[int] | None = None) -> dict[SpecShape, float]:
+        """Expected tokens per second of every candidate with a measured cost at batch `bs`
+        (`rids`: the batch's requests, whose own acceptance counts)."""
         out = {}
         for s in self.candidates:
             ms = self.costs.cost(s, bs)
             if ms is not None and ms > 0:
-                out[s] = bs * self.profile.expected_tokens(s) / ms * 1e3
+                out[s] = bs * self.profile.expected_tokens(s, rids) / ms * 1e3
         return out
 
-    def choose(self, bs: int) -> Choice:
-        est = self.estimates(bs)
+    def choose(self, bs: int, rids: list[int] | None = None) -> Choice:
+        if rids is not None:
+            self.profile.keep(rids)
+        est = self.estimates(bs, rids)
         unmeasured = [s for s in self.candidates if s not in est]
         if unmeasured:  # every candidate runs once at each batch size before any is chosen
             self.chosen[self.costs.bucket(bs)] = unmeasured[0].label
@@ -227,8 +267,10 @@ class AdaptivePolicy:
         self.chosen[self.costs.bucket(bs)] = pick.label
         return Choice(pick, {s.label: v for s, v in est.items()}, probe)
 
-    def observe(self, shape: SpecShape, bs: int, ms: float | None, accept_lens: list[int]) -> None:
-        """What one step of `shape` at batch `bs` took (None: not measured) and accepted."""
+    def observe(self, shape: SpecShape, bs: int, ms: float | None, accept_lens: list[int],
+                rids: list[int] | None = None) -> None:
+        """What one step of `shape` at batch `bs` took (None: not measured) and accepted (per
+        request `rids`)."""
         if ms is not None:
             self.costs.observe(shape, bs, ms)
-        self.profile.update(shape, accept_lens)
+        self.profile.update(shape, accept_lens, rids)

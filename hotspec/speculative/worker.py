@@ -301,22 +301,22 @@ class EagleWorker:
             src=torch.tensor(self.launches.src_rows(reqs), dtype=torch.long) if src else None,
             **state.tensors(), **(sampling_fields(reqs, _CPU, ahead) if sampled else {}))
 
-    def drains_before(self, bs: int) -> bool:
-        """Whether every launched step must be read before the next launch (for `bs` requests):
-        the first speculative step after plain decode steps, whose draft first catches up on
-        their tokens (the engine's overlap schedule asks)."""
+    def drains_before(self, reqs: list[Request]) -> bool:
+        """Whether every launched step must be read before the next launch (of `reqs`): the
+        first speculative step after plain decode steps, whose draft first catches up on their
+        tokens (the engine's overlap schedule asks)."""
         if self.policy is None:
             return False
-        shape = self._choose(bs)
-        self._planned = (bs, shape)
+        shape = self._choose(reqs)
+        self._planned = (len(reqs), shape)
         return shape != _OFF and any(s == _OFF for s, _, _ in self._launched)
 
-    def _choose(self, bs: int) -> tuple[int, int, int]:
-        if self._planned is not None and self._planned[0] == bs:
+    def _choose(self, reqs: list[Request]) -> tuple[int, int, int]:
+        if self._planned is not None and self._planned[0] == len(reqs):
             shape = self._planned[1]
         else:
             assert self.policy is not None
-            c = self.policy.choose(bs).shape
+            c = self.policy.choose(len(reqs), [r.rid for r in reqs]).shape
             shape = (c.num_steps, c.topk, c.num_draft_tokens)
         self._planned = None
         return shape
@@ -330,7 +330,7 @@ class EagleWorker:
         while len(self._launched) > len(self.launches):  # the engine dropped failed launches
             self._launched.popleft()
         if self.policy is not None:
-            shape = self._choose(len(reqs))
+            shape = self._choose(reqs)
             off_unread = any(s == _OFF for s, _, _ in self._launched)
             # a speculative step needs the draft caught up on every plain step: while one is
             # unread, plain decode goes on
@@ -409,7 +409,8 @@ class EagleWorker:
         now = time.perf_counter()
         if self.policy is not None:  # the step's time: since its launch, or since the last read
             ms = (now - max(t_launch, self._last_read)) * 1e3 if t_launch >= 0 else None
-            self.policy.observe(SpecShape(*shape), len(reqs), ms, [row[0] - 1 for row in rows])
+            self.policy.observe(SpecShape(*shape), len(reqs), ms, [row[0] - 1 for row in rows],
+                                [r.rid for r in reqs])
         self._last_read = now
         if feature is not None:  # plain decode: the draft catches up on these tokens later
             for i, (r, row) in enumerate(zip(reqs, rows)):
