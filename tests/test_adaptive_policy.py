@@ -166,6 +166,8 @@ def test_each_request_accepts_on_top_of_the_batch():
     assert bad < 1.2 < batch < good and good > 3.8
     assert p.expected_tokens(CHAIN3, [3]) == pytest.approx(batch)  # new: the batch's
     assert p.expected_tokens(CHAIN3, [1, 2]) == pytest.approx((good + bad) / 2)
+    many = [1, 2] + list(range(10, 10 + AcceptanceProfile.PER_REQUEST_MAX))
+    assert p.expected_tokens(CHAIN3, many) == pytest.approx(batch)  # a large batch: the batch's
     # at batch 1 a prompt that accepts nothing turns speculation off, the next one turns it on
     costs = _costs({OFF: {1: 1.0}, CHAIN3: {1: 1.5}})
     policy = AdaptivePolicy([OFF, CHAIN3], costs, p, probe_every=0)
