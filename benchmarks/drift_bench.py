@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hotspec.benchmark.device import sync
+from hotspec.benchmark.device import device_name, sync
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
 from hotspec.benchmark.spec_bench import load_target, run_with_engine
 from hotspec.engine.engine import Engine
@@ -186,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"{shapes:>22} {str(r['steps_to_follow']):>15}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"argv": sys.argv[1:] if argv is None else argv,
-                                        "switch_prompt": switch, "results": results}, indent=1))
+        args.out.write_text(json.dumps({
+            "benchmark": "benchmarks/drift_bench.py", "argv": sys.argv[1:] if argv is None else argv,
+            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "device": device_name(target.model.lm_head.weight.device), "switch_prompt": switch,
+            "results": results}, indent=1))
     if args.plot:
         import matplotlib
 

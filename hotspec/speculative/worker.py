@@ -190,6 +190,8 @@ class EagleWorker:
         the policy measures each shape as it first runs."""
         if self.policy is None or self.graphs.mode != "cuda":
             return "measured as the steps run (no CUDA graphs)"
+        from hotspec.benchmark.device import graph_replay_ms
+
         sizes = self.graphs.batch_sizes
         lines = ["shape   " + " ".join(f"{b:>6}" for b in sizes)]
         for shape in self.shapes:
@@ -200,23 +202,11 @@ class EagleWorker:
                 if replay is None:
                     cells.append(f"{'-':>6}")
                     continue
-                for _ in range(2):
-                    replay.replay()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(replays):
-                    replay.replay()
-                end.record()
-                end.synchronize()
-                ms = start.elapsed_time(end) / replays
+                ms = graph_replay_ms(replay, replays)
                 self.policy.costs.seed(SpecShape(*shape), bs, ms)
                 cells.append(f"{ms:>6.3f}")
             lines.append(f"{SpecShape(*shape).label:<7} " + " ".join(cells))
         return "\n".join(lines)
-
-    @property
-    def step_graph(self) -> PhaseGraph[StepIn, StepOut]:
-        return self.step_graphs[self.shapes[0]][0]
 
     def _timed(self, phase: str, t0: float) -> float:
         self.stats.phase_calls[phase] += 1
@@ -339,7 +329,7 @@ class EagleWorker:
         if self.shape == _OFF:
             self._launch_off(reqs, greedy, t0)
             return
-        behind = [r for r in reqs if self._pending.get(r)]
+        behind = [r for r in reqs if self._pending.get(r)] if self._pending else []
         measured = t0
         if behind:
             self._catch_up(behind)
