@@ -110,7 +110,7 @@ class AcceptanceProfile:
     few steps."""
 
     # Batches of more requests use the batch's profile alone: their mean is about it, and the host
-    # time of per-request tables grows with the batch (~0.1 ms a step at 8, ~1 at 64).
+    # time of per-request tables grows with the batch, on the step's critical path.
     PER_REQUEST_MAX = 8
 
     def __init__(self, half_life: float = 64.0, prior: float = 0.5, request_half_life: float = 32.0,
