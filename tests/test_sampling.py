@@ -47,6 +47,8 @@ from hotspec.sampling_params import SamplingParams
         ({"stop_token_ids": "2"}, ["stop_token_ids", "'2'", "ints >= 0"]),
         ({"ignore_eos": "yes"}, ["ignore_eos", "'yes'", "bool"]),
         ({"skip_special_tokens": 1}, ["skip_special_tokens", "1", "bool"]),
+        ({"detokenize": 0}, ["detokenize", "0", "bool"]),
+        ({"detokenize": False, "stop": "x"}, ["stop strings need the text", "stop_token_ids"]),
     ],
 )
 def test_sampling_params_rejects_bad_field(kwargs: dict[str, Any], fragments: list[str]) -> None:

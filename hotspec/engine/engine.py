@@ -116,7 +116,8 @@ class Engine:
         req = Request(next(self._ids), list(prompt_token_ids), params,
                       params.seed if params.seed is not None else self._rng.getrandbits(62))
         req.stats.prompt_tokens = len(prompt_token_ids)
-        req.checker = StopChecker(self.tokenizer, params, self.eos_token_ids,
+        req.checker = StopChecker(self.tokenizer if params.detokenize else None, params,
+                                  self.eos_token_ids,
                                   req.prompt_token_ids)
         self.waiting.append(req)
         return req

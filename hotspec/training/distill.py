@@ -24,7 +24,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from hotspec.engine.request import Request
 from hotspec.entrypoints.llm import LLM
+from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import SamplingParams
 from hotspec.training.conversations import ChatIds, Conversation
 from hotspec.training.token_shards import (
@@ -114,7 +116,9 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
             break
         chunk = [Conversation(c.source, list(c.users)) for c in
                  convs[i * cfg.shard_size:(i + 1) * cfg.shard_size]]
+        t_shard = time.perf_counter()
         answer_all(llm, chat, chunk, cfg.max_new_tokens, cfg.max_context)
+        secs = time.perf_counter() - t_shard
         records = []
         for c in chunk:
             if not c.answers:
@@ -125,6 +129,9 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
                 seen.add(key)
                 records.append(rec)
         save_shard(out, i, TokenRecords.build(records, vocab))
+        answer_tokens = sum(len(a) for c in chunk for a in c.answers)
+        log.info("distill: shard %d of %d, %d records, %d answer tokens in %.1f s (%.0f tok/s)",
+                 i + 1, n_shards, len(records), answer_tokens, secs, answer_tokens / max(secs, 1e-9))
     sources: dict[str, int] = {}
     for c in convs:
         sources[c.source] = sources.get(c.source, 0) + 1
@@ -136,24 +143,42 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
 
 def answer_all(llm: LLM, chat: ChatIds, convs: list[Conversation], max_new_tokens: int,
                max_context: int) -> None:
-    """Fill in each conversation's answers, turn by turn, every live conversation of a turn in
-    one batch, greedy."""
-    live = list(convs)
-    while live:
-        prompts = [chat.prompt(c) for c in live]
-        asked = [(c, p) for c, p in zip(live, prompts) if max_context - len(p) >= MIN_ANSWER]
-        if not asked:
-            break
-        params = [SamplingParams(temperature=0.0, max_tokens=min(max_new_tokens, max_context - len(p)))
-                  for _, p in asked]
-        outs = llm.generate(prompt_token_ids=[p for _, p in asked], sampling_params=params)
-        live = []
-        for (c, _), o in zip(asked, outs):
-            if not o.token_ids:
-                continue
-            c.answers.append(list(o.token_ids))
-            if o.finish_reason == "stop" and len(c.answers) < len(c.users):
-                live.append(c)
+    """Fill in each conversation's answers, greedy. Every conversation's first turn is queued at
+    once, and a conversation's next turn is queued the moment its answer is done, so the engine's
+    batch stays full until the last answers of the chunk."""
+    engine = llm.engine
+    asking: dict[int, Conversation] = {}  # request id -> its conversation
+
+    def ask(c: Conversation) -> None:
+        prompt = chat.prompt(c)
+        room = max_context - len(prompt)
+        if room < MIN_ANSWER:
+            return
+        params = SamplingParams(temperature=0.0, max_tokens=min(max_new_tokens, room),
+                                detokenize=False)
+        try:
+            req = engine.add_request(prompt, params)
+        except InvalidRequestError as e:  # over the engine's own context: the conversation ends
+            log.warning("distill: a turn of %d tokens is not asked: %s", len(prompt), e)
+            return
+        asking[req.rid] = c
+
+    def answered(req: Request) -> None:
+        c = asking.pop(req.rid, None)
+        if c is None or not req.output_token_ids or req.finish_reason == "error":
+            return
+        c.answers.append(list(req.output_token_ids))
+        if req.finish_reason == "stop" and len(c.answers) < len(c.users):
+            ask(c)
+
+    for c in convs:
+        ask(c)
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.request.finish_reason is not None:
+                answered(o.request)
+    if asking:  # finished without a step output (aborted): nothing to add
+        log.warning("distill: %d turns ended without an answer", len(asking))
 
 
 def _key(ids: list[int]) -> str:
