@@ -12,7 +12,8 @@ import pytest
 from hotspec.config import EngineConfig
 from hotspec.entrypoints.cli import build_parser, main
 
-COMMANDS = ("generate", "serve", "bench", "distill", "train-draft", "token-map", "prune-draft")
+COMMANDS = ("generate", "serve", "bench", "distill", "train-draft", "token-map", "prune-draft",
+            "assemble-model")
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:

