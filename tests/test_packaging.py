@@ -31,7 +31,10 @@ def test_test_extra_accepts_the_triton_of_torch_cuda_wheels() -> None:
 
 
 def test_test_extra_holds_test_tools_and_dev_the_linters() -> None:
+    from hotspec.models.packaged import PACKAGED_MODELS
+
     extras = PROJECT["optional-dependencies"]
+    parts = {n for m in PACKAGED_MODELS.values() for n in m.pip_names}  # their parity tests' models
     assert set(requirements(extras["test"])) == {"pytest", "scipy", "accelerate", "mypy", "openai",
-                                                  "httpx", "triton"}  # mypy: tests/test_typing.py
+                                                  "httpx", "triton"} | parts  # mypy: test_typing
     assert "ruff" in requirements(extras["dev"])

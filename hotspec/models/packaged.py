@@ -2,9 +2,9 @@
 order into one file, checked by size and sha256.
 
 `--model qwen2.5-coder-0.5b-instruct` resolves to the joined file in the cache folder
-(`$XDG_CACHE_HOME/hotspec`, by default `~/.cache/hotspec`), joining it first when it is missing: a local copy of
-~0.5 GB taking seconds, never a download. `hotspec assemble-model NAME --out FILE` does the same
-to a file of the user's choosing.
+(`$XDG_CACHE_HOME/hotspec`, by default `~/.cache/hotspec`), joining it first when it is missing:
+a local copy of ~0.5 GB taking seconds, never a download. `hotspec assemble-model NAME --out
+FILE` does the same to a file of the user's choosing.
 """
 
 from __future__ import annotations
