@@ -24,8 +24,8 @@
 #            .data/distill.tar.part*): EAGLE-3, 8,192-token draft vocabulary, TRAIN_EPOCHS (1)
 #            passes, for TRAIN_SECONDS (420) a call; a halted run resumes from /root/head (or a
 #            carried .data/head.tar.part*) and comes back as $OUT/head.tar.partNN (the first four
-#            pieces; `head_rest` returns the others), the finished head as $OUT/head.tar (its
-#            report inside)
+#            pieces; `head_rest` returns the others), the finished head as $OUT/head.tar.partNN too
+#            (its report inside); TARGET=qwen: both on Qwen2.5-Coder (see QGGUF below)
 #   head_rest  the pieces of a halted train_data's checkpoint that its call could not return
 #   adaptive end to end at batch 1, 4, 8, 16, 32, 64 (needs the GGUF and .data/spec_bench_dev.jsonl):
 #            --speculative-adaptive beside every fixed candidate shape and graphed vanilla
@@ -34,6 +34,7 @@
 #   sweep_head  `sweep` at batch 32 of the shipped head beside /root/head (3/1/4 and 4/8/12)
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
+#   .qwen/    Qwen2.5-Coder's GGUF in eleven parts (QGGUF below)
 #   .whl/     the gguf wheel the GPU image lacks: `python3 -m pip download --no-deps -d .whl gguf`
 #   .models/  the default GGUF (98 MB) in three parts; a call carries the ~21 MB tree and at most
 #             ~45 MB beside it (64 MiB in all):
@@ -67,6 +68,23 @@ if [ ! -f $PKG/$GGUF ] && [ -f /root/models/p1 ] && [ -f /root/models/p2 ] && [ 
   cat /root/models/p1 /root/models/p2 /root/models/p3 > $PKG/$GGUF
   echo "$SHA  $PKG/$GGUF" | sha256sum -c - || rm -f $PKG/$GGUF
 fi
+# Qwen2.5-Coder-0.5B-Instruct (491 MB): carried in eleven parts, `split -b 45000000 -d -a 2
+# $(hotspec assemble-model qwen2.5-coder-0.5b-instruct | sed 's/.*-> //') .qwen/q` (q00..q10), one a call.
+QGGUF=/root/qwen/qwen2.5-coder-0.5b-instruct.gguf
+QSHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+mkdir -p /root/qwen
+for part in .qwen/q[0-9][0-9]; do [ -f "$part" ] && cp "$part" /root/qwen/ && echo "stashed $part"; done
+if [ ! -f $QGGUF ] && [ "$(ls /root/qwen/q[0-9][0-9] 2>/dev/null | wc -l)" -eq 11 ]; then
+  cat /root/qwen/q[0-9][0-9] > $QGGUF
+  echo "$QSHA  $QGGUF" | sha256sum -c - || rm -f $QGGUF
+fi
+# TARGET=qwen: distill and train_data work on Qwen (into /root/qdistill and /root/qhead, carried as
+# .data/qdistill.tar.part* and .data/qhead.tar.part*), with the full 151,936-token draft vocabulary.
+if [ "${TARGET:-smollm2}" = qwen ]; then
+  MODEL=(--model "$QGGUF"); W=q; DVOCAB=${DRAFT_VOCAB:-151936}
+else
+  MODEL=(); W=; DVOCAB=${DRAFT_VOCAB:-8192}
+fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 
 step() {  # step NAME SECONDS CMD...: run, log to $OUT/NAME.log, record the exit code
@@ -76,7 +94,11 @@ step() {  # step NAME SECONDS CMD...: run, log to $OUT/NAME.log, record the exit
   echo "$name rc=$?" >> "$OUT/summary.txt"
   tail -n 15 "$OUT/$name.log"
 }
-need_gguf() {  # need_gguf STAGE: true when the default GGUF is in place, else a note
+need_gguf() {  # need_gguf STAGE: true when the target's GGUF is in place, else a note
+  if [ "$W" = q ]; then
+    [ -f $QGGUF ] && return
+    echo "$1: no Qwen GGUF (carry .qwen/q00..q10)" | tee -a "$OUT/summary.txt"; false; return
+  fi
   [ -f $PKG/$GGUF ] && return
   echo "$1: no default GGUF (carry .models/p1..p3)" | tee -a "$OUT/summary.txt"; false
 }
@@ -119,36 +141,36 @@ for stage in "$@"; do
       python3 benchmarks/ab_table.py "$OUT/ab" | tee "$OUT/ab.txt" ;;
     distill) need_gguf distill && {
         ds=${DISTILL_SECONDS:-420}
-        if [ ! -d /root/distill ] && ls .data/distill.tar.part* >/dev/null 2>&1; then
-          cat .data/distill.tar.part* | tar -x -C /root  # a carried earlier run resumes
+        if [ ! -d /root/${W}distill ] && ls .data/${W}distill.tar.part* >/dev/null 2>&1; then
+          cat .data/${W}distill.tar.part* | tar -x -C /root  # a carried earlier run resumes
         fi
-        step distill $((ds + 150)) python3 -m hotspec distill --out /root/distill \
+        step distill $((ds + 150)) python3 -m hotspec distill "${MODEL[@]}" --out /root/${W}distill \
           --task-prompts 30000 --self-prompts 20000 --exclude .data/spec_bench_dev.jsonl \
           --max-new-tokens 1024 --max-context 4096 --shard-size 1024 --max-num-seqs 512 \
           --kv-cache-memory-gb 48 \
           --time-limit "$ds" --no-progress
-        tar -C /root -cf - distill | split -b 15M -d - "$OUT/distill.tar.part"
-        ls -la "$OUT"/distill.tar.part* | tee -a "$OUT/summary.txt"; } ;;
+        tar -C /root -cf - ${W}distill | split -b 15M -d - "$OUT/${W}distill.tar.part"
+        ls -la "$OUT"/${W}distill.tar.part* | tee -a "$OUT/summary.txt"; } ;;
     train_data) need_gguf train_data && {
-        ts=${TRAIN_SECONDS:-420}
-        [ -d /root/distill ] || cat .data/distill.tar.part* | tar -x -C /root
-        if [ ! -d /root/head ] && ls .data/head.tar.part* >/dev/null 2>&1; then
-          cat .data/head.tar.part* | tar -x -C /root
+        ts=${TRAIN_SECONDS:-420} H=/root/${W}head
+        [ -d /root/${W}distill ] || cat .data/${W}distill.tar.part* | tar -x -C /root
+        if [ ! -d $H ] && ls .data/${W}head.tar.part* >/dev/null 2>&1; then
+          cat .data/${W}head.tar.part* | tar -x -C /root
         fi
-        resume=""; [ -d /root/head/checkpoints ] && resume="--resume"
-        step train $((ts + 240)) python3 -m hotspec train-draft --data /root/distill --out /root/head \
-          --arch eagle3 --draft-vocab 8192 --epochs "${TRAIN_EPOCHS:-1}" --batch-size 32 --lr 3e-4 \
-          --warmup-ratio 0.02 --max-seq-len 2048 --eval-prompts 16 --save-every 500 \
+        resume=""; [ -d $H/checkpoints ] && resume="--resume"
+        step train $((ts + 240)) python3 -m hotspec train-draft "${MODEL[@]}" --data /root/${W}distill \
+          --out $H --arch eagle3 --draft-vocab "$DVOCAB" --epochs "${TRAIN_EPOCHS:-1}" --batch-size 32 \
+          --lr 3e-4 --warmup-ratio 0.02 --max-seq-len 2048 --eval-prompts 16 --save-every 500 \
           --device cuda --time-limit "$ts" --no-progress $resume
         rm -rf /root/head_parts && mkdir -p /root/head_parts
-        if [ -f /root/head/model.safetensors ]; then
-          tar -C /root -cf "$OUT/head.tar" --exclude=checkpoints head
-        else  # the checkpoint (~80 MB): four 15 MB pieces now, the rest with stage head_rest
-          tar -C /root -cf - head | split -b 15M -d - /root/head_parts/head.tar.part
-          for f in /root/head_parts/head.tar.part0[0-3]; do [ -f "$f" ] && mv "$f" "$OUT/"; done
+        if [ -f $H/model.safetensors ]; then
+          tar -C /root -cf - --exclude=checkpoints ${W}head | split -b 15M -d - "$OUT/${W}head.tar.part"
+        else  # the checkpoint (~80 MB for SmolLM2): four 15 MB pieces now, the rest with head_rest
+          tar -C /root -cf - ${W}head | split -b 15M -d - /root/head_parts/${W}head.tar.part
+          for f in /root/head_parts/${W}head.tar.part0[0-3]; do [ -f "$f" ] && mv "$f" "$OUT/"; done
         fi
-        ls -la "$OUT"/head.tar* /root/head_parts | tee -a "$OUT/summary.txt"; } ;;
-    head_rest) cp /root/head_parts/head.tar.part* "$OUT/" 2>/dev/null
+        ls -la "$OUT"/${W}head.tar* /root/head_parts | tee -a "$OUT/summary.txt"; } ;;
+    head_rest) cp /root/head_parts/*head.tar.part* "$OUT/" 2>/dev/null
       ls -la "$OUT" | tee -a "$OUT/summary.txt" ;;
     adaptive) need_gguf adaptive && for bs in 1 4 8 16 32 64; do
         n=$((bs < 8 ? 32 : (4 * bs > 240 ? 240 : 4 * bs)))
