@@ -195,6 +195,21 @@ def test_cli_end_to_end(tmp_path: Path, capsys) -> None:
     assert json.loads(Path(str(out) + ".json").read_text())["tokens_counted"] == 7
 
 
+def test_cli_counts_the_response_tokens_of_distilled_shards(tmp_path: Path, capsys) -> None:
+    """--data: only the tokens the target wrote count (the mask), never the prompts'."""
+    from hotspec.training.token_shards import TokenRecords, save_shard
+
+    records = [([7, 8, 9, 5, 5, 5], [False, False, False, True, True, True]),
+               ([7, 7, 7, 7, 6, 5, IM_END], [False, False, False, False, True, True, True])]
+    save_shard(tmp_path / "d", 0, TokenRecords.build(records, VOCAB))
+    out = tmp_path / "freq_3.pt"
+    assert main(["token-map", "--data", str(tmp_path / "d"), "--size", "3", "--out", str(out)]) == 0
+    assert "from 6 response tokens" in capsys.readouterr().out
+    assert load_token_map(out, VOCAB).tolist() == [5, 2, 6]  # 5 x4; then IM_END and 6 once each
+    with pytest.raises(SystemExit):  # one source or the other
+        main(["token-map", "--data", str(tmp_path / "d"), "--corpus", "x.txt"])
+
+
 def test_cli_reports_errors(tmp_path: Path, capsys) -> None:
     assert main(["token-map", "--corpus", str(tmp_path / "missing.txt"), "--out",
                  str(tmp_path / "m.pt"), "--no-progress"]) == 2

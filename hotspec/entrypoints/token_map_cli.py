@@ -15,12 +15,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "token-map", help="count a corpus's token frequencies and write an FR-Spec token map",
         formatter_class=HelpFormatter,
         description="Count the model tokenizer's token frequencies over a corpus (.txt, .jsonl, or "
-        "ShareGPT .json) and write the SIZE most frequent ids as torch.save(list of int), plus a "
-        "JSON sidecar <OUT>.json. EOS and the chat template's end-of-turn tokens are always kept.")
+        "ShareGPT .json), or the target's own response tokens in `hotspec distill` shards, and "
+        "write the SIZE most frequent ids as torch.save(list of int), plus a JSON sidecar "
+        "<OUT>.json. EOS and the chat template's end-of-turn tokens are always kept.")
     p.add_argument("--model", default=None,
                    help="model folder or .gguf whose tokenizer to use (default: the built-in model)")
-    p.add_argument("--corpus", nargs="+", required=True, type=Path, metavar="FILE",
-                   help=".txt (or any plain text), .jsonl, or ShareGPT .json files")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--corpus", nargs="+", type=Path, metavar="FILE",
+                     help=".txt (or any plain text), .jsonl, or ShareGPT .json files")
+    src.add_argument("--data", type=Path, metavar="DIR",
+                     help="token shards of `hotspec distill --out DIR` (their response tokens)")
     p.add_argument("--size", type=_positive_int, default=32768, help="ids to keep (default: 32768)")
     p.add_argument("--out", type=Path, default=None, help="output .pt (default: freq_<SIZE>.pt)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -29,19 +33,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_token_map(args: argparse.Namespace) -> None:
     from hotspec.models.loader import load_tokenizer, resolve_model_path
-    from hotspec.speculative.token_map_builder import build_token_map, save_token_map
+    from hotspec.speculative.token_map_builder import (
+        build_token_map,
+        build_token_map_from_shards,
+        save_token_map,
+    )
 
     model_path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(model_path)
     out = args.out if args.out is not None else Path(f"freq_{args.size}.pt")
     try:
-        result = build_token_map(tokenizer, args.corpus, args.size, progress=not args.no_progress)
-        save_token_map(result, out, str(model_path), args.corpus)
+        if args.data is not None:
+            result = build_token_map_from_shards(tokenizer, args.data, args.size)
+        else:
+            result = build_token_map(tokenizer, args.corpus, args.size, progress=not args.no_progress)
+        save_token_map(result, out, str(model_path), [args.data] if args.data else args.corpus)
     except HotspecError:
         raise
     except (OSError, ValueError) as e:  # missing or unreadable corpus, empty corpus, size too small
         raise HotspecError(str(e)) from e
-    print(f"token map: {len(result.ids)} ids from {result.tokens_counted:,} corpus tokens, "
+    kind = "response" if args.data is not None else "corpus"
+    print(f"token map: {len(result.ids)} ids from {result.tokens_counted:,} {kind} tokens, "
           f"coverage {result.coverage:.2%} -> {out}")
 
 

@@ -95,6 +95,34 @@ def build_token_map(
     tokens_counted = int(counts.sum()) + out_of_vocab
     if tokens_counted == 0:
         raise ValueError(f"the corpus ({', '.join(map(str, files))}) holds no text to count")
+    return _result(counts, tokens_counted, n_keep, forced, skipped)
+
+
+def build_token_map_from_shards(tokenizer: PreTrainedTokenizerBase, folder: Path, size: int,
+                                vocab_size: int | None = None) -> TokenMapResult:
+    """The map of the target's own tokens in `hotspec distill`'s token shards (the response
+    tokens: what the draft has to propose), ranked as build_token_map ranks a corpus's."""
+    from hotspec.training.token_shards import load_records
+
+    vocab = len(tokenizer) if vocab_size is None else vocab_size
+    data = load_records(Path(folder))
+    forced = end_of_turn_ids(tokenizer, vocab)
+    n_keep = min(size, vocab)
+    if n_keep < max(1, len(forced)):
+        raise ValueError(f"map size {size} is too small: it must hold at least the {len(forced)} "
+                         f"end-of-turn token(s) {forced}")
+    ids = data.tokens[data.mask].astype(np.int64)
+    if ids.size == 0:
+        raise ValueError(f"the token shards of {folder} hold no response tokens to count")
+    if int(ids.max()) >= vocab:
+        raise ValueError(f"the token shards of {folder} hold id {int(ids.max())}, outside this "
+                         f"model's vocabulary of {vocab}: they were made for another model")
+    counts = np.bincount(ids, minlength=vocab)
+    return _result(counts, int(ids.size), n_keep, forced, 0)
+
+
+def _result(counts: np.ndarray, tokens_counted: int, n_keep: int, forced: list[int],
+            skipped: int) -> TokenMapResult:
     ids = rank_ids(counts, n_keep, forced)
     coverage = float(counts[ids].sum()) / tokens_counted
     return TokenMapResult(ids=ids, tokens_counted=tokens_counted, coverage=coverage,
