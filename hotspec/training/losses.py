@@ -15,7 +15,9 @@ SpecForge's ploss weights); each step's loss is a mean over its counted position
   * EAGLE-3 (SpecForge OnlineEagle3Model): cross-entropy against the target's distribution at q
     restricted to the draft vocabulary and renormalised over it, softmax(logits_q[draft ids]);
     positions whose full-vocabulary target argmax is outside the draft vocabulary are ignored (the
-    head could not propose that token; SpecForge's position_mask).
+    head could not propose that token; SpecForge's position_mask). The cross-entropy runs in row
+    chunks from the LM head's inputs (chunked_ce.soft_cross_entropy), so no [positions, draft
+    vocabulary] tensor is materialised: a full-vocabulary head fits in memory.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from hotspec.models.draft_head import DraftHead
+from hotspec.training.chunked_ce import soft_cross_entropy
 
 STEP_DECAY = 0.8
 EAGLE_CE_WEIGHT = 0.1
@@ -98,7 +101,8 @@ def eagle_loss(head: DraftHead, batch: TrainBatch,
         vloss = F.smooth_l1_loss(h.float(), f_next.float(), reduction="none").mean(-1)
         ploss = -(target_p * logp).sum(-1)
         weight = torch.ones_like(vloss)
-        _collect(vloss + EAGLE_CE_WEIGHT * ploss, weight, logp, target_p, k, terms, losses, accs)
+        hit = logp.argmax(-1) == target_p.argmax(-1)
+        _collect(vloss + EAGLE_CE_WEIGHT * ploss, weight, hit, k, terms, losses, accs)
         counted.append(rows.numel())
     return LossOut(sum(terms), torch.stack(losses), torch.stack(accs), counted)  # type: ignore[arg-type]
 
@@ -106,9 +110,12 @@ def eagle_loss(head: DraftHead, batch: TrainBatch,
 def eagle3_loss(head: DraftHead, batch: TrainBatch, outs: list[tuple[torch.Tensor, torch.Tensor]],
                 target_rows: torch.Tensor, t2d: torch.Tensor) -> LossOut:
     """`target_rows` [D, H]: the target LM head's rows of the draft vocabulary (draft order);
-    `t2d` [V] bool: membership of the draft vocabulary."""
+    `t2d` [V] bool: membership of the draft vocabulary. The head's logits are compute_logits',
+    lm_head(hidden) (no bias), which soft_cross_entropy computes a chunk at a time from the
+    hidden rows and lm_head.weight."""
     assert batch.final is not None and batch.argmax is not None, "EAGLE-3 batches carry final/argmax"
     finals, argmax = batch.final.flatten(0, 1), batch.argmax.flatten()
+    weight = head.lm_head.weight
     terms: list[torch.Tensor] = []
     losses: list[torch.Tensor] = []
     accs: list[torch.Tensor] = []
@@ -118,22 +125,21 @@ def eagle3_loss(head: DraftHead, batch: TrainBatch, outs: list[tuple[torch.Tenso
         nxt = rows + k + 1  # the label position q = j + k + 1 (same record)
         with torch.no_grad():
             final = finals[nxt]
-            target_p = torch.softmax(F.linear(final, target_rows.to(final.dtype)).float(), dim=-1)
             in_vocab = t2d[argmax[nxt]].float()  # 0: the head could not propose the target's token
-        logp = torch.log_softmax(head.compute_logits(hidden.flatten(0, 1)[rows]), dim=-1)
-        _collect(-(target_p * logp).sum(-1), in_vocab, logp, target_p, k, terms, losses, accs)
+        per_pos, hit = soft_cross_entropy(hidden.flatten(0, 1)[rows], weight, final, target_rows)
+        _collect(per_pos, in_vocab, hit, k, terms, losses, accs)
         counted.append(rows.numel())
     return LossOut(sum(terms), torch.stack(losses), torch.stack(accs), counted)  # type: ignore[arg-type]
 
 
-def _collect(per_pos: torch.Tensor, weight: torch.Tensor, logp: torch.Tensor, target_p: torch.Tensor,
-             k: int, terms: list[torch.Tensor], losses: list[torch.Tensor],
-             accs: list[torch.Tensor]) -> None:
+def _collect(per_pos: torch.Tensor, weight: torch.Tensor, hit: torch.Tensor, k: int,
+             terms: list[torch.Tensor], losses: list[torch.Tensor], accs: list[torch.Tensor]) -> None:
     """Step k's loss: the mean of `per_pos` over the positions of weight 1, computed on the device
-    (an empty step adds a zero that still depends on the graph)."""
+    (an empty step adds a zero that still depends on the graph); its accuracy: the same mean of
+    `hit` (head top-1 == target top-1)."""
     n = weight.sum().clamp_min(1.0)
     loss = (per_pos * weight).sum() / n
     terms.append(STEP_DECAY ** k * loss)
     losses.append(loss.detach())
     with torch.no_grad():
-        accs.append(((logp.argmax(-1) == target_p.argmax(-1)).float() * weight).sum() / n)
+        accs.append((hit.float() * weight).sum() / n)
