@@ -39,8 +39,8 @@
 #   .models/  the default GGUF (98 MB) in three parts; a call carries the ~21 MB tree and at most
 #             ~45 MB beside it (64 MiB in all):
 #             G=$(python -c 'from hotspec.models.default_model import default_model_path as p;
-#             print(p())'); head -c 45000000 $G > .models/p1;
-#             tail -c +45000001 $G | head -c 45000000 > .models/p2; tail -c +90000001 $G > .models/p3
+#             print(p())'); head -c 44000000 $G > .models/p1;
+#             tail -c +44000001 $G | head -c 44000000 > .models/p2; tail -c +88000001 $G > .models/p3
 #             Call 1 `stash` with the gguf wheel and .models/p1, call 2 `stash` with .models/p2,
 #             call 3 the work, with .models/p3 and what it reads (.data/...), each at once after the
 #             one before (a machine goes back 30 s after a call, and /root/models with it). Each
@@ -68,7 +68,7 @@ if [ ! -f $PKG/$GGUF ] && [ -f /root/models/p1 ] && [ -f /root/models/p2 ] && [ 
   cat /root/models/p1 /root/models/p2 /root/models/p3 > $PKG/$GGUF
   echo "$SHA  $PKG/$GGUF" | sha256sum -c - || rm -f $PKG/$GGUF
 fi
-# Qwen2.5-Coder-0.5B-Instruct (491 MB): carried in eleven parts, `split -b 45000000 -d -a 2
+# Qwen2.5-Coder-0.5B-Instruct (491 MB): carried in eleven parts, `split -b 44700000 -d -a 2
 # $(hotspec assemble-model qwen2.5-coder-0.5b-instruct | sed 's/.*-> //') .qwen/q` (q00..q10), one a call.
 QGGUF=/root/qwen/qwen2.5-coder-0.5b-instruct.gguf
 QSHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
