@@ -164,3 +164,37 @@ def test_token_map_larger_than_vocab_fails_first(target: Path, tmp_path: Path,
         TrainConfig(out=out, token_maps=(0,))
     with pytest.raises(TrainConfigError, match="--max-num-seqs"):
         TrainConfig(out=out, max_num_seqs=0)
+
+
+def test_shared_lm_head_head_trains_the_layer_only_and_loads_the_target_head(target: Path) -> None:
+    """--share-lm-head: the target's LM head is the head's, frozen; the file holds the layer alone
+    (no lm_head, d2t, t2d or draft_vocab_size: loaders take the target's head); it drafts, and the
+    output stays vanilla's, with and without an FR-Spec map."""
+    out = target.parent / "shared"
+    assert main(["train-draft", "--model", str(target), "--out", str(out), "--arch", "eagle3",
+                 "--share-lm-head", "--token-maps", "16", "--epochs", "12", "--ttt-steps", "2",
+                 *SMALL]) == 0
+    with safe_open(out / "model.safetensors", framework="pt") as f:
+        keys = set(f.keys())
+    assert keys and not keys & {"lm_head.weight", "d2t", "t2d"}
+    assert "draft_vocab_size" not in json.loads((out / "config.json").read_text())
+    vanilla = [o.token_ids for o in _llm(target, None).generate(prompt_token_ids=PROMPTS,
+                                                                  sampling_params=PARAMS)]
+    llm = _llm(target, out)
+    assert torch.equal(llm.engine.draft.lm_head.weight, llm.engine.target.lm_head.weight)
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=PARAMS)
+    assert [o.token_ids for o in outs] == vanilla
+    assert sum(o.stats.generated_tokens for o in outs) > 1.2 * sum(o.stats.spec_steps + 1 for o in outs)
+    mapped = _llm(target, out, token_map=out / "freq_16.pt")
+    assert mapped.engine.draft.draft_vocab_size == 16
+    outs = mapped.generate(prompt_token_ids=PROMPTS, sampling_params=PARAMS)
+    assert [o.token_ids for o in outs] == vanilla
+
+
+@pytest.mark.parametrize("extra, match", [(["--arch", "eagle"], "for EAGLE-3 heads"),
+                                          (["--draft-vocab", "16"], "drop --draft-vocab")])
+def test_shared_lm_head_refusals(extra: list[str], match: str, tmp_path: Path) -> None:
+    with pytest.raises(TrainConfigError, match=match):
+        TrainConfig(out=tmp_path, share_lm_head=True,
+                    arch=extra[1] if extra[0] == "--arch" else "eagle3",
+                    draft_vocab=int(extra[1]) if extra[0] == "--draft-vocab" else None)

@@ -31,6 +31,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="EAGLE-3: draft vocabulary size (default min(32000, vocab)); EAGLE: also "
                    "write the FR-Spec map DIR/freq_N.pt of the N most frequent response tokens")
+    p.add_argument("--share-lm-head", action="store_true",
+                   help="EAGLE-3: the head proposes from the target's own LM head (the whole "
+                   "vocabulary), frozen and not written to the head: its model.safetensors holds "
+                   "the layer alone, without lm_head, d2t, t2d or draft_vocab_size, the public "
+                   "convention for heads that load the LM head from the target (SGLang's "
+                   "load_lm_head_from_target). FR-Spec maps (--speculative-token-map) cut it as "
+                   "they cut any head's")
     p.add_argument("--intermediate-size", type=int, default=None, metavar="N",
                    help="width of the head's MLP, written to its config.json (default: the "
                    "target's intermediate_size); wider heads load as they are in the engine, "
@@ -102,7 +109,7 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         engine_kwargs["kv_cache_memory_gb"] = args.kv_cache_memory_gb
     cfg = TrainConfig(
         out=args.out, model=args.model, arch=args.arch, draft_vocab=args.draft_vocab,
-        intermediate_size=args.intermediate_size,
+        intermediate_size=args.intermediate_size, share_lm_head=args.share_lm_head,
         token_maps=tuple(args.token_maps), max_num_seqs=args.max_num_seqs,
         prompts=tuple(args.prompts), data=args.data, eval_prompts_file=args.eval_prompts_file,
         num_prompts=args.num_prompts, eval_prompts=args.eval_prompts,

@@ -28,6 +28,8 @@ class TrainConfig:
     # gives the head more capacity; the public formats read the width from config.json, so the
     # engine, SGLang and the EAGLE repo build the wider head as they are.
     intermediate_size: int | None = None
+    # EAGLE-3: the head's LM head is the target's (whole vocabulary), frozen and not exported.
+    share_lm_head: bool = False
     # FR-Spec maps DIR/freq_<N>.pt of the N most frequent response tokens, for either arch.
     token_maps: tuple[int, ...] = ()
     prompts: tuple[Path, ...] = ()  # empty: prompts synthesized by the target itself
@@ -93,6 +95,13 @@ class TrainConfig:
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise TrainConfigError(f"--draft-vocab must be >= 1, got {self.draft_vocab}")
         self._check_intermediate_size()
+        if self.share_lm_head and self.arch != "eagle3":
+            raise TrainConfigError("--share-lm-head is for EAGLE-3 heads; EAGLE-1/2 heads always "
+                                   "use the target's LM head")
+        if self.share_lm_head and self.draft_vocab is not None:
+            raise TrainConfigError("--share-lm-head proposes from the target's whole vocabulary; "
+                                   "drop --draft-vocab (an FR-Spec map cuts it at serving time: "
+                                   "--token-maps writes them)")
         if any(n < 1 for n in self.token_maps):
             raise TrainConfigError(f"--token-maps sizes must be >= 1, got {list(self.token_maps)}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:

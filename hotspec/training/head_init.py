@@ -67,8 +67,10 @@ def aux_layers(config: dict[str, Any], target_cfg: ModelConfig, algorithm: str) 
 
 
 def build_head(target: LlamaForCausalLM, config: dict[str, Any], algorithm: str,
-               draft_to_target: torch.Tensor | None, device: torch.device, seed: int) -> DraftHead:
-    """A trainable head in float32 on `device` (see the module docstring for what is trained)."""
+               draft_to_target: torch.Tensor | None, device: torch.device, seed: int,
+               share_lm_head: bool = False) -> DraftHead:
+    """A trainable head in float32 on `device` (see the module docstring for what is trained);
+    `share_lm_head` (EAGLE-3): its LM head is the target's own weight, frozen."""
     tcfg = target.config
     # The head's ModelConfig exactly as draft_loader builds it from config.json.
     cfg = dataclasses.replace(ModelConfig.from_hf_dict({**config, "model_type": "llama"}),
@@ -81,10 +83,12 @@ def build_head(target: LlamaForCausalLM, config: dict[str, Any], algorithm: str,
         head = EagleHead(cfg, embed, target.lm_head.weight, tcfg.vocab_size,
                          tcfg.max_position_embeddings, fc_bias=bool(config.get("bias", True)))
     else:
-        rows = target.lm_head.weight
+        rows = target.lm_head.weight.detach()
         if draft_to_target is not None:
             rows = rows[draft_to_target.to(rows.device)]
-        head = Eagle3Head(cfg, embed, rows.detach().float().clone(), draft_to_target,
+        if not share_lm_head:
+            rows = rows.float().clone()  # trained: float32 master weights of its own
+        head = Eagle3Head(cfg, embed, rows, draft_to_target,
                           tcfg.vocab_size, tcfg.max_position_embeddings,
                           aux_layers(config, tcfg, algorithm))
     for module in head.modules():
@@ -92,7 +96,7 @@ def build_head(target: LlamaForCausalLM, config: dict[str, Any], algorithm: str,
             nn.init.normal_(module.weight, 0.0, INIT_STD)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-    if algorithm == "EAGLE3":
+    if algorithm == "EAGLE3" and not share_lm_head:
         head.lm_head.weight.requires_grad_(True)
     head = head.to(device)
     head.build_rotary(device)
@@ -104,16 +108,18 @@ def trainable_parameters(head: DraftHead) -> dict[str, nn.Parameter]:
 
 
 def export_head(head: DraftHead, config: dict[str, Any], out_dir: Path, dtype: torch.dtype,
-                d2t: torch.Tensor | None = None, t2d: torch.Tensor | None = None) -> Path:
+                d2t: torch.Tensor | None = None, t2d: torch.Tensor | None = None,
+                share_lm_head: bool = False) -> Path:
     """Write config.json + model.safetensors with the public key names (no embedding; EAGLE-1/2
-    without LM head; EAGLE-3 with lm_head.weight, d2t and t2d)."""
-    eagle3 = isinstance(head, Eagle3Head)
+    and EAGLE-3 heads sharing the target's LM head without one; other EAGLE-3 heads with
+    lm_head.weight, d2t and t2d)."""
+    own_head = isinstance(head, Eagle3Head) and not share_lm_head
     state: dict[str, torch.Tensor] = {}
     for name, p in head.state_dict().items():
-        if name.startswith("embed_tokens.") or (name.startswith("lm_head.") and not eagle3):
+        if name.startswith("embed_tokens.") or (name.startswith("lm_head.") and not own_head):
             continue
         state[name] = p.detach().to(dtype)
-    if eagle3:
+    if own_head:
         if d2t is None or t2d is None:
             raise ValueError("an EAGLE-3 head is exported with its d2t and t2d")
         state["d2t"], state["t2d"] = d2t, t2d

@@ -79,9 +79,13 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     _check_token_maps(cfg, vocab_size, forced)
     # EAGLE-3: rows of the head's own LM head; EAGLE-1/2: size of the FR-Spec map (or none).
     n_draft = cfg.draft_vocab
-    if cfg.arch == "eagle3":
+    if cfg.share_lm_head:
+        n_draft = vocab_size
+    elif cfg.arch == "eagle3":
         n_draft = min(n_draft or DEFAULT_EAGLE3_VOCAB, vocab_size)
-    config = head_config(tcfg, cfg.algorithm, n_draft, cfg.intermediate_size)
+    # A shared LM head leaves draft_vocab_size out of config.json: the loaders take the target's.
+    config = head_config(tcfg, cfg.algorithm, None if cfg.share_lm_head else n_draft,
+                         cfg.intermediate_size)
     aux = aux_layers(config, tcfg, cfg.algorithm)
     if tokens is None:
         prep = _recorded_data(llm, cfg, aux, data_dir)
@@ -89,17 +93,23 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
         prep = _online_data(llm, cfg, aux, tokens)
     t_data = time.perf_counter()
 
-    vocab = choose_draft_vocab(cfg.algorithm, n_draft, prep.counts, forced, out)
+    vocab = choose_draft_vocab(cfg.algorithm, None if cfg.share_lm_head else n_draft, prep.counts,
+                               forced, out)
     token_maps = write_token_maps(cfg.token_maps, prep.counts, forced, out)
 
     device = engine.device
     ttt = cfg.resolved_ttt_steps(device.type)
-    head = build_head(engine.target, config, cfg.algorithm, vocab.draft_to_target, device, cfg.seed)
+    head = build_head(engine.target, config, cfg.algorithm, vocab.draft_to_target, device, cfg.seed,
+                      cfg.share_lm_head)
     loss_vocab = None
     if vocab.draft_to_target is not None and vocab.t2d is not None:
         rows = engine.target.lm_head.weight[vocab.draft_to_target.to(device)]
         loss_vocab = Vocab(rows, vocab.t2d.to(device))
+    elif cfg.share_lm_head:  # the whole vocabulary: every target token is a draft token
+        loss_vocab = Vocab(engine.target.lm_head.weight,
+                           torch.ones(vocab_size, dtype=torch.bool, device=device))
     meta = {"arch": cfg.arch, "draft_vocab": n_draft, "lr": cfg.lr, "seed": cfg.seed,
+            **({"share_lm_head": True} if cfg.share_lm_head else {}),
             **_width_meta(config, tcfg.intermediate_size), **prep.meta}
     trainer = Trainer(head, prep.train, cfg, ttt, loss_vocab, ckpt_dir, meta)
     if cfg.resume:
@@ -110,7 +120,7 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     t_train = time.perf_counter()
     throughput = trainer.throughput.as_dict()
 
-    export_head(head, config, out, engine.dtype, vocab.d2t, vocab.t2d)
+    export_head(head, config, out, engine.dtype, vocab.d2t, vocab.t2d, cfg.share_lm_head)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     dtype = str(engine.dtype).removeprefix("torch.")
     del trainer, head, loss_vocab, engine, llm, prep.train
