@@ -79,11 +79,12 @@ if [ ! -f $QGGUF ] && [ "$(ls /root/qwen/q[0-9][0-9] 2>/dev/null | wc -l)" -eq 1
   echo "$QSHA  $QGGUF" | sha256sum -c - || rm -f $QGGUF
 fi
 # TARGET=qwen: distill and train_data work on Qwen (into /root/qdistill and /root/qhead, carried as
-# .data/qdistill.tar.part* and .data/qhead.tar.part*), with the full 151,936-token draft vocabulary.
+# .data/qdistill.tar.part* and .data/qhead.tar.part*); its head proposes from the target's own
+# LM head, all 151,936 tokens (--share-lm-head: the head file is the layer alone, ~37 MB in bf16).
 if [ "${TARGET:-smollm2}" = qwen ]; then
-  MODEL=(--model "$QGGUF"); W=q; DVOCAB=${DRAFT_VOCAB:-151936}
+  MODEL=(--model "$QGGUF"); W=q; VOCAB=(--share-lm-head --token-maps 65536 32768 16384 8192)
 else
-  MODEL=(); W=; DVOCAB=${DRAFT_VOCAB:-8192}
+  MODEL=(); W=; VOCAB=(--draft-vocab "${DRAFT_VOCAB:-8192}")
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 
@@ -159,7 +160,7 @@ for stage in "$@"; do
         fi
         resume=""; [ -d $H/checkpoints ] && resume="--resume"
         step train $((ts + 240)) python3 -m hotspec train-draft "${MODEL[@]}" --data /root/${W}distill \
-          --out $H --arch eagle3 --draft-vocab "$DVOCAB" --epochs "${TRAIN_EPOCHS:-1}" --batch-size 32 \
+          --out $H --arch eagle3 "${VOCAB[@]}" --epochs "${TRAIN_EPOCHS:-1}" --batch-size 32 \
           --lr 3e-4 --warmup-ratio 0.02 --max-seq-len 2048 --eval-prompts 16 --save-every 500 \
           --device cuda --time-limit "$ts" --no-progress $resume
         rm -rf /root/head_parts && mkdir -p /root/head_parts
