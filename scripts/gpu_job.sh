@@ -83,8 +83,9 @@ fi
 # LM head, all 151,936 tokens (--share-lm-head: the head file is the layer alone, ~37 MB in bf16).
 if [ "${TARGET:-smollm2}" = qwen ]; then
   MODEL=(--model "$QGGUF"); W=q; VOCAB=(--share-lm-head --token-maps 65536 32768 16384 8192)
+  EXCL=(.data/humaneval.jsonl)  # its code evaluation (benchmarks/humaneval_prompts.py), carried
 else
-  MODEL=(); W=; VOCAB=(--draft-vocab "${DRAFT_VOCAB:-8192}")
+  MODEL=(); W=; VOCAB=(--draft-vocab "${DRAFT_VOCAB:-8192}"); EXCL=()
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 
@@ -146,7 +147,7 @@ for stage in "$@"; do
           cat .data/${W}distill.tar.part* | tar -x -C /root  # a carried earlier run resumes
         fi
         step distill $((ds + 150)) python3 -m hotspec distill "${MODEL[@]}" --out /root/${W}distill \
-          --task-prompts 30000 --self-prompts 20000 --exclude .data/spec_bench_dev.jsonl \
+          --task-prompts 30000 --self-prompts 20000 --exclude .data/spec_bench_dev.jsonl "${EXCL[@]}" \
           --max-new-tokens 1024 --max-context 4096 --shard-size 1024 --max-num-seqs 512 \
           --kv-cache-memory-gb 48 \
           --time-limit "$ds" --no-progress
