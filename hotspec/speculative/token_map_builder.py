@@ -66,10 +66,7 @@ def build_token_map(
     if missing:
         raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
     forced = end_of_turn_ids(tokenizer, vocab)
-    n_keep = min(size, vocab)
-    if n_keep < max(1, len(forced)):
-        raise ValueError(f"map size {size} is too small: it must hold at least the {len(forced)} "
-                         f"end-of-turn token(s) {forced}")
+    n_keep = _map_size(size, vocab, forced)
 
     counts = np.zeros(vocab, dtype=np.int64)
     out_of_vocab = 0
@@ -107,10 +104,7 @@ def build_token_map_from_shards(tokenizer: PreTrainedTokenizerBase, folder: Path
     vocab = len(tokenizer) if vocab_size is None else vocab_size
     data = load_records(Path(folder))
     forced = end_of_turn_ids(tokenizer, vocab)
-    n_keep = min(size, vocab)
-    if n_keep < max(1, len(forced)):
-        raise ValueError(f"map size {size} is too small: it must hold at least the {len(forced)} "
-                         f"end-of-turn token(s) {forced}")
+    n_keep = _map_size(size, vocab, forced)
     ids = data.tokens[data.mask].astype(np.int64)
     if ids.size == 0:
         raise ValueError(f"the token shards of {folder} hold no response tokens to count")
@@ -119,6 +113,15 @@ def build_token_map_from_shards(tokenizer: PreTrainedTokenizerBase, folder: Path
                          f"model's vocabulary of {vocab}: they were made for another model")
     counts = np.bincount(ids, minlength=vocab)
     return _result(counts, int(ids.size), n_keep, forced, 0)
+
+
+def _map_size(size: int, vocab: int, forced: list[int]) -> int:
+    """Ids the map keeps: `size`, at most the vocabulary, at least room for the forced ids."""
+    n_keep = min(size, vocab)
+    if n_keep < max(1, len(forced)):
+        raise ValueError(f"map size {size} is too small: it must hold at least the {len(forced)} "
+                         f"end-of-turn token(s) {forced}")
+    return n_keep
 
 
 def _result(counts: np.ndarray, tokens_counted: int, n_keep: int, forced: list[int],
