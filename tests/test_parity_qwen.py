@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_utils import hf_greedy, prefill_logits, rel_l2
+from engine_utils import assert_hf_parity
 
-from hotspec import LLM, SamplingParams
+from hotspec import LLM
 from hotspec.models.packaged import PACKAGED_MODELS, assemble
 
 NAME = "qwen2.5-coder-0.5b-instruct"
@@ -48,26 +48,11 @@ def test_the_model_is_what_the_issue_describes(qwen_llm):
     assert cfg.eos_token_ids == (qwen_llm.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
 
 
-def test_last_logits_match_transformers(qwen_llm, hf_qwen):
+def test_logits_and_greedy_chat_match_transformers_single_and_batch(qwen_llm, hf_qwen):
     tok = qwen_llm.tokenizer
-    ids = [tok.encode(p) for p in PROMPTS]
-    ours = prefill_logits(qwen_llm.engine, ids)  # one ragged batch
-    for i, p in enumerate(ids):
-        with torch.no_grad():
-            ref = hf_qwen(torch.tensor([p])).logits[0, -1]
-        assert rel_l2(ours[i], ref) < 1e-3, PROMPTS[i]
-
-
-def test_greedy_chat_matches_transformers_single_and_batch(qwen_llm, hf_qwen):
-    tok = qwen_llm.tokenizer
-    ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False,
-                                              add_generation_prompt=True), add_special_tokens=False)
-           for c in CHAT]
-    ids.append(tok.encode(PROMPTS[0]))
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    refs = [hf_greedy(hf_qwen, p, 40) for p in ids]
-    single = qwen_llm.generate(prompt_token_ids=ids[:1], sampling_params=params)
-    assert single[0].token_ids == refs[0]
-    batch = qwen_llm.generate(prompt_token_ids=ids, sampling_params=params)
-    assert [o.token_ids for o in batch] == refs
+    chat = [tok.encode(tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False,
+                                               add_generation_prompt=True), add_special_tokens=False)
+            for c in CHAT]
+    plain = [tok.encode(p) for p in PROMPTS]
+    refs = assert_hf_parity(qwen_llm, hf_qwen, plain, chat + plain[:1], 40)
     assert "def" in tok.decode(refs[0])  # a real answer, not noise
