@@ -25,13 +25,17 @@
 #            passes, for TRAIN_SECONDS (420) a call; a halted run resumes from /root/head (or a
 #            carried .data/head.tar.part*) and comes back as $OUT/head.tar.partNN (the first four
 #            pieces; `head_rest` returns the others), the finished head as $OUT/head.tar.partNN too
-#            (its report inside); TARGET=qwen: both on Qwen2.5-Coder (see QGGUF below)
+#            (its report inside); TRAIN_ARGS: more train-draft options (e.g. --max-answer-tokens 512);
+#            TARGET=qwen: both on Qwen2.5-Coder (see QGGUF below)
 #   head_rest  the pieces of a halted train_data's checkpoint that its call could not return
 #   adaptive end to end at batch 1, 4, 8, 16, 32, 64 (needs the GGUF and .data/spec_bench_dev.jsonl):
 #            --speculative-adaptive beside every fixed candidate shape and graphed vanilla
 #   drift    benchmarks/drift_bench.py: MT-bench categories then translation and summarization at
 #            batch 8, vanilla, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
-#   sweep_head  `sweep` at batch 32 of the shipped head beside /root/head (3/1/4 and 4/8/12)
+#   heads    draft heads side by side on 104 spec_bench_dev prompts (round robin over its 13
+#            categories), 256 tokens,
+#            batch BS (8): the shipped head and each folder of HEADS (/root/head, the last
+#            train_data's; carried ones under .data/heads/), 3/1/4 and 4/8/12 each, beside vanilla
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .qwen/    Qwen2.5-Coder's GGUF in eleven parts (QGGUF below)
@@ -163,7 +167,7 @@ for stage in "$@"; do
         step train $((ts + 240)) python3 -m hotspec train-draft "${MODEL[@]}" --data /root/${W}distill \
           --out $H --arch eagle3 "${VOCAB[@]}" --epochs "${TRAIN_EPOCHS:-1}" --batch-size 32 \
           --lr 3e-4 --warmup-ratio 0.02 --max-seq-len 2048 --eval-prompts 16 --save-every 500 \
-          --device cuda --time-limit "$ts" --no-progress $resume
+          --device cuda --time-limit "$ts" --no-progress $resume ${TRAIN_ARGS:-}
         rm -rf /root/head_parts && mkdir -p /root/head_parts
         if [ -f $H/model.safetensors ]; then
           tar -C /root -cf - --exclude=checkpoints ${W}head | split -b 15M -d - "$OUT/${W}head.tar.part"
@@ -186,12 +190,14 @@ for stage in "$@"; do
         --first writing,roleplay,reasoning,math,coding,extraction,stem,humanities \
         --then translation,summarization --per-phase 80 --batch-size 8 --fixed 3/1/4 4/8/12 \
         --out "$OUT/drift.json" --plot "$OUT/drift.png" ;;
-    sweep_head) need_gguf sweep_head && step sweep_head 400 python3 benchmarks/spec_sweep.py \
-        --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl --num-prompts 128 \
-        --max-tokens 256 --batch-size 32 --variants 3/1/4 4/8/12 3/1/4:draft=/root/head \
-        4/8/12:draft=/root/head --out "$OUT/sweep_head" ;;
+    heads) need_gguf heads && {
+        v=(3/1/4 4/8/12)
+        for h in ${HEADS:-/root/head}; do v+=("3/1/4:draft=$h" "4/8/12:draft=$h"); done
+        step heads 560 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
+          --prompts .data/spec_bench_dev.jsonl --num-prompts 104 --max-tokens 256 \
+          --batch-size "${BS:-8}" --variants "${v[@]}" --out "$OUT/heads"; } ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data head_rest adaptive drift sweep_head stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data head_rest adaptive drift heads stash)" >&2; exit 2 ;;
   esac
 done
 

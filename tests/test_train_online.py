@@ -95,6 +95,32 @@ def test_cut_records_keep_the_label_after_the_cut() -> None:
     assert eval_prefix(*data.record(0)) == [1, 2, 3]
 
 
+def test_max_answer_tokens_keeps_each_answers_first_tokens_and_ends_the_record_there() -> None:
+    F, T = False, True
+    data = TokenRecords.build([
+        # two answers of 4 and 3 tokens: labels kept on the first 2 of each, cut after the second's
+        ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [F, F, T, T, T, T, F, F, T, T, T, F]),
+        ([1, 2, 3, 4], [F, F, F, T]),  # an answer shorter than the cap: unchanged
+    ], vocab_size=16)
+    cut, stats = cut_records(data, 64, max_answer=2)
+    assert cut.num_records == 2 and stats == {"cut": 0, "dropped_without_label": 0}
+    assert cut.records.offsets.tolist() == [0, 10, 14]
+    assert cut.records.record(0)[1].tolist() == [F, F, T, T, F, F, F, F, T, T]
+    assert cut.records.record(0)[0].tolist() == list(range(1, 11))
+    assert cut.records.record(1)[1].tolist() == [F, F, F, T]
+    assert cut.tail.tolist() == [False, False]
+    # the length cap still applies after the answer cap, keeping the label after the cut
+    cut, stats = cut_records(data, 3, max_answer=2)
+    assert cut.records.offsets.tolist() == [0, 3, 6] and cut.tail.tolist() == [True, True]
+
+
+def test_max_answer_tokens_needs_data_and_a_positive_count(tmp_path: Path) -> None:
+    with pytest.raises(TrainConfigError, match="--max-answer-tokens"):
+        TrainConfig(out=tmp_path, max_answer_tokens=256)
+    with pytest.raises(TrainConfigError, match=">= 1"):
+        TrainConfig(out=tmp_path, data=tmp_path, max_answer_tokens=0)
+
+
 # ---------------------------------------------------------------- end to end
 
 

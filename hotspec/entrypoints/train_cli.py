@@ -70,6 +70,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="response sampling temperature, 0 = greedy (default: 0; 0.7 is common)")
     p.add_argument("--max-seq-len", type=int, default=2048, help="record length cap (default: 2048)")
+    p.add_argument("--max-answer-tokens", type=int, default=None, metavar="N",
+                   help="with --data: train on the first N tokens of each answer only, each record "
+                   "cut after its last such token (default: every answer token)")
     p.add_argument("--epochs", type=int, default=1, help="passes over the recorded data (default: 1)")
     p.add_argument("--lr", type=float, default=1e-4,
                    help="peak AdamW learning rate of the cosine schedule (default: 1e-4)")
@@ -115,7 +118,8 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         num_prompts=args.num_prompts, eval_prompts=args.eval_prompts,
         synth_prompts=args.synth_prompts, responses_per_prompt=args.responses_per_prompt,
         max_new_tokens=args.max_new_tokens, response_temperature=args.temperature,
-        max_seq_len=args.max_seq_len, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+        max_seq_len=args.max_seq_len, max_answer_tokens=args.max_answer_tokens, epochs=args.epochs,
+        lr=args.lr, batch_size=args.batch_size,
         ttt_steps=args.ttt_steps, warmup_ratio=args.warmup_ratio, save_every=args.save_every,
         device=args.device, dtype=args.dtype, seed=args.seed, resume=args.resume,
         time_limit=args.time_limit, progress=not args.no_progress, engine_kwargs=engine_kwargs,

@@ -48,6 +48,9 @@ class TrainConfig:
     max_new_tokens: int = 256
     response_temperature: float = 0.0  # 0: greedy responses
     max_seq_len: int = 2048  # records (prompt + response) are cut to this many tokens
+    # With `data`: only the first N tokens of each answer are labels, and a record ends after its
+    # last label (long greedy loops weigh less, and cost less). None: every answer token.
+    max_answer_tokens: int | None = None
     epochs: int = 1
     lr: float = 1e-4
     batch_size: int = 4
@@ -106,6 +109,12 @@ class TrainConfig:
             raise TrainConfigError(f"--token-maps sizes must be >= 1, got {list(self.token_maps)}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise TrainConfigError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_answer_tokens is not None:
+            if self.data is None:
+                raise TrainConfigError("--max-answer-tokens caps the answers of --data's shards; "
+                                       "without --data, --max-new-tokens sets the answer length")
+            if self.max_answer_tokens < 1:
+                raise TrainConfigError(f"--max-answer-tokens must be >= 1, got {self.max_answer_tokens}")
         if self.time_limit is not None and not self.time_limit > 0:
             raise TrainConfigError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
         if self.ttt_steps is not None and self.ttt_steps < 1:

@@ -74,14 +74,30 @@ def check_token_ids(data: TokenRecords, vocab_size: int, folder: Path) -> None:
                                "for another model. Fix: pass the target that wrote them (--model)")
 
 
-def cut_records(data: TokenRecords, max_len: int) -> tuple[LabelledRecords, dict[str, int]]:
-    """Records cut to `max_len` tokens, those without a label dropped; and the counts of both."""
+def answer_prefix_mask(mask: np.ndarray, max_answer: int) -> np.ndarray:
+    """`mask` with each run of labels (one answer) kept to its first `max_answer` tokens."""
+    m = mask.astype(np.int64)
+    count = np.cumsum(m)
+    before_run = np.maximum.accumulate(np.where(m == 0, count, 0))  # labels before this run
+    return mask & (count - before_run <= max_answer)
+
+
+def cut_records(data: TokenRecords, max_len: int, max_answer: int | None = None
+                ) -> tuple[LabelledRecords, dict[str, int]]:
+    """Records cut to `max_len` tokens, those without a label dropped; and the counts of both.
+    With `max_answer`, only each answer's first `max_answer` tokens are labels and a record ends
+    after its last one."""
     keep: list[int] = []
     lens: list[int] = []
     tails: list[bool] = []
+    masks: list[np.ndarray] = []
     cut = 0
     for r in range(data.num_records):
         _, mask = data.record(r)
+        if max_answer is not None:
+            mask = answer_prefix_mask(mask, max_answer)
+            last = int(np.flatnonzero(mask)[-1]) + 1 if mask.any() else len(mask)
+            mask = mask[:last]
         n = min(len(mask), max_len)
         tail = bool(n < len(mask) and mask[n])
         cut += n < len(mask)
@@ -90,11 +106,12 @@ def cut_records(data: TokenRecords, max_len: int) -> tuple[LabelledRecords, dict
             keep.append(r)
             lens.append(n)
             tails.append(tail)
+            masks.append(mask[:n])
     starts = data.offsets[keep]
     idx = (np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens)]) if keep
            else np.zeros(0, dtype=np.int64))
     out = TokenRecords(data.tokens[idx], np.concatenate(([0], np.cumsum(lens))).astype(np.int64),
-                       data.mask[idx])
+                       np.concatenate(masks) if masks else data.mask[:0])
     stats = {"cut": int(cut), "dropped_without_label": data.num_records - len(keep)}
     return LabelledRecords(out, np.array(tails, dtype=bool)), stats
 
@@ -115,7 +132,7 @@ class OnlineSplit:
 
 def split_data(cfg: TrainConfig, data: TokenRecords, max_len: int, tokenizer: Any) -> OnlineSplit:
     """Cut the records, then take the evaluation prompts (see the module docstring)."""
-    records, stats = cut_records(data, max_len)
+    records, stats = cut_records(data, max_len, cfg.max_answer_tokens)
     if records.num_records == 0:
         raise TrainConfigError(f"--data {cfg.data}: no record has a token the target wrote within "
                                f"the first {max_len} tokens; nothing to train on")

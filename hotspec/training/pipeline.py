@@ -190,8 +190,10 @@ def _online_data(llm: LLM, cfg: TrainConfig, aux: tuple[int, ...], tokens: Token
     report = {"prompts": {"source": "data", "eval_prompts_from": split.eval_from,
                           "eval_prompts_file": None if cfg.eval_prompts_file is None
                           else str(cfg.eval_prompts_file), "held_back": len(split.eval)},
-              "data": {"folder": str(cfg.data), **folder, "max_seq_len": max_len, **split.stats}}
-    meta = {"data": {**folder, "max_seq_len": max_len, "train_records": split.train.num_records}}
+              "data": {"folder": str(cfg.data), **folder, "max_seq_len": max_len,
+                       "max_answer_tokens": cfg.max_answer_tokens, **split.stats}}
+    meta = {"data": {**folder, "max_seq_len": max_len, "max_answer_tokens": cfg.max_answer_tokens,
+                     "train_records": split.train.num_records}}
     return Prepared(OnlineData(engine, split.train, aux, budget), counts, split.eval,
                     split.eval_from, report, meta)
 
