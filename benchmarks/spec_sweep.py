@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from hotspec.benchmark.device import device_name, graph_replay_ms
 from hotspec.benchmark.modes import RunOptions, run_speculative, run_vanilla
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
