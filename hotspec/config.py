@@ -47,6 +47,11 @@ class EngineConfig:
     decode_during_prefill: bool = _option(
         True, "while prompts prefill in chunks, alternate the chunks with decode steps of the "
         "running requests, so those keep streaming instead of waiting for every prefill")
+    num_continuous_decode_steps: int = _option(
+        1, "decode steps run back to back before waiting requests are admitted while others "
+        "decode (SGLang's option of the same name): more admits arrivals in fewer, larger prefill "
+        "steps, for throughput under steady turnover (e.g. `hotspec distill`), at the cost of "
+        "their first token's latency")
     seed: int = _option(0, "seed of the engine's random state (sampling of requests without a seed)")
     attention_backend: str = _option(
         "auto", "attention kernels: triton (GPU) or torch (the reference, also on CPU); auto picks "
@@ -111,7 +116,7 @@ class EngineConfig:
             raise ConfigError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention_backend={self.attention_backend!r}; choose auto, torch or triton")
-        for name in ("block_size", "max_num_seqs", "cuda_graph_max_bs"):
+        for name in ("block_size", "max_num_seqs", "cuda_graph_max_bs", "num_continuous_decode_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.cuda_graph_bs is not None:

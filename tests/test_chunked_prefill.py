@@ -195,3 +195,35 @@ def test_running_requests_keep_decoding_while_a_long_prompt_prefills(
     alone = make_llm(models, spec).generate(
         prompt_token_ids=[short.prompt_token_ids, long.prompt_token_ids], sampling_params=params)
     assert [short.output_token_ids, long.output_token_ids] == [o.token_ids for o in alone]
+
+
+@pytest.mark.parametrize("spec", ["vanilla", "chain"])
+def test_num_continuous_decode_steps_admit_arrivals_together_and_change_no_token(
+        models: dict[str, Path], spec: str) -> None:
+    """With N continuous decode steps, requests arriving while others decode wait for N decode
+    steps and are then prefilled in one step together; every output is the one N = 1 gives."""
+    llm = make_llm(models, spec, num_continuous_decode_steps=4)
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    first = engine.add_request([5, 6, 7], params)
+    engine.step()  # nothing was running: admitted and prefilled at once
+    assert first.output_token_ids
+    late = [engine.add_request(p, params) for p in prompts(3, 5, longest=12)]
+    steps = 0
+    while not any(r.output_token_ids for r in late):
+        engine.step()
+        steps += 1
+    assert steps == 5  # four decode steps of `first`, then one prefill of all three
+    assert all(r.output_token_ids for r in late)
+    while engine.has_unfinished():
+        engine.step()
+    reqs = [first, *late]
+    alone = make_llm(models, spec).generate(
+        prompt_token_ids=[r.prompt_token_ids for r in reqs], sampling_params=params)
+    assert [r.output_token_ids for r in reqs] == [o.token_ids for o in alone]
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_num_continuous_decode_steps_is_validated() -> None:
+    with pytest.raises(ConfigError, match="num_continuous_decode_steps must be >= 1"):
+        EngineConfig(num_continuous_decode_steps=0)

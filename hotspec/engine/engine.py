@@ -81,6 +81,7 @@ class Engine:
         # may have half-written KV or draft state (see fail_in_flight).
         self.in_flight: list[Request] = []
         self._prefill_turn = True  # decode_during_prefill: whose turn the next step is
+        self._decodes_since_admit = 0  # num_continuous_decode_steps: decode steps since admission
         parts = EngineBuilder(cfg, model_cfg, target, device, dtype, self.max_model_len).build()
         self.worker: Worker = parts.worker
         self.graphs, self.allocator, self.draft = parts.graphs, parts.allocator, parts.draft
@@ -153,7 +154,10 @@ class Engine:
     # -- the loop ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         self.in_flight = []
-        self._admit()
+        n = self.cfg.num_continuous_decode_steps
+        if n == 1 or not self.running or self._decodes_since_admit >= n:
+            self._decodes_since_admit = 0
+            self._admit()
         # Prefill chunks go first, except that with decode_during_prefill the running requests
         # get every other step, so they keep streaming while long prompts prefill.
         alternate = self.cfg.decode_during_prefill and bool(self.running) and not self._prefill_turn
@@ -163,6 +167,7 @@ class Engine:
         self._prefill_turn = True
         if not self.running:
             return self._served(self._drain())
+        self._decodes_since_admit += 1
         if self.worker.overlapping:
             return self._overlap_step()
         outs = self._drain()  # steps launched while overlapping (profiling switched it off since)
