@@ -35,8 +35,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hotspec.benchmark.device import device_name, graph_replay_ms
 from hotspec.benchmark.modes import RunOptions, run_speculative, run_vanilla
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
@@ -45,7 +43,6 @@ from hotspec.benchmark.spec_bench import BatchRun, load_target
 from hotspec.engine.engine import Engine
 from hotspec.entrypoints.engine_args import add_engine_args, engine_config
 from hotspec.errors import HotspecError
-from hotspec.speculative.token_map import load_token_map
 
 
 def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
@@ -97,18 +94,6 @@ def _flat(runs: dict[str, BatchRun]) -> list[BatchRun]:
 def _identical(vanilla: dict[str, BatchRun], spec: dict[str, BatchRun]) -> tuple[int, int]:
     pairs = [(a, b) for c in vanilla for a, b in zip(vanilla[c].outputs, spec[c].outputs)]
     return sum(first_mismatch(a, b) is None for a, b in pairs), len(pairs)
-
-
-def hot_coverage(vanilla: dict[str, BatchRun], token_map: str | None, vocab_size: int) -> float | None:
-    """Share of the served tokens (vanilla's greedy outputs) inside the token map's hot set; None
-    without a map."""
-    if token_map is None:
-        return None
-    hot = torch.zeros(vocab_size, dtype=torch.bool)
-    hot[load_token_map(token_map, vocab_size)] = True
-    served = torch.tensor([t for run in vanilla.values() for o in run.outputs for t in o],
-                          dtype=torch.long)
-    return float(hot[served].float().mean()) if served.numel() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
             "ms_per_spec_step": 1e3 * s["decode_s"] / max(s["decode_steps"], 1),
             "verify_passes_per_step": steps / max(s["decode_steps"], 1),
             "greedy_identical": f"{same}/{n}", "engine_overrides": over,
-            "hot_coverage": hot_coverage(vanilla, vcfg.speculative_token_map,
-                                         target.model_config.vocab_size),
             "step_replay_ms": replay[0] if replay else None,
             "per_category": {c: {"tau_mean": sum(spec[c].taus) / len(spec[c].taus),
                                  "tau_ci95": ci95(spec[c].taus),
@@ -202,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         if r["acceptance_by_depth"]:
             lines.append("    accepted at draft depth: " + ", ".join(
                 f"d{e['depth']} {e['rate']:.0%}" for e in r["acceptance_by_depth"])
-                + ("" if r["hot_coverage"] is None
-                   else f"; hot set covers {r['hot_coverage']:.1%} of the served tokens"))
+                + ("" if r["hot_coverage"] >= 1
+                   else f"; the draft vocabulary covers {r['hot_coverage']:.1%} of the served tokens"))
         if len(r.get("steps_per_shape", {})) > 1:  # the adaptive variant: what it chose
             lines.append("    steps per shape: " + ", ".join(
                 f"{k} {n}" for k, n in r["steps_per_shape"].items()))

@@ -33,8 +33,7 @@
 #   drift    benchmarks/drift_bench.py: MT-bench categories then translation and summarization at
 #            batch 8, vanilla, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
 #   heads    draft heads side by side on 104 spec_bench_dev prompts (round robin over its 13
-#            categories), 256 tokens,
-#            batch BS (8): the shipped head and each folder of HEADS (/root/head, the last
+#            categories), 256 tokens, batch BS (8): the shipped head and each folder of HEADS (/root/head, the last
 #            train_data's; carried ones under .data/heads/), 3/1/4 and 4/8/12 each, beside vanilla
 #   qsweep   Qwen2.5-Coder with its head (/root/qhead, from TARGET=qwen train_data) and every draft
 #            vocabulary: full, then the FR-Spec maps 65536 32768 16384 8192 that train_data wrote,
