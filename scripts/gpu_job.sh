@@ -27,6 +27,10 @@
 #            pieces; `head_rest` returns the others), the finished head as $OUT/head.tar.partNN too
 #            (its report inside); TRAIN_ARGS: more train-draft options (e.g. --max-answer-tokens 512);
 #            TARGET=qwen: both on Qwen2.5-Coder (see QGGUF below)
+#   train_par  train_data's run for each variant of TRAIN_VARIANTS ("NAME=ARGS;NAME=ARGS", e.g.
+#            "b8=--batch-size 8;lr1e3=--lr 1e-3", after TRAIN_ARGS) at once on the one GPU, into
+#            /root/hv/NAME (resumed while the machine is warm); the finished heads come back as
+#            $OUT/hv.tar.partNN; `heads` with HEADS="/root/hv/NAME ..." compares them
 #   head_rest  the pieces of a halted train_data's checkpoint that its call could not return
 #   adaptive end to end at batch 1, 4, 8, 16, 32, 64 (needs the GGUF and .data/spec_bench_dev.jsonl):
 #            --speculative-adaptive beside every fixed candidate shape and graphed vanilla
@@ -113,6 +117,16 @@ need_gguf() {  # need_gguf STAGE: true when the target's GGUF is in place, else 
   echo "$1: no default GGUF (carry .models/p1..p3)" | tee -a "$OUT/summary.txt"; false
 }
 
+untar_distill() { [ -d /root/${W}distill ] || cat .data/${W}distill.tar.part* | tar -x -C /root; }
+train_head() {  # train_head NAME DIR ARGS...: train-draft on the distilled shards into DIR, resuming
+  local name=$1 H=$2 resume=""; shift 2
+  [ -d "$H/checkpoints" ] && resume="--resume"
+  step "$name" $((${TRAIN_SECONDS:-420} + 240)) python3 -m hotspec train-draft "${MODEL[@]}" \
+    --data /root/${W}distill --out "$H" --arch eagle3 "${VOCAB[@]}" --epochs "${TRAIN_EPOCHS:-1}" \
+    --batch-size 32 --lr 3e-4 --warmup-ratio 0.02 --max-seq-len 2048 --eval-prompts 16 \
+    --save-every 500 --device cuda --time-limit "${TRAIN_SECONDS:-420}" --no-progress $resume "$@"
+}
+
 for stage in "$@"; do
   case $stage in
     tests) step tests 560 python3 -m pytest -q -m gpu tests --continue-on-collection-errors \
@@ -162,16 +176,11 @@ for stage in "$@"; do
         tar -C /root -cf - ${W}distill | split -b 15M -d - "$OUT/${W}distill.tar.part"
         ls -la "$OUT"/${W}distill.tar.part* | tee -a "$OUT/summary.txt"; } ;;
     train_data) need_gguf train_data && {
-        ts=${TRAIN_SECONDS:-420} H=/root/${W}head
-        [ -d /root/${W}distill ] || cat .data/${W}distill.tar.part* | tar -x -C /root
+        H=/root/${W}head; untar_distill
         if [ ! -d $H ] && ls .data/${W}head.tar.part* >/dev/null 2>&1; then
           cat .data/${W}head.tar.part* | tar -x -C /root
         fi
-        resume=""; [ -d $H/checkpoints ] && resume="--resume"
-        step train $((ts + 240)) python3 -m hotspec train-draft "${MODEL[@]}" --data /root/${W}distill \
-          --out $H --arch eagle3 "${VOCAB[@]}" --epochs "${TRAIN_EPOCHS:-1}" --batch-size 32 \
-          --lr 3e-4 --warmup-ratio 0.02 --max-seq-len 2048 --eval-prompts 16 --save-every 500 \
-          --device cuda --time-limit "$ts" --no-progress $resume ${TRAIN_ARGS:-}
+        train_head train $H ${TRAIN_ARGS:-}
         rm -rf /root/head_parts && mkdir -p /root/head_parts
         if [ -f $H/model.safetensors ]; then
           tar -C /root -cf - --exclude=checkpoints ${W}head | split -b 15M -d - "$OUT/${W}head.tar.part"
@@ -180,6 +189,20 @@ for stage in "$@"; do
           for f in /root/head_parts/${W}head.tar.part0[0-3]; do [ -f "$f" ] && mv "$f" "$OUT/"; done
         fi
         ls -la "$OUT"/${W}head.tar* /root/head_parts | tee -a "$OUT/summary.txt"; } ;;
+    train_par) need_gguf train_par && {
+        untar_distill; mkdir -p /root/hv; names=()
+        IFS=';' read -ra tv <<< "${TRAIN_VARIANTS:?NAME=ARGS;NAME=ARGS...}"
+        for t in "${tv[@]}"; do
+          n=${t%%=*}; names+=("$n")
+          if [ -f /root/hv/$n/model.safetensors ]; then echo "train_$n: finished" >> "$OUT/summary.txt"
+          else train_head "train_$n" /root/hv/$n ${TRAIN_ARGS:-} ${t#*=} & fi
+        done
+        wait
+        done_=(); for n in "${names[@]}"; do [ -f /root/hv/$n/model.safetensors ] && done_+=("$n"); done
+        if [ ${#done_[@]} -gt 0 ]; then
+          tar -C /root/hv -cf - --exclude=checkpoints "${done_[@]}" | split -b 15M -d - "$OUT/hv.tar.part"
+        fi
+        ls -la /root/hv/* "$OUT"/hv.tar* 2>/dev/null | tee -a "$OUT/summary.txt"; } ;;
     head_rest) cp /root/head_parts/*head.tar.part* "$OUT/" 2>/dev/null
       ls -la "$OUT" | tee -a "$OUT/summary.txt" ;;
     adaptive) need_gguf adaptive && for bs in 1 4 8 16 32 64; do
@@ -212,7 +235,7 @@ for stage in "$@"; do
         done
       done ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data head_rest adaptive drift heads qsweep stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data train_par head_rest adaptive drift heads qsweep stash)" >&2; exit 2 ;;
   esac
 done
 
