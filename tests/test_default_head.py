@@ -98,21 +98,25 @@ def test_shipped_head_on_smollm2() -> None:
     cfg = EngineConfig(dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=512)
     target = load_target(cfg)
     tok = target.tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}],
-                                   tokenize=False, add_generation_prompt=True)
-    ids = tok.encode(text, add_special_tokens=False)
+    asks = ["Write a short poem about the sea.", "Write a Python function that reverses a string.",
+            "Translate into French: The weather is nice today and we are going to the beach.",
+            "Explain in a few sentences why the sky is blue."]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": a}], tokenize=False,
+                                                  add_generation_prompt=True), add_special_tokens=False)
+               for a in asks]
     params = SamplingParams(temperature=0.0, max_tokens=48)
 
     def run(engine):  # type: ignore[no-untyped-def]
-        req = engine.add_request(list(ids), params)
+        reqs = [engine.add_request(list(ids), params) for ids in prompts]
         while engine.has_unfinished():
             engine.step()
-        return req
+        return reqs
 
     vanilla = run_with_engine(cfg, target, run)
     spec = run_with_engine(replace(cfg, speculative_algorithm="EAGLE3"), target, run)
-    assert spec.output_token_ids == vanilla.output_token_ids
-    assert spec.stats.tau > 1.5  # a trained head drafts well
+    assert [r.output_token_ids for r in spec] == [r.output_token_ids for r in vanilla]
+    taus = [r.stats.tau for r in spec]
+    assert sum(taus) / len(taus) > 1.3, taus  # a trained head drafts (an untrained one: tau ~1)
 
 
 def test_generate_and_serve_speculate_with_the_shipped_head_by_default(
