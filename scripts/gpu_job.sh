@@ -21,14 +21,15 @@
 #            a call; the run resumes in /root/distill while the machine stays warm, and every call
 #            returns the whole folder as $OUT/distill.tar.partNN (15 MB pieces: `cat` them, untar)
 #   train_data  `hotspec train-draft --data` on the distilled shards (/root/distill, or carried
-#            .data/distill.tar.part*): EAGLE-3, 8,192-token draft vocabulary, TRAIN_EPOCHS (1)
-#            passes, for TRAIN_SECONDS (420) a call; a halted run resumes from /root/head (or a
-#            carried .data/head.tar.part*) and comes back as $OUT/head.tar.partNN (the first four
+#            .data/distill.tar.part*): the shipped head's recipe (EAGLE-3, 8,192-token draft
+#            vocabulary, lr 1e-3, answers cut at 512 tokens), TRAIN_EPOCHS (1) passes, for
+#            TRAIN_SECONDS (420) a call; a halted run resumes from /root/head (or a carried
+#            .data/head.tar.part*) and comes back as $OUT/head.tar.partNN (the first four
 #            pieces; `head_rest` returns the others), the finished head as $OUT/head.tar.partNN too
-#            (its report inside); TRAIN_ARGS: more train-draft options (e.g. --max-answer-tokens 512);
+#            (its report inside); TRAIN_ARGS: more train-draft options (the last of an option wins);
 #            TARGET=qwen: both on Qwen2.5-Coder (see QGGUF below)
 #   train_par  train_data's run for each variant of TRAIN_VARIANTS ("NAME=ARGS;NAME=ARGS", e.g.
-#            "b8=--batch-size 8;lr1e3=--lr 1e-3", after TRAIN_ARGS) at once on the one GPU, into
+#            "ep3=--epochs 3;b16=--batch-size 16", after TRAIN_ARGS) at once on the one GPU, into
 #            /root/hv/NAME (resumed while the machine is warm); the finished heads come back as
 #            $OUT/hv.tar.partNN; `heads` with HEADS="/root/hv/NAME ..." compares them
 #   head_rest  the pieces of a halted train_data's checkpoint that its call could not return
@@ -123,8 +124,8 @@ train_head() {  # train_head NAME DIR ARGS...: train-draft on the distilled shar
   [ -d "$H/checkpoints" ] && resume="--resume"
   step "$name" $((${TRAIN_SECONDS:-420} + 240)) python3 -m hotspec train-draft "${MODEL[@]}" \
     --data /root/${W}distill --out "$H" --arch eagle3 "${VOCAB[@]}" --epochs "${TRAIN_EPOCHS:-1}" \
-    --batch-size 32 --lr 3e-4 --warmup-ratio 0.02 --max-seq-len 2048 --eval-prompts 16 \
-    --save-every 500 --device cuda --time-limit "${TRAIN_SECONDS:-420}" --no-progress $resume "$@"
+    --batch-size 32 --lr 1e-3 --warmup-ratio 0.02 --max-seq-len 2048 --max-answer-tokens 512 \
+    --eval-prompts 16 --save-every 500 --device cuda --time-limit "${TRAIN_SECONDS:-420}" --no-progress $resume "$@"
 }
 
 for stage in "$@"; do
