@@ -33,7 +33,7 @@
 #            /root/hv/NAME (resumed while the machine is warm); the finished heads come back as
 #            $OUT/hv.tar.partNN; `heads` with HEADS="/root/hv/NAME ..." compares them
 #   head_rest  the pieces of a halted train_data's checkpoint that its call could not return
-#   adaptive end to end at batch 1, 4, 8, 16, 32, 64 (needs the GGUF and .data/spec_bench_dev.jsonl):
+#   adaptive end to end at batch ABS (1 4 8 16 32 64) (needs the GGUF and .data/spec_bench_dev.jsonl):
 #            --speculative-adaptive beside every fixed candidate shape and graphed vanilla
 #   drift    benchmarks/drift_bench.py: MT-bench categories then translation and summarization at
 #            batch 8, vanilla, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
@@ -206,7 +206,7 @@ for stage in "$@"; do
         ls -la /root/hv/* "$OUT"/hv.tar* 2>/dev/null | tee -a "$OUT/summary.txt"; } ;;
     head_rest) cp /root/head_parts/*head.tar.part* "$OUT/" 2>/dev/null
       ls -la "$OUT" | tee -a "$OUT/summary.txt" ;;
-    adaptive) need_gguf adaptive && for bs in 1 4 8 16 32 64; do
+    adaptive) need_gguf adaptive && for bs in ${ABS:-1 4 8 16 32 64}; do
         n=$((bs < 8 ? 32 : (4 * bs > 240 ? 240 : 4 * bs)))
         step "adaptive_b$bs" 150 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
           --prompts .data/spec_bench_dev.jsonl --num-prompts $n --max-tokens 256 --batch-size $bs \

@@ -195,6 +195,28 @@ def test_cli_end_to_end(tmp_path: Path, capsys) -> None:
     assert json.loads(Path(str(out) + ".json").read_text())["tokens_counted"] == 7
 
 
+def test_cli_several_sizes_write_one_map_each(tmp_path: Path, capsys) -> None:
+    """--size A B ...: one count, OUT_DIR/freq_<SIZE>.pt each, every map the one its size alone
+    gives; --out names one map, so several sizes with --out are refused before any work."""
+    f = tmp_path / "c.txt"
+    f.write_text("a a a a b b b c c d")
+    alone = {}
+    for size in (2, 4):
+        out = tmp_path / f"alone_{size}.pt"
+        assert main(["token-map", "--corpus", str(f), "--size", str(size), "--out", str(out),
+                     "--no-progress"]) == 0
+        alone[size] = load_token_map(out, VOCAB).tolist()
+    maps = tmp_path / "maps"
+    assert main(["token-map", "--corpus", str(f), "--size", "4", "2", "--out-dir", str(maps),
+                 "--no-progress"]) == 0
+    assert capsys.readouterr().out.count("token map:") == 4  # two alone, two together
+    assert load_token_map(maps / "freq_4.pt", VOCAB).tolist() == alone[4]
+    assert load_token_map(maps / "freq_2.pt", VOCAB).tolist() == alone[2]
+    assert main(["token-map", "--corpus", str(f), "--size", "4", "2", "--out",
+                 str(tmp_path / "x.pt"), "--no-progress"]) == 2
+    assert "--out-dir" in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
+
+
 def test_cli_counts_the_response_tokens_of_distilled_shards(tmp_path: Path, capsys) -> None:
     """--data: only the tokens the target wrote count (the mask), never the prompts'."""
     from hotspec.training.token_shards import TokenRecords, save_shard

@@ -58,6 +58,17 @@ def build_token_map(
     `vocab_size` defaults to len(tokenizer); pass the model's vocabulary size when it differs.
     A vocabulary smaller than `size` gives a map of the whole vocabulary, ranked.
     """
+    return build_token_maps(tokenizer, corpus_files, [size], progress, vocab_size)[0]
+
+
+def build_token_maps(
+    tokenizer: PreTrainedTokenizerBase,
+    corpus_files: list[Path],
+    sizes: list[int],
+    progress: bool = True,
+    vocab_size: int | None = None,
+) -> list[TokenMapResult]:
+    """build_token_map for each of `sizes`, counting the corpus once."""
     vocab = len(tokenizer) if vocab_size is None else vocab_size
     files = [Path(f) for f in corpus_files]
     if not files:
@@ -66,7 +77,7 @@ def build_token_map(
     if missing:
         raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
     forced = end_of_turn_ids(tokenizer, vocab)
-    n_keep = _map_size(size, vocab, forced)
+    keeps = [_map_size(size, vocab, forced) for size in sizes]
 
     counts = np.zeros(vocab, dtype=np.int64)
     out_of_vocab = 0
@@ -92,19 +103,25 @@ def build_token_map(
     tokens_counted = int(counts.sum()) + out_of_vocab
     if tokens_counted == 0:
         raise ValueError(f"the corpus ({', '.join(map(str, files))}) holds no text to count")
-    return _result(counts, tokens_counted, n_keep, forced, skipped)
+    return [_result(counts, tokens_counted, n_keep, forced, skipped) for n_keep in keeps]
 
 
 def build_token_map_from_shards(tokenizer: PreTrainedTokenizerBase, folder: Path, size: int,
                                 vocab_size: int | None = None) -> TokenMapResult:
     """The map of the target's own tokens in `hotspec distill`'s token shards (the response
     tokens: what the draft has to propose), ranked as build_token_map ranks a corpus's."""
+    return build_token_maps_from_shards(tokenizer, folder, [size], vocab_size)[0]
+
+
+def build_token_maps_from_shards(tokenizer: PreTrainedTokenizerBase, folder: Path, sizes: list[int],
+                                 vocab_size: int | None = None) -> list[TokenMapResult]:
+    """build_token_map_from_shards for each of `sizes`, counting once."""
     from hotspec.training.token_shards import load_records
 
     vocab = len(tokenizer) if vocab_size is None else vocab_size
     data = load_records(Path(folder))
     forced = end_of_turn_ids(tokenizer, vocab)
-    n_keep = _map_size(size, vocab, forced)
+    keeps = [_map_size(size, vocab, forced) for size in sizes]
     ids = data.tokens[data.mask].astype(np.int64)
     if ids.size == 0:
         raise ValueError(f"the token shards of {folder} hold no response tokens to count")
@@ -112,7 +129,7 @@ def build_token_map_from_shards(tokenizer: PreTrainedTokenizerBase, folder: Path
         raise ValueError(f"the token shards of {folder} hold id {int(ids.max())}, outside this "
                          f"model's vocabulary of {vocab}: they were made for another model")
     counts = np.bincount(ids, minlength=vocab)
-    return _result(counts, int(ids.size), n_keep, forced, 0)
+    return [_result(counts, int(ids.size), n_keep, forced, 0) for n_keep in keeps]
 
 
 def _map_size(size: int, vocab: int, forced: list[int]) -> int:
