@@ -42,9 +42,11 @@
 #            train_data's; carried ones under .data/heads/), 3/1/4 and 4/8/12 each, beside vanilla
 #   qsweep   Qwen2.5-Coder with its head (/root/qhead, from TARGET=qwen train_data) and every draft
 #            vocabulary: full, then the FR-Spec maps 65536 32768 16384 8192 that train_data wrote,
-#            shape QSHAPE (3/1/4), phases profiled, beside vanilla; on QSETS (humaneval
-#            spec_bench_dev: .data/humaneval.jsonl from benchmarks/humaneval_prompts.py, carried)
-#            at batch QBS (1 8); QDTYPE=float32 for the identity check
+#            shape QSHAPE (3/1/4), phases profiled, beside vanilla; QMAPDIRS (/root/qhead) lists
+#            the folders of maps (e.g. "/root/qhead .data/qmaps_general", the latter carried);
+#            on QSETS (humaneval spec_bench_dev: .data/humaneval.jsonl from
+#            benchmarks/humaneval_prompts.py, carried) at batch QBS (1 8); QDTYPE=float32 for the
+#            identity check
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .qwen/    Qwen2.5-Coder's GGUF in eleven parts (QGGUF below)
@@ -226,9 +228,10 @@ for stage in "$@"; do
           --batch-size "${BS:-8}" --variants "${v[@]}" --out "$OUT/heads"; } ;;
     qsweep) W=q; need_gguf qsweep && for set in ${QSETS:-humaneval spec_bench_dev}; do
         for bs in ${QBS:-1 8}; do
-          v=(); for m in full 65536 32768 16384 8192; do
-            o=; [ $m = full ] || o=":map=/root/qhead/freq_$m.pt"; v+=("${QSHAPE:-3/1/4}$o:profile")
-          done
+          v=("${QSHAPE:-3/1/4}:profile")
+          for d in ${QMAPDIRS:-/root/qhead}; do for m in 65536 32768 16384 8192; do
+            v+=("${QSHAPE:-3/1/4}:map=$d/freq_$m.pt:profile")
+          done; done
           step "qsweep_${set}_b$bs" 280 python3 benchmarks/spec_sweep.py --model $QGGUF \
             --speculative-algorithm EAGLE3 --speculative-draft-model-path /root/qhead \
             --prompts .data/$set.jsonl --num-prompts $((bs == 1 ? 20 : 48)) --max-tokens 256 \
