@@ -76,7 +76,7 @@ def test_policy_prefers_the_tree_when_its_acceptance_pays_for_its_cost():
 
 def test_policy_follows_drifting_traffic():
     """Well-accepted traffic, then traffic that accepts nothing: the decayed profile turns
-    speculation off within a few half-lives, and measured step times replace the seeds."""
+    speculation off within a few half-lives; a step whose time is not measured leaves the costs."""
     costs = _costs({OFF: {1: 1.0}, CHAIN3: {1: 1.6}})
     policy = AdaptivePolicy([OFF, CHAIN3], costs, AcceptanceProfile(half_life=16), probe_every=0)
     for _ in range(100):
@@ -88,17 +88,52 @@ def test_policy_follows_drifting_traffic():
         steps += 1
         assert steps < 100
     assert 5 <= steps <= 60
-    policy.observe(OFF, 1, 2.0, [])
-    assert costs.cost(OFF, 1) == pytest.approx(1.0 + 0.05 * (2.0 - 1.0))
+    policy.observe(OFF, 1, 1.0, [])
+    assert costs.cost(OFF, 1) == pytest.approx(1.0) and costs.cost(CHAIN3, 1) == pytest.approx(1.6)
     policy.observe(OFF, 1, None, [])  # a step whose time is not measured leaves the cost
-    assert costs.cost(OFF, 1) == pytest.approx(1.05)
+    assert costs.cost(OFF, 1) == pytest.approx(1.0)
     # while off, what was measured fades toward the prior: speculation is tried again
     off_steps = 0
     while policy.choose(1).shape == OFF:
-        policy.observe(OFF, 1, 1.05, [])
+        policy.observe(OFF, 1, 1.0, [])
         off_steps += 1
         assert off_steps < 400
     assert off_steps > 16
+
+
+def test_step_costs_follow_a_drift_common_to_every_shape():
+    """Contexts grow, every shape's step with them, but only the running shape is measured: the
+    ones not running move with it (the bucket's level), so a shape measured when contexts were
+    short does not look cheap against one measured now, and the choice stays the same."""
+    chain2 = SpecShape.parse("2/1/3")
+    costs = _costs({OFF: {1: 40.0}, chain2: {1: 55.0}, CHAIN3: {1: 72.0}})
+    profile = _profile(CHAIN3, [0, 1, 1, 2])  # ~45 % at each depth: the short chain wins
+    policy = AdaptivePolicy([OFF, chain2, CHAIN3], costs, profile, probe_every=0)
+    assert policy.choose(1).shape == chain2
+    for ms in range(55, 111):  # chain2's step doubles as the context grows
+        policy.observe(chain2, 1, float(ms), [1])
+    c2, c3, off = costs.cost(chain2, 1), costs.cost(CHAIN3, 1), costs.cost(OFF, 1)
+    assert c2 is not None and c3 is not None and off is not None
+    assert c2 == pytest.approx(110.0, rel=0.05)
+    assert c3 / c2 == pytest.approx(72 / 55, rel=0.05) and off / c2 == pytest.approx(40 / 55, rel=0.05)
+    assert policy.choose(1).shape == chain2
+    assert {(s.label, b) for s, b in costs.ms} == {("off", 1), ("2/1/3", 1), ("3/1/4", 1)}
+
+
+def test_step_costs_learn_relative_costs_from_switches():
+    """A shape seeded too cheap (1.2x plain decode where it costs 2x) is corrected by its steps
+    that follow another shape's; its own steps in a row move the level, not its ratio."""
+    costs = _costs({OFF: {1: 1.0}, CHAIN3: {1: 1.2}})
+    for _ in range(20):
+        for _ in range(3):
+            costs.observe(OFF, 1, 1.0)
+        costs.observe(CHAIN3, 1, 2.0)
+    c3, off = costs.cost(CHAIN3, 1), costs.cost(OFF, 1)
+    assert c3 is not None and off is not None and c3 / off == pytest.approx(2.0, rel=0.05)
+    ratio = costs.ratio[(CHAIN3, 1)]
+    for _ in range(10):
+        costs.observe(CHAIN3, 1, 2.4)  # a longer context: the level rises, the ratio stays
+    assert costs.ratio[(CHAIN3, 1)] == ratio and costs.cost(CHAIN3, 1) == pytest.approx(2.4, rel=0.1)
 
 
 def test_probe_runs_the_runner_up_every_n_steps():

@@ -12,7 +12,9 @@ A tree (topk > 1) accepts differently at each depth, so each tree shape keeps it
 Counts decay with a half-life in steps (every step's, plain decoding's too), so the profile
 follows the traffic and, after a long time off, reverts to the prior and speculation is retried.
 t(s, b) is the step time measured at start-up (graph replays at each captured batch size) and
-kept current by the steps that run. Plain decode ("off") commits exactly one token a step.
+kept current by the steps that run, as a level that every step moves (contexts grow, and every
+shape's step with them) times each shape's cost relative to it (StepCosts). Plain decode
+("off") commits exactly one token a step.
 
 Each candidate runs once at each batch-size bucket before any is chosen (its first cost). A
 shape not run for a while is re-measured: every `probe_every` steps the runner-up runs for one
@@ -192,14 +194,25 @@ class AcceptanceProfile:
 
 
 class StepCosts:
-    """Step time per (shape, captured batch size): seeded by start-up replays, then an average
-    over the steps that run (decayed, so it follows the machine). A batch runs in the graph of
-    the smallest captured size that holds it, so that size's time is its cost."""
+    """Step time per (shape, captured batch size), as a level times a ratio. A batch runs in the
+    graph of the smallest captured size that holds it, so that size's time is its cost.
 
-    def __init__(self, batch_sizes: list[int], alpha: float = 0.05) -> None:
+    Step times drift together: a longer context makes every shape's step slower. Only the shape
+    that runs is measured, so absolute times of the others would go stale, and a shape measured
+    when contexts were short would look cheap against one measured now. So each batch-size
+    bucket keeps a level, which every measured step moves (`level_alpha`), and each shape its
+    cost relative to that level, which only a comparison can tell: the start-up replays (all
+    shapes at one context) and the first step of a shape after another shape's steps at that
+    bucket (`alpha`). A shape's cost is its ratio times the bucket's level; the ranking of the
+    shapes at a batch size depends on their ratios alone."""
+
+    def __init__(self, batch_sizes: list[int], alpha: float = 0.2, level_alpha: float = 0.25) -> None:
         self.sizes = sorted(batch_sizes)
         self.alpha = alpha
-        self.ms: dict[tuple[SpecShape, int], float] = {}
+        self.level_alpha = level_alpha
+        self.level: dict[int, float] = {}  # bucket -> ms of a shape of ratio 1
+        self.ratio: dict[tuple[SpecShape, int], float] = {}
+        self.last: dict[int, SpecShape] = {}  # bucket -> the shape measured last there
 
     def bucket(self, bs: int) -> int:
         """The captured size a batch of `bs` runs at (past the largest: the largest, where it
@@ -208,15 +221,33 @@ class StepCosts:
         return self.sizes[min(i, len(self.sizes) - 1)]
 
     def seed(self, shape: SpecShape, bs: int, ms: float) -> None:
-        self.ms[(shape, self.bucket(bs))] = ms
+        b = self.bucket(bs)
+        level = self.level.setdefault(b, ms)
+        self.ratio[(shape, b)] = ms / level
 
     def observe(self, shape: SpecShape, bs: int, ms: float) -> None:
-        key = (shape, self.bucket(bs))
-        old = self.ms.get(key)
-        self.ms[key] = ms if old is None else old + self.alpha * (ms - old)
+        b = self.bucket(bs)
+        r = self.ratio.get((shape, b))
+        switched = self.last.get(b) != shape
+        self.last[b] = shape
+        if r is None or b not in self.level:
+            self.seed(shape, bs, ms)
+            return
+        level = self.level[b]
+        if switched:  # the level is the other shape's, at about this context: compare
+            r += self.alpha * (ms / level - r)
+            self.ratio[(shape, b)] = r
+        self.level[b] = level + self.level_alpha * (ms / r - level)
 
     def cost(self, shape: SpecShape, bs: int) -> float | None:
-        return self.ms.get((shape, self.bucket(bs)))
+        b = self.bucket(bs)
+        r = self.ratio.get((shape, b))
+        return None if r is None else r * self.level[b]
+
+    @property
+    def ms(self) -> dict[tuple[SpecShape, int], float]:
+        """Every measured (shape, bucket) and its current cost."""
+        return {(s, b): r * self.level[b] for (s, b), r in self.ratio.items()}
 
 
 @dataclass
