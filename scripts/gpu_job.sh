@@ -39,7 +39,8 @@
 #            batch 8, vanilla, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
 #   heads    draft heads side by side on 104 spec_bench_dev prompts (round robin over its 13
 #            categories), 256 tokens, batch BS (8): the shipped head and each folder of HEADS (/root/head, the last
-#            train_data's; carried ones under .data/heads/), 3/1/4 and 4/8/12 each, beside vanilla
+#            train_data's; carried ones under .data/heads/; HEADS= for the shipped one alone), 3/1/4 and
+#            4/8/12 each, beside vanilla
 #   qsweep   Qwen2.5-Coder with its head (/root/qhead, from TARGET=qwen train_data) and every draft
 #            vocabulary: full, then the FR-Spec maps 65536 32768 16384 8192 that train_data wrote,
 #            shape QSHAPE (3/1/4), phases profiled, beside vanilla; QMAPDIRS (/root/qhead) lists
@@ -222,7 +223,7 @@ for stage in "$@"; do
         --out "$OUT/drift.json" --plot "$OUT/drift.png" ;;
     heads) need_gguf heads && {
         v=(3/1/4 4/8/12)
-        for h in ${HEADS:-/root/head}; do v+=("3/1/4:draft=$h" "4/8/12:draft=$h"); done
+        for h in ${HEADS-/root/head}; do v+=("3/1/4:draft=$h" "4/8/12:draft=$h"); done
         step heads 560 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
           --prompts .data/spec_bench_dev.jsonl --num-prompts 104 --max-tokens 256 \
           --batch-size "${BS:-8}" --variants "${v[@]}" --out "$OUT/heads"; } ;;
