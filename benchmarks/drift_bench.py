@@ -108,7 +108,9 @@ def steps_to_follow(events: list[tuple[float, int, str | None]], switch_step: in
                     ) -> tuple[int | None, str | None, str | None]:
     """Decode steps after the second phase starts until the policy runs the shape it then keeps
     through the stream's busy part (its last quarter excluded: the batch drains), with the shape
-    before and that one; None for an engine without speculation."""
+    before and that one; None for an engine without speculation. A shape run for a single step
+    is a probe (the runner-up re-measured) or a first measurement, not a choice: it is passed
+    over."""
     if switch_step is None:
         return None, None, None
     before = next((s for _, _, s in reversed(events[:switch_step]) if s is not None), None)
@@ -116,11 +118,18 @@ def steps_to_follow(events: list[tuple[float, int, str | None]], switch_step: in
     busy = ran[: 3 * len(ran) // 4]
     if before is None or not busy:
         return None, before, None
-    final = busy[-1]
-    k = len(busy)
-    while k > 0 and busy[k - 1] == final:
+    runs: list[tuple[str, int, int]] = []  # (shape, first step, steps)
+    for i, s in enumerate(busy):
+        if runs and runs[-1][0] == s:
+            runs[-1] = (s, runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, i, 1))
+    kept = [r for r in runs if r[2] > 1] or runs
+    final = kept[-1][0]
+    k = len(kept)
+    while k > 0 and kept[k - 1][0] == final:
         k -= 1
-    return k, before, final
+    return (0 if k == 0 and final == before else kept[k][1]), before, final
 
 
 def timed(engine: Engine, prompts: list[list[int]], switch: int, args: argparse.Namespace

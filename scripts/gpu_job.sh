@@ -35,8 +35,9 @@
 #   head_rest  the pieces of a halted train_data's checkpoint that its call could not return
 #   adaptive end to end at batch ABS (1 4 8 16 32 64) (needs the GGUF and .data/spec_bench_dev.jsonl):
 #            --speculative-adaptive beside every fixed candidate shape and graphed vanilla
-#   drift    benchmarks/drift_bench.py: MT-bench categories then translation and summarization at
-#            batch 8, vanilla, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
+#   drift    benchmarks/drift_bench.py: DRIFT_PROMPTS (480) prompts of the categories the shipped
+#            head accepts best, then as many of those it accepts least, at batch DRIFT_BS (8);
+#            vanilla, 2/1/3, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
 #   heads    draft heads side by side on 104 spec_bench_dev prompts (round robin over its 13
 #            categories), 256 tokens, batch BS (8): the shipped head and each folder of HEADS (/root/head, the last
 #            train_data's; carried ones under .data/heads/; HEADS= for the shipped one alone), 3/1/4 and
@@ -218,9 +219,9 @@ for stage in "$@"; do
       (cd "$OUT" && tar -cf adaptive.tar adaptive_b* && rm -f adaptive_b*) ;;  # (8 files come back)
     drift) need_gguf drift && step drift 400 python3 benchmarks/drift_bench.py \
         --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl \
-        --first writing,roleplay,reasoning,math,coding,extraction,stem,humanities \
-        --then translation,summarization --per-phase 80 --batch-size 8 --fixed 3/1/4 4/8/12 \
-        --out "$OUT/drift.json" --plot "$OUT/drift.png" ;;
+        --first roleplay,reasoning,coding,extraction,humanities --then qa,rag,summarization \
+        --per-phase ${DRIFT_PROMPTS:-480} --batch-size ${DRIFT_BS:-8} --fixed 2/1/3 3/1/4 4/8/12 \
+        --window 0.5 --out "$OUT/drift.json" --plot "$OUT/drift.png" ;;
     heads) need_gguf heads && {
         v=(3/1/4 4/8/12)
         for h in ${HEADS-/root/head}; do v+=("3/1/4:draft=$h" "4/8/12:draft=$h"); done
