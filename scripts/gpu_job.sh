@@ -34,7 +34,8 @@
 #            $OUT/hv.tar.partNN; `heads` with HEADS="/root/hv/NAME ..." compares them
 #   head_rest  the pieces of a halted train_data's checkpoint that its call could not return
 #   adaptive end to end at batch ABS (1 4 8 16 32 64) (needs the GGUF and .data/spec_bench_dev.jsonl):
-#            --speculative-adaptive beside every fixed candidate shape and graphed vanilla
+#            --speculative-adaptive beside every fixed candidate shape and graphed vanilla; up to
+#            290 s a batch size, so two a call (ABS="1 4", "8 16", "32 64")
 #   drift    benchmarks/drift_bench.py: DRIFT_PROMPTS (480) prompts of the categories the shipped
 #            head accepts best, then as many of those it accepts least, at batch DRIFT_BS (8);
 #            vanilla, 2/1/3, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
@@ -212,7 +213,7 @@ for stage in "$@"; do
       ls -la "$OUT" | tee -a "$OUT/summary.txt" ;;
     adaptive) need_gguf adaptive && for bs in ${ABS:-1 4 8 16 32 64}; do
         n=$((bs < 8 ? 32 : (4 * bs > 240 ? 240 : 4 * bs)))
-        step "adaptive_b$bs" 150 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
+        step "adaptive_b$bs" 290 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
           --prompts .data/spec_bench_dev.jsonl --num-prompts $n --max-tokens 256 --batch-size $bs \
           --variants adaptive 2/1/3 3/1/4 5/1/6 4/8/12 6/8/16 --out "$OUT/adaptive_b$bs"
       done
