@@ -18,6 +18,7 @@ table last; `--out` writes every number (and `--plot PNG` the tokens/s over time
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -119,11 +120,9 @@ def steps_to_follow(events: list[tuple[float, int, str | None]], switch_step: in
     if before is None or not busy:
         return None, before, None
     runs: list[tuple[str, int, int]] = []  # (shape, first step, steps)
-    for i, s in enumerate(busy):
-        if runs and runs[-1][0] == s:
-            runs[-1] = (s, runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((s, i, 1))
+    for s, group in itertools.groupby(busy):
+        n = len(list(group))
+        runs.append((s, runs[-1][1] + runs[-1][2] if runs else 0, n))
     kept = [r for r in runs if r[2] > 1] or runs
     final = kept[-1][0]
     k = len(kept)
