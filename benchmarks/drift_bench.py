@@ -26,68 +26,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hotspec.benchmark.device import device_name, sync
-from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
+from hotspec.benchmark.device import device_name
 from hotspec.benchmark.spec_bench import load_target, run_with_engine
+from hotspec.benchmark.stream import round_robin, serve
 from hotspec.engine.engine import Engine
-from hotspec.engine.request import Request, Status
 from hotspec.entrypoints.engine_args import add_engine_args, engine_config
 from hotspec.errors import HotspecError
-from hotspec.sampling_params import SamplingParams
 
 
 def stream(path: Path, first: list[str], then: list[str], per_phase: int, tokenizer: Any
            ) -> tuple[list[list[int]], int]:
     """The prompt ids of the stream, and the index where the second phase starts."""
-    prompts = read_bench_prompts(path)
-
-    def phase(cats: list[str]) -> list[list[int]]:
-        by_cat = {c: [p for p in prompts if p.category == c] for c in cats}
-        missing = [c for c, ps in by_cat.items() if not ps]
-        if missing:
-            raise HotspecError(f"no prompts of categories {missing} in {path}")
-        out: list[list[int]] = []
-        i = 0
-        while len(out) < per_phase:
-            for c in cats:
-                if len(out) < per_phase:
-                    ps = by_cat[c]
-                    out.append(prompt_ids(ps[i % len(ps)], tokenizer, True))
-            i += 1
-        return out
-
-    a = phase(first)
-    return a + phase(then), len(a)
-
-
-def serve(engine: Engine, prompts: list[list[int]], switch: int, batch: int, max_tokens: int
-          ) -> dict[str, Any]:
-    """Run the stream at `batch` requests in flight; per engine step: its end time, tokens
-    emitted, and the shape the adaptive policy last chose (None otherwise)."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    worker = engine.worker
-    stats = getattr(worker, "stats", None)
-    next_i = 0
-    events: list[tuple[float, int, str | None]] = []
-    reqs: list[Request] = []
-    switch_step: int | None = None
-    sync(engine.device)
-    t0 = time.perf_counter()
-    while next_i < len(prompts) or engine.has_unfinished():
-        live = sum(r.status is not Status.FINISHED for r in reqs)
-        while live < batch and next_i < len(prompts):
-            reqs.append(engine.add_request(prompts[next_i], params))
-            if next_i == switch:
-                switch_step = len(events)
-            next_i, live = next_i + 1, live + 1
-        before = dict(stats.shape_steps) if stats is not None else {}
-        outs = engine.step()
-        ran = [k for k, n in (stats.shape_steps.items() if stats is not None else ())
-               if n > before.get(k, 0)]
-        events.append((time.perf_counter() - t0, sum(len(o.new_token_ids) for o in outs),
-                       ran[-1] if ran else None))
-    sync(engine.device)
-    return {"wall_s": time.perf_counter() - t0, "events": events, "switch_step": switch_step}
+    a = round_robin(path, first, per_phase, tokenizer)
+    return a + round_robin(path, then, per_phase, tokenizer), len(a)
 
 
 def windows(events: list[tuple[float, int, str | None]], width: float) -> list[dict[str, Any]]:
@@ -134,9 +85,8 @@ def steps_to_follow(events: list[tuple[float, int, str | None]], switch_step: in
 def timed(engine: Engine, prompts: list[list[int]], switch: int, args: argparse.Namespace
           ) -> dict[str, Any]:
     """A short warm-up (kernels compiled, the policy's first measurements), then the stream."""
-    warm = prompts[: args.batch_size]
-    serve(engine, warm, len(warm), args.batch_size, 16)
-    return serve(engine, prompts, switch, args.batch_size, args.max_tokens)
+    serve(engine, prompts[: args.batch_size], args.batch_size, 16)
+    return serve(engine, prompts, args.batch_size, args.max_tokens, mark=switch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine {name}", file=sys.stderr, flush=True)
         r = run_with_engine(ecfg, target, lambda e: timed(e, prompts, switch, args))
         ev = r["events"]
-        split = r["switch_step"] or len(ev)
+        split = r["mark_step"] or len(ev)
         t_switch = ev[split - 1][0] if split else 0.0
         tok_a = sum(n for _, n, _ in ev[:split])
         tok_b = sum(n for _, n, _ in ev[split:])
-        follow, before, after = steps_to_follow(ev, r["switch_step"])
+        follow, before, after = steps_to_follow(ev, r["mark_step"])
         results[name] = {
             "wall_s": r["wall_s"], "tokens": tok_a + tok_b,
             "tokens_per_s": (tok_a + tok_b) / r["wall_s"],

@@ -33,9 +33,9 @@
 #            /root/hv/NAME (resumed while the machine is warm); the finished heads come back as
 #            $OUT/hv.tar.partNN; `heads` with HEADS="/root/hv/NAME ..." compares them
 #   head_rest  the pieces of a halted train_data's checkpoint that its call could not return
-#   adaptive end to end at batch ABS (1 4 8 16 32 64) (needs the GGUF and .data/spec_bench_dev.jsonl):
-#            --speculative-adaptive beside every fixed candidate shape and graphed vanilla; up to
-#            290 s a batch size, so two a call (ABS="1 4", "8 16", "32 64")
+#   adaptive benchmarks/batch_bench.py: the prompt stream at batch ABS (1 4 8 16 32 64) under
+#            steady load, vanilla, each fixed candidate shape and --speculative-adaptive (needs
+#            the GGUF and .data/spec_bench_dev.jsonl)
 #   drift    benchmarks/drift_bench.py: DRIFT_PROMPTS (480) prompts of the categories the shipped
 #            head accepts best, then as many of those it accepts least, at batch DRIFT_BS (8);
 #            vanilla, 2/1/3, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
@@ -112,7 +112,7 @@ step() {  # step NAME SECONDS CMD...: run, log to $OUT/NAME.log, record the exit
   echo "=== $name: $*" | tee "$OUT/$name.log"
   timeout "$secs" "$@" >>"$OUT/$name.log" 2>&1
   echo "$name rc=$?" >> "$OUT/summary.txt"
-  tail -n 15 "$OUT/$name.log"
+  tail -n 20 "$OUT/$name.log"
 }
 need_gguf() {  # need_gguf STAGE: true when the target's GGUF is in place, else a note
   if [ "$W" = q ]; then
@@ -211,13 +211,9 @@ for stage in "$@"; do
         ls -la /root/hv/* "$OUT"/hv.tar* 2>/dev/null | tee -a "$OUT/summary.txt"; } ;;
     head_rest) cp /root/head_parts/*head.tar.part* "$OUT/" 2>/dev/null
       ls -la "$OUT" | tee -a "$OUT/summary.txt" ;;
-    adaptive) need_gguf adaptive && for bs in ${ABS:-1 4 8 16 32 64}; do
-        n=$((bs < 8 ? 32 : (4 * bs > 240 ? 240 : 4 * bs)))
-        step "adaptive_b$bs" 290 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
-          --prompts .data/spec_bench_dev.jsonl --num-prompts $n --max-tokens 256 --batch-size $bs \
-          --variants adaptive 2/1/3 3/1/4 5/1/6 4/8/12 6/8/16 --out "$OUT/adaptive_b$bs"
-      done
-      (cd "$OUT" && tar -cf adaptive.tar adaptive_b* && rm -f adaptive_b*) ;;  # (8 files come back)
+    adaptive) need_gguf adaptive && step adaptive 570 python3 benchmarks/batch_bench.py \
+        --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl \
+        --batch-sizes ${ABS:-1 4 8 16 32 64} --max-tokens 256 --out "$OUT/adaptive.json" ;;
     drift) need_gguf drift && step drift 400 python3 benchmarks/drift_bench.py \
         --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl \
         --first roleplay,reasoning,coding,extraction,humanities --then qa,rag,summarization \

@@ -151,3 +151,14 @@ def test_profiled_engine_still_adapts(head, smol_llm):
     want = [o.token_ids for o in smol_llm.generate(PROMPTS[:2], p)]
     assert [o.token_ids for o in llm.generate(PROMPTS[:2], p)] == want
     assert set(llm.engine.worker.stats.shape_steps) >= {"off", "2/1/3", "4/8/12"}
+
+
+def test_catch_up_warm_up_writes_nothing_a_request_reads(adaptive_llm, smol_llm):
+    """The start-up pass that compiles the catch-up's kernels (run on CUDA by the builder) runs
+    every captured batch size and pending length, writing only the trash slot: outputs after it
+    are still the target's."""
+    worker = adaptive_llm.engine.worker
+    p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    want = [o.token_ids for o in smol_llm.generate(PROMPTS[:2], p)]
+    assert worker.warm_catch_up((1, 3)) == 2 * 2 * len(worker.graphs.batch_sizes)
+    assert [o.token_ids for o in adaptive_llm.generate(PROMPTS[:2], p)] == want

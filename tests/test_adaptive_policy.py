@@ -50,8 +50,20 @@ def test_chain_profile_serves_every_chain_length():
     assert p.rates(CHAIN5) == pytest.approx(r3 + [r3[-1]] * 2, abs=2e-3)
     assert p.expected_tokens(CHAIN3) == pytest.approx(1 + 0.75 + 0.5 + 0.25, abs=5e-3)
     assert p.expected_tokens(OFF) == 1.0
-    # a tree has its own table: nothing measured yet -> the prior
+    # trees have a table of their own: nothing measured yet -> the prior
     assert p.rates(TREE) == [0.5] * 4
+
+
+def test_trees_of_one_topk_share_a_profile():
+    """What a 4-deep tree of topk 8 measured predicts a 6-deep one (its deepest rate standing in
+    for depths 5 and 6), so the deeper tree is weighed on the traffic's acceptance from the first
+    step; a tree of another topk, and the chains, keep their own tables."""
+    p = _profile(TREE, [1, 2, 3, 4])
+    r4 = p.rates(TREE)
+    assert r4 == pytest.approx([1.0, 3 / 4, 2 / 3, 1 / 2], abs=5e-3)
+    assert p.rates(SpecShape.parse("6/8/16")) == pytest.approx(r4 + [r4[-1]] * 2, abs=5e-3)
+    assert p.rates(SpecShape.parse("3/4/8")) == [0.5] * 3
+    assert p.rates(CHAIN3) == [0.5] * 3
 
 
 def test_policy_turns_speculation_off_where_it_loses_and_on_where_it_pays():
@@ -136,12 +148,18 @@ def test_step_costs_learn_relative_costs_from_switches():
     assert costs.ratio[(CHAIN3, 1)] == ratio and costs.cost(CHAIN3, 1) == pytest.approx(2.4, rel=0.1)
 
 
-def test_probe_runs_the_runner_up_every_n_steps():
-    costs = _costs({OFF: {1: 1.0}, CHAIN3: {1: 1.2}})
-    policy = AdaptivePolicy([OFF, CHAIN3], costs, _profile(CHAIN3, [3]), probe_every=4)
+def test_probe_runs_the_best_other_speculative_shape_every_n_steps():
+    """Every `probe_every` steps the runner-up among the speculative shapes runs once; plain
+    decode, though second here, is never probed (its estimate needs no acceptance, and the
+    draft would have to catch up after it)."""
+    chain2 = SpecShape.parse("2/1/3")
+    costs = _costs({OFF: {1: 1.0}, chain2: {1: 4.0}, CHAIN3: {1: 1.2}})
+    policy = AdaptivePolicy([OFF, chain2, CHAIN3], costs, _profile(CHAIN3, [3]), probe_every=4)
     picks = [policy.choose(1) for _ in range(8)]
+    assert picks[0].tokens_per_s["off"] > picks[0].tokens_per_s["2/1/3"]
     assert [c.probe for c in picks] == [False, False, False, True] * 2
-    assert {c.shape for c in picks if c.probe} == {OFF}
+    assert {c.shape for c in picks if c.probe} == {chain2}
+    assert {c.shape for c in picks if not c.probe} == {CHAIN3}
 
 
 def test_unmeasured_shapes_run_first_and_buckets():

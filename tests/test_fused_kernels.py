@@ -283,3 +283,24 @@ def test_eagle3_inputs_in_one_kernel_equal_the_lookup_and_two_norms(dtype, monke
     got = mid.inputs(tokens, embed, feature)
     assert calls == [1] and torch.equal(got, want)
     torch.testing.assert_close(got.float(), torch_path.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_eagle3_inputs_read_strided_token_views(monkeypatch):
+    """A chain shape of the adaptive engine feeds the first column of the [B, K] draft state as
+    its tokens (a view of stride K): the kernel reads each row's own token, as from a copy."""
+    from hotspec.layers import fused
+
+    g = torch.Generator().manual_seed(0)
+    h, t, k = 16, 4, 8
+    embed = torch.randn(50, h, generator=g)
+    feature = torch.randn(t, h, generator=g)
+    w0, w1 = torch.rand(h, generator=g) + 0.5, torch.rand(h, generator=g) + 0.5
+    state = torch.randint(0, 50, (t, k), generator=g)
+    ids = state[:, :1].reshape(-1)
+    assert ids.stride(0) == k
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)
+    got = fused.embed_norm_pair(ids, embed, w0, 1e-6, feature, w1, 1e-6)
+    want = fused.embed_norm_pair(ids.clone(), embed, w0, 1e-6, feature, w1, 1e-6)
+    assert torch.equal(got, want)
+    ref = torch.nn.functional.rms_norm(embed[state[:, 0]], (h,), eps=1e-6) * w0
+    torch.testing.assert_close(got[:, :h], ref, rtol=1e-5, atol=1e-5)

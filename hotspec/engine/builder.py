@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -172,6 +173,11 @@ class EngineBuilder:
         costs = getattr(worker, "measure_costs", None)
         if costs is not None and self.cfg.speculative_adaptive:
             log.info("speculative-adaptive step times, ms (shape x batch size):\n%s", costs())
+            if self.graphs.mode == "cuda":
+                t0 = time.perf_counter()
+                runs = worker.warm_catch_up()  # type: ignore[union-attr]
+                log.info("speculative-adaptive: the draft's catch-up after plain decode steps "
+                         "warmed in %d passes (%.1f s)", runs, time.perf_counter() - t0)
         if self._overlap():
             log.info("overlap schedule: step N+1 is launched before step N is read%s",
                      "" if self.cfg.overlap_schedule else " (the default with CUDA graphs; "

@@ -40,8 +40,10 @@ def _embed_norm_pair_kernel(IDS, EMB, FEAT, W0, W1, OUT, h, eps0, eps1, stride_e
 def embed_norm_pair(ids: torch.Tensor, embed: torch.Tensor, w_embed: torch.Tensor, eps_embed: float,
                     feature: torch.Tensor, w_feature: torch.Tensor, eps_feature: float) -> torch.Tensor:
     """[rms_norm(embed[ids]) * w_embed | rms_norm(feature) * w_feature]: ids [T], embed [V, H],
-    feature [T, H] (unit stride along H, all of one dtype) -> [T, 2H] in feature's dtype."""
+    feature [T, H] (unit stride along H, all of one dtype) -> [T, 2H] in feature's dtype. `ids`
+    may be a strided view (a chain's tokens: the first column of the [B, K] draft state)."""
     t, h = feature.shape
+    ids = ids.contiguous()  # read with unit stride
     if embed.shape[1] != h or feature.stride(1) != 1 or embed.stride(1) != 1:
         raise ValueError(f"embed_norm_pair: embed [V, {h}] and feature [T, {h}] with unit stride "
                          f"along H, got {tuple(embed.shape)}, {tuple(feature.shape)}")

@@ -8,7 +8,9 @@ and each request's own on top of it (the mean over the batch's requests). For ch
 (topk 1) the conditional acceptance at draft depth d (accepted at d, given d was reached) does not
 depend on how deep the chain goes, so one profile serves every chain length:
 E = 1 + sum_{i<=D} prod_{d<=i} alpha_d, the deepest measured rate standing in beyond what was run.
-A tree (topk > 1) accepts differently at each depth, so each tree shape keeps its own profile.
+A tree (topk > 1) accepts more at each depth than a chain (k candidates a level), so the trees
+of each topk share a profile of their own, the same way: a deeper tree of that topk is estimated
+from what a shallower one measured, rather than from the prior until it happens to be probed.
 Counts decay with a half-life in steps (every step's, plain decoding's too), so the profile
 follows the traffic and, after a long time off, reverts to the prior and speculation is retried.
 t(s, b) is the step time measured at start-up (graph replays at each captured batch size) and
@@ -17,8 +19,10 @@ shape's step with them) times each shape's cost relative to it (StepCosts). Plai
 ("off") commits exactly one token a step.
 
 Each candidate runs once at each batch-size bucket before any is chosen (its first cost). A
-shape not run for a while is re-measured: every `probe_every` steps the runner-up runs for one
-step, so a profile that went stale (the traffic drifted) can win back. A batch size keeps its
+shape not run for a while is re-measured: every `probe_every` steps the best other speculative
+shape runs for one step, so a profile that went stale (the traffic drifted) can win back. Plain
+decode is never probed: its estimate (one token, the start-up cost ratio) needs no acceptance,
+and a step of it costs the draft a catch-up pass on the way back. A batch size keeps its
 shape until another is `hysteresis` (3 %) faster: at the boundary of two about equal shapes the
 decay would flip the choice every step, and a switch costs a little.
 """
@@ -105,7 +109,7 @@ class _Depths:
 
 
 class AcceptanceProfile:
-    """Acceptance per draft depth, decayed, one table for all chains and one per tree shape; the
+    """Acceptance per draft depth, decayed, one table for all chains and one per tree topk; the
     batch's (every request's verifies) and each request's own, which starts from the batch's
     (`request_weight` verifies' worth of it) and soon speaks for itself: a new prompt is expected
     to accept as the traffic does, and one that accepts worse or better is treated so within a
@@ -126,7 +130,7 @@ class AcceptanceProfile:
 
     @staticmethod
     def _key(shape: SpecShape) -> str:
-        return "chain" if shape.chain else shape.label
+        return "chain" if shape.chain else f"topk{shape.topk}"
 
     def update(self, shape: SpecShape, accept_lens: list[int], rids: list[int] | None = None) -> None:
         """One step of `shape`: the accepted drafts of each request of the batch (`rids`: their
@@ -299,8 +303,9 @@ class AdaptivePolicy:
         if last is not None and last in est and est[last] >= (1 - self.hysteresis) * est[pick]:
             pick = last
         self.kept[self.costs.bucket(bs)] = pick
-        if len(ranked) > 1 and self.probe_every and self.steps % self.probe_every == 0:
-            pick, probe = next(s for s in ranked if s != pick), True
+        others = [s for s in ranked if s != pick and not s.off]
+        if others and self.probe_every and self.steps % self.probe_every == 0:
+            pick, probe = others[0], True
         self.chosen[self.costs.bucket(bs)] = pick.label
         return Choice(pick, {s.label: v for s, v in est.items()}, probe)
 

@@ -41,6 +41,7 @@ def draft_inputs(tables: torch.Tensor, seq: torch.Tensor, k: int, steps: int,
                  block_size: int) -> DraftInputs:
     """As phase_inputs.draft_inputs_torch: tables [B, T] (unit stride along T), seq [B]."""
     b, m, dev = seq.shape[0], k * steps, seq.device
+    seq = seq.contiguous()  # [B] vectors are read with unit stride
     locs = torch.empty((steps, b * k), dtype=torch.int64, device=dev)
     positions = torch.empty((steps, b * k), dtype=torch.int64, device=dev)
     mask = torch.empty((b, k, m), dtype=torch.bool, device=dev)
@@ -76,6 +77,7 @@ def verify_inputs(tables: torch.Tensor, seq: torch.Tensor, depth: torch.Tensor, 
                   block_size: int) -> VerifyInputs:
     """As phase_inputs.verify_inputs_torch: depth [B, N] with unit stride along N."""
     (b, n), dev = depth.shape, seq.device
+    seq = seq.contiguous()  # [B] vectors are read with unit stride
     slots = torch.empty((b, reserve), dtype=torch.int64, device=dev)
     positions = torch.empty((b * n,), dtype=torch.int64, device=dev)
     loc = torch.empty((b * n,), dtype=torch.int64, device=dev)
@@ -117,6 +119,7 @@ def extend_inputs(tables: torch.Tensor, seq: torch.Tensor, acc: torch.Tensor, bo
     """As phase_inputs.extend_inputs_torch: acc [B, W] and slots (if given) with unit stride
     along W."""
     (b, w), dev = acc.shape, seq.device
+    seq, bonus, a = seq.contiguous(), bonus.contiguous(), a.contiguous()  # read with unit stride
     ids = torch.empty((b * w,), dtype=acc.dtype, device=dev)
     loc = torch.empty((b * w,), dtype=torch.int64, device=dev)
     positions = torch.empty((b * w,), dtype=torch.int64, device=dev)

@@ -31,6 +31,7 @@ from hotspec.engine.vanilla_worker import prefill_chunks, sample_for
 from hotspec.models.draft_head import DraftHead
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.batch_builder import block_table_tensor, last_token_index, prefill_batch
+from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.phase_io import sampling_fields
@@ -207,6 +208,36 @@ class EagleWorker:
                 cells.append(f"{ms:>6.3f}")
             lines.append(f"{SpecShape(*shape).label:<7} " + " ".join(cells))
         return "\n".join(lines)
+
+    def warm_catch_up(self, lengths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, MAX_PENDING)) -> int:
+        """Run the catch-up's eager draft pass once for every captured batch size and pending
+        length (powers of two: the kernels' block shapes), at a short and a long context, writing
+        only the trash slot: its kernels compile at start-up rather than on the first switch
+        back from plain decode, mid-serving. Returns the passes run (0: no plain-decode shape)."""
+        if _OFF not in self.shapes:
+            return 0
+        p, dev = self.phases, self.device
+        trash = p.draft_runner.kv.trash_slot
+        blocks = p.shapes.max_blocks_per_seq
+        runs = 0
+        for bs in self.graphs.batch_sizes:
+            for n in lengths:
+                for kv in sorted({n, min(2048, blocks * self.block_size)}):
+                    q = torch.full((bs,), n, dtype=torch.long, device=dev)
+                    fb = ForwardBatch(
+                        mode=ForwardMode.PREFILL,
+                        input_ids=torch.zeros(bs * n, dtype=torch.long, device=dev),
+                        positions=torch.arange(kv - n, kv, device=dev).repeat(bs),
+                        out_cache_loc=torch.full((bs * n,), trash, dtype=torch.long, device=dev),
+                        q_lens=q, kv_lens=torch.full((bs,), kv, dtype=torch.long, device=dev),
+                        block_tables=torch.zeros((bs, blocks), dtype=torch.int32, device=dev),
+                        width=None, cu_seqlens_q=torch.arange(bs + 1, device=dev) * n, max_q=n,
+                        max_kv=kv, hidden_in=torch.zeros(bs * n, self.draft.target_feature_size,
+                                                         dtype=p.shapes.dtype, device=dev))
+                    h_logits, _ = p.draft_runner.forward(fb)
+                    p.draft_topk(h_logits[last_token_index(fb)], p.state_k)
+                    runs += 1
+        return runs
 
     def _timed(self, phase: str, t0: float) -> float:
         self.stats.phase_calls[phase] += 1
