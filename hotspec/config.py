@@ -100,8 +100,8 @@ class EngineConfig:
     speculative_adaptive: bool = _option(
         False, "choose the speculation shape before every step among --speculative-candidates, "
         "the one with the most expected tokens per second: acceptance per draft depth measured "
-        "from verify results, step times measured as the steps run; the shape given by "
-        "--speculative-num-steps/-eagle-topk/-num-draft-tokens is one of them")
+        "from verify results, step times measured as the steps run; a shape given by "
+        "--speculative-num-steps/-eagle-topk/-num-draft-tokens joins them")
     speculative_candidates: tuple[str, ...] = _option(
         ("off", "2/1/3", "3/1/4", "5/1/6", "4/8/12", "6/8/16"), "the shapes --speculative-adaptive "
         "chooses from: STEPS/TOPK/TOKENS each (e.g. 3/1/4 a chain, 4/8/12 a tree), each captured "
@@ -158,6 +158,9 @@ class EngineConfig:
                     SpecShape.parse(c)
                 except ValueError as e:
                     raise ConfigError(f"speculative_candidates: {e}") from None
+            if not self.shape_given and all(SpecShape.parse(c).off for c in self.speculative_candidates):
+                raise ConfigError("speculative_candidates: name at least one speculation shape "
+                                  "(e.g. 3/1/4) beside off")
         steps, topk, ntok = self.spec_shape
         if steps < 1:
             raise ConfigError(f"speculative_num_steps must be >= 1, got {steps}")
@@ -172,6 +175,12 @@ class EngineConfig:
             raise ConfigError(
                 f"speculative_num_draft_tokens={ntok} must be in [2, {max_nodes + 1}] for "
                 f"num_steps={steps}, topk={topk} (the root plus at most {max_nodes} drafted nodes)")
+
+    @property
+    def shape_given(self) -> bool:
+        """Whether any of --speculative-num-steps/-eagle-topk/-num-draft-tokens was given."""
+        return any(v is not None for v in (self.speculative_num_steps, self.speculative_eagle_topk,
+                                           self.speculative_num_draft_tokens))
 
     @property
     def spec_shape(self) -> tuple[int, int, int]:

@@ -156,14 +156,15 @@ class EngineBuilder:
             per_slot += KVPool.bytes_per_slot(1, d.num_key_value_heads, d.head_dim, self.dtype)
             num_blocks = self._kv_blocks(per_slot)
             allocator = BlockAllocator(num_blocks, first_block=1)
-            steps, topk, ntok = self.cfg.spec_shape
+            adaptive = self._adaptive()
+            steps, topk, ntok = adaptive.pop("primary", self.cfg.spec_shape)
             draft_pool = draft.make_kv_pool(num_blocks + 1, self.block_size, self.dtype, self.device)
             worker = EagleWorker(
                 self.target, draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
                 ModelRunner(draft, draft_pool, backend), self.graphs, self.block_size, self.device,
                 steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases,
                 fuse_step=self.cfg.fuse_spec_step, overlap=self._overlap(),
-                max_rows=self.cfg.max_num_seqs, **self._adaptive())
+                max_rows=self.cfg.max_num_seqs, **adaptive)
         reserved = torch.cuda.memory_reserved(self.device) if self.graphs.mode == "cuda" else 0
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
@@ -197,15 +198,19 @@ class EngineBuilder:
                                                or self.cfg.fuse_spec_step)
 
     def _adaptive(self) -> dict[str, Any]:
-        """EagleWorker's extra shapes and policy under --speculative-adaptive."""
+        """EagleWorker's shapes and policy under --speculative-adaptive: the candidates, the
+        shape given by --speculative-num-steps/-eagle-topk/-num-draft-tokens among them when one
+        is given; the first speculative one is the primary (the worker's phase graphs)."""
         if not self.cfg.speculative_adaptive:
             return {}
         from hotspec.speculative.adaptive import AdaptivePolicy, SpecShape, StepCosts
 
-        pinned = SpecShape(*self.cfg.spec_shape)
-        shapes = list(dict.fromkeys([pinned, *map(SpecShape.parse, self.cfg.speculative_candidates)]))
+        given = [SpecShape(*self.cfg.spec_shape)] if self.cfg.shape_given else []
+        cands = [SpecShape.parse(c) for c in self.cfg.speculative_candidates]
+        shapes = list(dict.fromkeys(given + [s for s in cands if not s.off] + [s for s in cands if s.off]))
         policy = AdaptivePolicy(shapes, StepCosts(self.graphs.batch_sizes))
-        return {"extra_shapes": tuple((s.num_steps, s.topk, s.num_draft_tokens) for s in shapes[1:]),
+        return {"primary": (shapes[0].num_steps, shapes[0].topk, shapes[0].num_draft_tokens),
+                "extra_shapes": tuple((s.num_steps, s.topk, s.num_draft_tokens) for s in shapes[1:]),
                 "policy": policy}
 
     def _load_draft(self) -> DraftHead:
