@@ -160,5 +160,8 @@ def test_catch_up_warm_up_writes_nothing_a_request_reads(adaptive_llm, smol_llm)
     worker = adaptive_llm.engine.worker
     p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     want = [o.token_ids for o in smol_llm.generate(PROMPTS[:2], p)]
-    assert worker.warm_catch_up((1, 3)) == 2 * 2 * len(worker.graphs.batch_sizes)
+    assert worker.warm_catch_up((1, 3)) == 3 * 2 * len(worker.graphs.batch_sizes)
+    policy = worker.policy
+    assert set(policy.catch_up_ms) == set(worker.graphs.batch_sizes)
+    assert all(ms > 0 for ms in policy.catch_up_ms.values())
     assert [o.token_ids for o in adaptive_llm.generate(PROMPTS[:2], p)] == want

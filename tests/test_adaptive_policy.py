@@ -227,3 +227,28 @@ def test_each_request_accepts_on_top_of_the_batch():
     assert policy.choose(1, [2]).shape == OFF
     assert policy.choose(1, [5]).shape == CHAIN3
     assert set(p.requests) == set()  # (request 2 is gone: its table too)
+
+
+def test_plain_decode_pays_for_the_draft_catching_up():
+    """Returning from plain decode costs a catch-up pass (C ms), paid every `catch_up_every`
+    plain steps too: off is charged C / catch_up_every a step, and a speculating batch turns off
+    only when the gain over that many steps outweighs one catch-up."""
+    costs = _costs({OFF: {32: 1.0}, CHAIN3: {32: 2.2}})  # 2.5 tokens at 2.2 ms: 1136 vs 1000
+    costs_b = _costs({OFF: {32: 1.0}, CHAIN3: {32: 2.7}})  # 926 vs 1000: off 8 % ahead
+    for c, off_wins_without in ((costs, False), (costs_b, True)):
+        free = AdaptivePolicy([OFF, CHAIN3], c, _profile(CHAIN3, [0, 1, 2, 3]), probe_every=0)
+        assert (free.choose(32).shape == OFF) == off_wins_without
+    # a catch-up of 16 ms: off costs 1 + 16/64 ms a step (800 tok/s/row), below the chain
+    policy = AdaptivePolicy([OFF, CHAIN3], costs_b, _profile(CHAIN3, [0, 1, 2, 3]), probe_every=0)
+    policy.observe_catch_up(32, 16.0)
+    c = policy.choose(32)
+    assert c.shape == CHAIN3 and c.tokens_per_s["off"] == pytest.approx(32e3 / 1.25, rel=1e-3)
+    # a catch-up of 4 ms: off is 1000 / 1.0625 = 941 against 926 (1.6 % ahead), inside the
+    # margin for leaving the chain (4 / 64 = 6 %); at 3x the chain's cost it is far ahead
+    policy = AdaptivePolicy([OFF, CHAIN3], costs_b, _profile(CHAIN3, [0, 1, 2, 3]), probe_every=0)
+    policy.observe_catch_up(32, 4.0)
+    assert policy.choose(32).shape == CHAIN3
+    slow = _costs({OFF: {32: 1.0}, CHAIN3: {32: 4.0}})
+    policy = AdaptivePolicy([OFF, CHAIN3], slow, _profile(CHAIN3, [0, 1, 2, 3]), probe_every=0)
+    policy.observe_catch_up(32, 4.0)
+    assert policy.choose(32).shape == OFF and policy.choose(32).shape == OFF

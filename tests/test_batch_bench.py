@@ -41,16 +41,19 @@ def test_every_engine_at_every_batch_size(tmp_path: Path, capsys: pytest.Capture
         "--rounds", "2", "--min-prompts", "4", "--out", str(out)])
     assert rc == 0
     d = json.loads(out.read_text())
-    assert list(d["results"]) == ["vanilla", "2/1/3", "3/4/8", "adaptive"]  # ("off": vanilla)
+    assert list(d["results"]) == ["vanilla", "2/1/3", "3/4/8", "adaptive", "adaptive w/o off"]
     s = d["summary"]
     assert sorted(s) == ["1", "3"] and s["3"]["prompts"] == 6 and s["1"]["prompts"] == 4
     for b in ("1", "3"):
-        assert s[b]["identical"] == {n: s[b]["prompts"] for n in ("2/1/3", "3/4/8", "adaptive")}
+        assert s[b]["identical"] == {n: s[b]["prompts"]
+                                     for n in ("2/1/3", "3/4/8", "adaptive", "adaptive w/o off")}
         assert s[b]["best_fixed"] in ("2/1/3", "3/4/8")
         ratio = s[b]["x_vanilla"]
         assert s[b]["adaptive_x_best"] == pytest.approx(ratio["adaptive"] / ratio[s[b]["best_fixed"]])
         assert sum(s[b]["adaptive_steps"].values()) > 0
         assert set(s[b]["adaptive_steps"]) <= {"off", "2/1/3", "3/4/8"}
     assert 0 < d["results"]["vanilla"]["1"]["tokens"] <= 4 * 10  # (a request may stop on EOS)
+    assert "off" not in d["results"]["adaptive w/o off"]["3"]["steps_per_shape"]
+    assert d["results"]["adaptive"]["3"]["catch_ups"] >= 0
     table = capsys.readouterr().out
     assert "adaptive/best" in table and "prompts per batch size: 1: 4, 3: 6" in table

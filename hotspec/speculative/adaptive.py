@@ -22,7 +22,15 @@ Each candidate runs once at each batch-size bucket before any is chosen (its fir
 shape not run for a while is re-measured: every `probe_every` steps the best other speculative
 shape runs for one step, so a profile that went stale (the traffic drifted) can win back. Plain
 decode is never probed: its estimate (one token, the start-up cost ratio) needs no acceptance,
-and a step of it costs the draft a catch-up pass on the way back. A batch size keeps its
+and a step of it costs the draft a catch-up pass on the way back.
+
+That catch-up (an eager draft pass over the tokens plain decode committed, after the steps in
+flight are read) is the price of every return from plain decode, and is paid every
+`catch_up_every` plain steps while off too. Its time C at each batch-size bucket is measured
+(warm-up passes at start-up, then each catch-up), and plain decode is charged for it: its cost
+is t(off) + C / catch_up_every, and a batch that speculates turns it off only when the gain over
+catch_up_every plain steps outweighs one catch-up, est(off) > est(spec) * (1 + C / (catch_up_every
+* t(off))). A batch size keeps its
 shape until another is `hysteresis` (3 %) faster: at the boundary of two about equal shapes the
 decay would flip the choice every step, and a switch costs a little.
 """
@@ -266,7 +274,8 @@ class AdaptivePolicy:
 
     def __init__(self, candidates: list[SpecShape], costs: StepCosts,
                  profile: AcceptanceProfile | None = None, probe_every: int = 64,
-                 hysteresis: float = 0.03) -> None:
+                 hysteresis: float = 0.03, catch_up_every: int = 64, switch_alpha: float = 0.2
+                 ) -> None:
         if not candidates:
             raise ValueError("the adaptive policy needs at least one candidate shape")
         self.candidates = sorted(set(candidates))
@@ -274,6 +283,9 @@ class AdaptivePolicy:
         self.profile = profile or AcceptanceProfile()
         self.probe_every = probe_every
         self.hysteresis = hysteresis
+        self.catch_up_every = catch_up_every
+        self.switch_alpha = switch_alpha
+        self.catch_up_ms: dict[int, float] = {}  # batch-size bucket -> a catch-up's time
         self.steps = 0
         self.chosen: dict[int, str] = {}  # batch-size bucket -> label of the last choice
         self.kept: dict[int, SpecShape] = {}  # batch-size bucket -> the shape it runs (probes aside)
@@ -285,8 +297,16 @@ class AdaptivePolicy:
         for s in self.candidates:
             ms = self.costs.cost(s, bs)
             if ms is not None and ms > 0:
+                if s.off:
+                    ms += self.catch_up_ms.get(self.costs.bucket(bs), 0.0) / self.catch_up_every
                 out[s] = bs * self.profile.expected_tokens(s, rids) / ms * 1e3
         return out
+
+    def observe_catch_up(self, bs: int, ms: float) -> None:
+        """A catch-up of the draft at batch `bs` took `ms` (seeded by start-up passes)."""
+        b = self.costs.bucket(bs)
+        old = self.catch_up_ms.get(b)
+        self.catch_up_ms[b] = ms if old is None else old + self.switch_alpha * (ms - old)
 
     def choose(self, bs: int, rids: list[int] | None = None) -> Choice:
         if rids is not None:
@@ -299,14 +319,22 @@ class AdaptivePolicy:
         ranked = sorted(est, key=lambda s: (-est[s], s))
         self.steps += 1
         pick, probe = ranked[0], False
-        last = self.kept.get(self.costs.bucket(bs))
+        b = self.costs.bucket(bs)
+        last = self.kept.get(b)
         if last is not None and last in est and est[last] >= (1 - self.hysteresis) * est[pick]:
             pick = last
-        self.kept[self.costs.bucket(bs)] = pick
+        elif pick.off and (last is None or not last.off):  # off only if it pays for the way back
+            spec = [s for s in ranked if not s.off]
+            t_off = self.costs.cost(pick, bs) or 0.0
+            if spec and t_off > 0:
+                margin = self.catch_up_ms.get(b, 0.0) / (self.catch_up_every * t_off)
+                if est[pick] <= est[spec[0]] * (1 + margin):
+                    pick = spec[0]
+        self.kept[b] = pick
         others = [s for s in ranked if s != pick and not s.off]
         if others and self.probe_every and self.steps % self.probe_every == 0:
             pick, probe = others[0], True
-        self.chosen[self.costs.bucket(bs)] = pick.label
+        self.chosen[b] = pick.label
         return Choice(pick, {s.label: v for s, v in est.items()}, probe)
 
     def observe(self, shape: SpecShape, bs: int, ms: float | None, accept_lens: list[int],

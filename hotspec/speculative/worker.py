@@ -213,7 +213,8 @@ class EagleWorker:
         """Run the catch-up's eager draft pass once for every captured batch size and pending
         length (powers of two: the kernels' block shapes), at a short and a long context, writing
         only the trash slot: its kernels compile at start-up rather than on the first switch
-        back from plain decode, mid-serving. Returns the passes run (0: no plain-decode shape)."""
+        back from plain decode, mid-serving. Then a one-token pass at each batch size, timed,
+        seeds the policy's catch-up cost. Returns the passes run (0: no plain-decode shape)."""
         if _OFF not in self.shapes:
             return 0
         p, dev = self.phases, self.device
@@ -221,8 +222,12 @@ class EagleWorker:
         blocks = p.shapes.max_blocks_per_seq
         runs = 0
         for bs in self.graphs.batch_sizes:
-            for n in lengths:
+            for i, n in enumerate((*lengths, 1)):  # (the last: the timed one)
                 for kv in sorted({n, min(2048, blocks * self.block_size)}):
+                    timed = i == len(lengths) and kv == n
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    t0 = time.perf_counter()
                     q = torch.full((bs,), n, dtype=torch.long, device=dev)
                     fb = ForwardBatch(
                         mode=ForwardMode.PREFILL,
@@ -236,7 +241,11 @@ class EagleWorker:
                                                          dtype=p.shapes.dtype, device=dev))
                     h_logits, _ = p.draft_runner.forward(fb)
                     p.draft_topk(h_logits[last_token_index(fb)], p.state_k)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
                     runs += 1
+                    if timed and self.policy is not None:
+                        self.policy.observe_catch_up(bs, (time.perf_counter() - t0) * 1e3)
         return runs
 
     def _timed(self, phase: str, t0: float) -> float:
@@ -365,6 +374,8 @@ class EagleWorker:
         if behind:
             self._catch_up(behind)
             measured = -1.0  # (the catch-up is the switch's cost: this step's time is not measured)
+            if self.policy is not None:
+                self.policy.observe_catch_up(len(reqs), (time.perf_counter() - t0) * 1e3)
         x = self._inputs(reqs, src=self.overlap, sampled=not greedy)
         graph = self.step_graphs[self.shape][0 if greedy else 1]
         # (borrowed from the graph: HostCopy copies it out before the next launch)
@@ -379,6 +390,8 @@ class EagleWorker:
         long_behind = [r for r in reqs if len(self._pending.get(r, ())) >= MAX_PENDING]
         if long_behind:
             self._catch_up(long_behind)
+            if self.policy is not None:
+                self.policy.observe_catch_up(len(reqs), (time.perf_counter() - t0) * 1e3)
         ahead = [self.launches.ahead(r) for r in reqs]
         if any(ahead) and not self.overlapping:
             raise RuntimeError("a step was launched before the last one was read; that needs the "
