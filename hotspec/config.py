@@ -97,11 +97,13 @@ class EngineConfig:
     speculative_num_draft_tokens: int | None = _option(
         None, "tokens verified per step: the root plus the best drafted nodes; unset: num_steps + "
         "1 for a chain, else min(8, tree size + 1)")
-    speculative_adaptive: bool = _option(
-        False, "choose the speculation shape before every step among --speculative-candidates, "
+    speculative_adaptive: bool | None = _option(
+        None, "choose the speculation shape before every step among --speculative-candidates, "
         "the one with the most expected tokens per second: acceptance per draft depth measured "
         "from verify results, step times measured as the steps run; a shape given by "
-        "--speculative-num-steps/-eagle-topk/-num-draft-tokens joins them")
+        "--speculative-num-steps/-eagle-topk/-num-draft-tokens joins them. Unset: on when no "
+        "shape is given (and the step is fused and its phases not profiled), else off: a given "
+        "shape is pinned")
     speculative_candidates: tuple[str, ...] = _option(
         ("off", "2/1/3", "3/1/4", "5/1/6", "4/8/12", "6/8/16"), "the shapes --speculative-adaptive "
         "chooses from: STEPS/TOPK/TOKENS each (e.g. 3/1/4 a chain, 4/8/12 a tree), each captured "
@@ -147,7 +149,7 @@ class EngineConfig:
             return
         if algo not in SPEC_ALGORITHMS:
             raise ConfigError(f"speculative_algorithm={algo!r}; choose one of {SPEC_ALGORITHMS}")
-        if self.speculative_adaptive:
+        if self.adaptive:
             if not self.fuse_spec_step:
                 raise ConfigError("speculative_adaptive runs each shape as a fused step graph: drop "
                                   "--no-fuse-spec-step")
@@ -175,6 +177,14 @@ class EngineConfig:
             raise ConfigError(
                 f"speculative_num_draft_tokens={ntok} must be in [2, {max_nodes + 1}] for "
                 f"num_steps={steps}, topk={topk} (the root plus at most {max_nodes} drafted nodes)")
+
+    @property
+    def adaptive(self) -> bool:
+        """--speculative-adaptive, with unset resolved (its help)."""
+        if self.speculative_adaptive is not None:
+            return self.speculative_adaptive
+        return (self.speculative_algorithm is not None and not self.shape_given
+                and self.fuse_spec_step and not self.profile_phases)
 
     @property
     def shape_given(self) -> bool:

@@ -36,7 +36,7 @@
 #   adaptive benchmarks/batch_bench.py: the prompt stream at batch ABS (1 4 8 16 32 64) under
 #            steady load, vanilla, each fixed candidate shape and --speculative-adaptive (needs
 #            the GGUF and .data/spec_bench_dev.jsonl)
-#   drift    benchmarks/drift_bench.py: DRIFT_PROMPTS (480) prompts of the categories the shipped
+#   drift    benchmarks/drift_bench.py: DRIFT_PROMPTS (200) prompts of the categories the shipped
 #            head accepts best, then as many of those it accepts least, at batch DRIFT_BS (8);
 #            vanilla, 2/1/3, 3/1/4, 4/8/12 and adaptive (needs the GGUF and the prompts)
 #   heads    draft heads side by side on 104 spec_bench_dev prompts (round robin over its 13
@@ -217,7 +217,7 @@ for stage in "$@"; do
     drift) need_gguf drift && step drift 400 python3 benchmarks/drift_bench.py \
         --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl \
         --first roleplay,reasoning,coding,extraction,humanities --then qa,rag,summarization \
-        --per-phase ${DRIFT_PROMPTS:-480} --batch-size ${DRIFT_BS:-8} --fixed 2/1/3 3/1/4 4/8/12 \
+        --per-phase ${DRIFT_PROMPTS:-200} --batch-size ${DRIFT_BS:-8} --fixed 2/1/3 3/1/4 4/8/12 \
         --window 0.5 --out "$OUT/drift.json" --plot "$OUT/drift.png" ;;
     heads) need_gguf heads && {
         v=(3/1/4 4/8/12)

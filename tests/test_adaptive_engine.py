@@ -50,6 +50,9 @@ class RandomShapes(AdaptivePolicy):
     def observe(self, *args: object) -> None:
         pass
 
+    def observe_catch_up(self, *args: object) -> None:
+        pass
+
 
 def test_switching_shapes_every_step_is_lossless(adaptive_llm, smol_llm):
     worker = adaptive_llm.engine.worker

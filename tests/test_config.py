@@ -66,3 +66,20 @@ def test_cuda_graph_batch_sizes_from_the_command_line_reach_the_graph_runner(tmp
                                      skip_tokenizer_init=True, num_kv_blocks=16, max_num_seqs=16,
                                      cuda_graph_bs=sizes))
         assert engine.graphs.batch_sizes == want
+
+
+def test_adaptive_shape_is_the_default_when_no_shape_is_given():
+    """No --speculative-num-steps/-eagle-topk/-num-draft-tokens: the engine chooses the shape;
+    any of them pins it; the flag decides when given; profiled phases and the unfused step (one
+    shape's phase graphs) keep the pinned shape; no speculation, no policy."""
+    assert EngineConfig(speculative_algorithm="EAGLE3").adaptive
+    assert not EngineConfig(speculative_algorithm="EAGLE3", speculative_num_steps=5).adaptive
+    assert not EngineConfig(speculative_algorithm="EAGLE3", speculative_eagle_topk=8).adaptive
+    assert EngineConfig(speculative_algorithm="EAGLE3", speculative_num_steps=5,
+                        speculative_adaptive=True).adaptive
+    assert not EngineConfig(speculative_algorithm="EAGLE3", speculative_adaptive=False).adaptive
+    assert not EngineConfig(speculative_algorithm="EAGLE3", profile_phases=True).adaptive
+    assert not EngineConfig(speculative_algorithm="EAGLE3", fuse_spec_step=False).adaptive
+    assert not EngineConfig().adaptive
+    with pytest.raises(ConfigError, match="at least one speculation shape"):
+        EngineConfig(speculative_algorithm="EAGLE3", speculative_candidates=("off",))

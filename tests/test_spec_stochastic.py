@@ -294,6 +294,9 @@ def test_sampling_stays_exact_across_shape_switches(models: Models) -> None:
         def observe(self, *args: Any) -> None:
             pass
 
+        def observe_catch_up(self, *args: Any) -> None:
+            pass
+
     def setup(llm: LLM) -> None:
         llm.engine.worker.policy = RandomShapes()
 

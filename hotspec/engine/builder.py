@@ -172,7 +172,7 @@ class EngineBuilder:
             log.info("CUDA graphs (phase x batch size), %.2f GB:\n%s", graph_gb, self.graphs.report())
             log.info("layer kernels: %s", fused.describe(self.device))
         costs = getattr(worker, "measure_costs", None)
-        if costs is not None and self.cfg.speculative_adaptive:
+        if costs is not None and self.cfg.adaptive:
             log.info("speculative-adaptive step times, ms (shape x batch size):\n%s", costs())
             if self.graphs.mode == "cuda":
                 t0 = time.perf_counter()
@@ -201,7 +201,7 @@ class EngineBuilder:
         """EagleWorker's shapes and policy under --speculative-adaptive: the candidates, the
         shape given by --speculative-num-steps/-eagle-topk/-num-draft-tokens among them when one
         is given; the first speculative one is the primary (the worker's phase graphs)."""
-        if not self.cfg.speculative_adaptive:
+        if not self.cfg.adaptive:
             return {}
         from hotspec.speculative.adaptive import AdaptivePolicy, SpecShape, StepCosts
 

@@ -139,8 +139,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
     png_path = plot(results, args.out / "bench.png")
     print(f"wrote {json_path} and {png_path}", file=sys.stderr)
     steps, topk, ntok = spec_cfg.spec_shape
+    shape = (f"adaptive over {' '.join(spec_cfg.speculative_candidates)}" if spec_cfg.adaptive
+             else f"steps {steps}, topk {topk}, draft tokens {ntok}")
     header = (f"hotspec bench: {report['model']}, {dtype} on {report['device']}; "
-              f"{spec_cfg.speculative_algorithm} steps {steps}, topk {topk}, draft tokens {ntok}"
+              f"{spec_cfg.speculative_algorithm} {shape}"
               f"{', token map ' + spec_cfg.speculative_token_map if spec_cfg.speculative_token_map else ''}; "
               f"batch {args.batch_size}, max_tokens {args.max_tokens}, greedy")
     print(table(results, header))
