@@ -372,10 +372,8 @@ class EagleWorker:
         behind = [r for r in reqs if self._pending.get(r)] if self._pending else []
         measured = t0
         if behind:
-            self._catch_up(behind)
+            self._catch_up(behind, len(reqs))
             measured = -1.0  # (the catch-up is the switch's cost: this step's time is not measured)
-            if self.policy is not None:
-                self.policy.observe_catch_up(len(reqs), (time.perf_counter() - t0) * 1e3)
         x = self._inputs(reqs, src=self.overlap, sampled=not greedy)
         graph = self.step_graphs[self.shape][0 if greedy else 1]
         # (borrowed from the graph: HostCopy copies it out before the next launch)
@@ -389,9 +387,7 @@ class EagleWorker:
         """A plain decode step; its target features are kept for the draft's catch-up."""
         long_behind = [r for r in reqs if len(self._pending.get(r, ())) >= MAX_PENDING]
         if long_behind:
-            self._catch_up(long_behind)
-            if self.policy is not None:
-                self.policy.observe_catch_up(len(reqs), (time.perf_counter() - t0) * 1e3)
+            self._catch_up(long_behind, len(reqs))
         ahead = [self.launches.ahead(r) for r in reqs]
         if any(ahead) and not self.overlapping:
             raise RuntimeError("a step was launched before the last one was read; that needs the "
@@ -414,10 +410,12 @@ class EagleWorker:
         self._last_states = None
         self._timed("decode", t0)
 
-    def _catch_up(self, reqs: list[Request]) -> None:
+    def _catch_up(self, reqs: list[Request], bs: int) -> None:
         """The draft over the tokens that plain decode steps committed, as at prefill: the row at
         position p reads the token after p with the target feature at p, writing the draft's KV
-        there; each request's last row gives its new draft state."""
+        there; each request's last row gives its new draft state. Its host time is the policy's
+        catch-up cost for a batch of `bs` requests."""
+        t0 = time.perf_counter()
         p = self.phases
         items = [self._pending.pop(r) for r in reqs]
         for it in items:
@@ -433,6 +431,8 @@ class EagleWorker:
             r.spec_state = _DraftState(logp[i], ids[i], h_feat[last[i]])
         self._last_states = None
         self.stats.phase_calls["catch_up"] += 1
+        if self.policy is not None:
+            self.policy.observe_catch_up(bs, (time.perf_counter() - t0) * 1e3)
 
     def collect(self) -> tuple[list[Request], list[list[int]]]:
         """The oldest launched step's requests and emitted tokens: the one host sync of a step.
