@@ -52,7 +52,7 @@
 #            identity check
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
-#   .qwen/    Qwen2.5-Coder's GGUF in eleven parts (QGGUF below)
+#   .qwen/    Qwen2.5-Coder's GGUF in eight parts (QGGUF below)
 #   .whl/     the gguf wheel the GPU image lacks: `python3 -m pip download --no-deps -d .whl gguf`
 #   .models/  the default GGUF (98 MB) in three parts; a call carries the ~21 MB tree and at most
 #             ~45 MB beside it (64 MiB in all):
@@ -86,13 +86,17 @@ if [ ! -f $PKG/$GGUF ] && [ -f /root/models/p1 ] && [ -f /root/models/p2 ] && [ 
   cat /root/models/p1 /root/models/p2 /root/models/p3 > $PKG/$GGUF
   echo "$SHA  $PKG/$GGUF" | sha256sum -c - || rm -f $PKG/$GGUF
 fi
-# Qwen2.5-Coder-0.5B-Instruct (491 MB): carried in eleven parts, `split -b 44700000 -d -a 2
-# $(hotspec assemble-model qwen2.5-coder-0.5b-instruct | sed 's/.*-> //') .qwen/q` (q00..q10), one a call.
+# Qwen2.5-Coder-0.5B-Instruct (491 MB): carried in eight parts, one a call, `split -b 61425008 -d -a 2
+# $(hotspec assemble-model qwen2.5-coder-0.5b-instruct | sed 's/.*-> //') .qwen/q` (q00..q07). A part
+# and the tree fit in a call's 64 MiB only without the shipped head (19.7 MB): move
+# hotspec/assets/smollm2-eagle3/model.safetensors out of the tree for those calls (`git checkout`
+# brings it back). The parts are joined once all QSIZE bytes are there, and the sha256 checked.
 QGGUF=/root/qwen/qwen2.5-coder-0.5b-instruct.gguf
 QSHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+QSIZE=491400064
 mkdir -p /root/qwen
 for part in .qwen/q[0-9][0-9]; do [ -f "$part" ] && cp "$part" /root/qwen/ && echo "stashed $part"; done
-if [ ! -f $QGGUF ] && [ "$(ls /root/qwen/q[0-9][0-9] 2>/dev/null | wc -l)" -eq 11 ]; then
+if [ ! -f $QGGUF ] && [ "$(cat /root/qwen/q[0-9][0-9] 2>/dev/null | wc -c)" -eq $QSIZE ]; then
   cat /root/qwen/q[0-9][0-9] > $QGGUF
   echo "$QSHA  $QGGUF" | sha256sum -c - || rm -f $QGGUF
 fi
@@ -117,7 +121,7 @@ step() {  # step NAME SECONDS CMD...: run, log to $OUT/NAME.log, record the exit
 need_gguf() {  # need_gguf STAGE: true when the target's GGUF is in place, else a note
   if [ "$W" = q ]; then
     [ -f $QGGUF ] && return
-    echo "$1: no Qwen GGUF (carry .qwen/q00..q10)" | tee -a "$OUT/summary.txt"; false; return
+    echo "$1: no Qwen GGUF (carry .qwen/q00..q07)" | tee -a "$OUT/summary.txt"; false; return
   fi
   [ -f $PKG/$GGUF ] && return
   echo "$1: no default GGUF (carry .models/p1..p3)" | tee -a "$OUT/summary.txt"; false
