@@ -147,3 +147,36 @@ def test_streamed_turns_equal_turn_by_turn_generation(tok):
     a, b = (llm.generate(prompt_token_ids=[p], sampling_params=SamplingParams(
         temperature=0.0, max_tokens=8, detokenize=d))[0] for d in (True, False))
     assert a.token_ids == b.token_ids and a.text and b.text == ""
+
+
+def test_shards_stream_through_one_batch_and_match_turn_by_turn(tmp_path, tok):
+    """Conversations of several shards share the engine's batch (a later shard's first turns take
+    rows an earlier shard's long conversation leaves idle); each shard is still written whole, in
+    order, holding the target's greedy answers to exactly its own conversations (float32)."""
+    from hotspec.entrypoints.llm import LLM
+    from hotspec.sampling_params import SamplingParams
+    from hotspec.training.distill import DistillConfig, distill
+
+    llm = LLM(None, device="cpu", dtype="float32", max_num_seqs=2)
+    chat = ChatIds(tok)
+    users = [["What is the capital of France?", "And of Germany?", "And of Spain?"],
+             ["Write one sentence about rain."], ["Name a colour.", "Another one?"],
+             ["Count to three."], ["Say hello.", "Say goodbye."]]
+    convs = [Conversation("t", list(u)) for u in users]
+    manifest = distill(llm, convs, DistillConfig(out=tmp_path, max_new_tokens=8, shard_size=2,
+                                                  progress=False))
+    assert manifest["complete"] and [p.name for p in sorted(tmp_path.glob("tokens_*.npz"))] == \
+        ["tokens_00000.npz", "tokens_00001.npz", "tokens_00002.npz"]
+    for shard in range(3):
+        got = load_shard(shard_path(tmp_path, shard))
+        want = []
+        for u in users[2 * shard:2 * shard + 2]:
+            ref = Conversation("t", list(u))
+            while len(ref.answers) < len(u):
+                out = llm.generate(prompt_token_ids=[chat.prompt(ref)],
+                                   sampling_params=SamplingParams(temperature=0.0, max_tokens=8))[0]
+                ref.answers.append(list(out.token_ids))
+                if out.finish_reason != "stop":
+                    break
+            want.append(chat.record(ref)[0])
+        assert [got.record(r)[0].tolist() for r in range(got.num_records)] == want

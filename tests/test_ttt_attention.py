@@ -34,3 +34,28 @@ def test_ttt_attention_equals_dense_mask(steps: int, heads: tuple[int, int]) -> 
     torch.testing.assert_close(fast, ref)
     for a, r in zip(grads_fast, grads_ref):
         torch.testing.assert_close(a, r)
+
+
+def test_ttt_attention_keeps_no_score_matrix_for_backward() -> None:
+    """Under autograd the [B, Hq, T, T] scores are recomputed in backward, not saved: the tensors
+    kept for backward hold O(B * H * T * D) elements, whatever T."""
+    b, hq, hk, t, d, steps = 2, 4, 2, 64, 8, 3
+    q = torch.randn(b, hq, t, d, dtype=torch.float64, requires_grad=True)
+    cache = [(torch.randn(b, hk, t, d, dtype=torch.float64, requires_grad=True),
+              torch.randn(b, hk, t, d, dtype=torch.float64, requires_grad=True))
+             for _ in range(steps)]
+    saved: list[int] = []
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        saved.append(x.numel())
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        out = ttt_attention(q, cache, 0.3)
+    assert saved and max(saved) <= b * hq * t * d < b * hq * t * t
+    leaves = [q] + [x for kv in cache for x in kv]
+    ref = torch.autograd.grad(dense_ttt_attention(q, cache, 0.3).sum(), leaves)
+    cache.append((torch.zeros_like(cache[0][0]), torch.zeros_like(cache[0][1])))  # the next step's
+    # the recomputation in backward sees the steps of the forward, not those appended since
+    for a, r in zip(torch.autograd.grad(out.sum(), leaves), ref):
+        torch.testing.assert_close(a, r)

@@ -3,9 +3,12 @@ turn, greedy, and the conversations are kept as token ids (training/token_shards
 
 The conversations (training/sources.py) are shuffled once by the seed and cut into shards of
 `shard_size`. The list is saved with the shards (CONVERSATIONS), so a resumed run reads it back
-instead of sampling the target's own prompts again. Shard i is built whole (every conversation of
-it at turn 0 in one batch, then every one still going at turn 1, ...) and written atomically, so a
-run stopped anywhere (or at `time_limit`) resumes at the first missing shard. A conversation stops at
+instead of sampling the target's own prompts again. The engine's batch stays full across shards
+(`Answerer`): a conversation's next turn is queued the moment its answer ends, and the next
+shard's conversations take the rows that the current shard's long conversations leave idle, so no
+shard waits for the slowest conversation of the one before. A shard is written atomically, in
+order, once all its conversations have ended, so a run stopped anywhere (or at `time_limit`, after
+which no new shard starts) resumes at the first missing shard. A conversation stops at
 its last user turn, at an answer cut by `max_new_tokens`, or when the next prompt would leave
 less than MIN_ANSWER tokens of `max_context`. Records identical to an earlier one are dropped.
 """
@@ -18,6 +21,7 @@ import json
 import logging
 import random
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,30 +112,48 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
     seen = {_digest(d, r) for d in (load_shard(shard_path(out, i)) for i in sorted(done))
             for r in range(d.num_records)}
     t0 = time.perf_counter()
-    complete = True
-    todo = [i for i in range(n_shards) if i not in done]
-    for i in tqdm(todo, desc="distill", unit="shard", disable=not cfg.progress):
-        if cfg.time_limit is not None and time.perf_counter() - t0 > cfg.time_limit:
-            complete = False
+    todo = deque(i for i in range(n_shards) if i not in done)
+    window = llm.engine.cfg.max_num_seqs + max(8, llm.engine.cfg.max_num_seqs // 8)
+    ans = Answerer(llm, chat, cfg.max_new_tokens, cfg.max_context, window)
+    chunks: dict[int, list[Conversation]] = {}  # admitted shards not yet written, in order
+    ended: set[int] = set()
+    stopped = False
+    answer_tokens = 0
+    bar = tqdm(total=len(todo), desc="distill", unit="shard", disable=not cfg.progress)
+    while True:
+        if todo and not stopped and len(ans.pending) < window:  # the next shard queues up
+            if cfg.time_limit is not None and time.perf_counter() - t0 > cfg.time_limit:
+                stopped = True
+            else:
+                i = todo.popleft()
+                chunks[i] = [Conversation(c.source, list(c.users)) for c in
+                             convs[i * cfg.shard_size:(i + 1) * cfg.shard_size]]
+                ans.add(i, chunks[i])
+        ended.update(ans.step())
+        while chunks and next(iter(chunks)) in ended:
+            i = next(iter(chunks))
+            chunk = chunks.pop(i)
+            records = []
+            for c in chunk:
+                if not c.answers:
+                    continue
+                rec = chat.record(c)
+                key = _key(rec[0])
+                if key not in seen:
+                    seen.add(key)
+                    records.append(rec)
+            save_shard(out, i, TokenRecords.build(records, vocab))
+            tokens = sum(len(a) for c in chunk for a in c.answers)
+            answer_tokens += tokens
+            secs = time.perf_counter() - t0
+            log.info("distill: shard %d of %d, %d records, %d answer tokens (%.0f tok/s over the "
+                     "%.0f s so far)", i + 1, n_shards, len(records), tokens,
+                     answer_tokens / max(secs, 1e-9), secs)
+            bar.update(1)
+        if not ans.busy and not chunks and (stopped or not todo):
             break
-        chunk = [Conversation(c.source, list(c.users)) for c in
-                 convs[i * cfg.shard_size:(i + 1) * cfg.shard_size]]
-        t_shard = time.perf_counter()
-        answer_all(llm, chat, chunk, cfg.max_new_tokens, cfg.max_context)
-        secs = time.perf_counter() - t_shard
-        records = []
-        for c in chunk:
-            if not c.answers:
-                continue
-            rec = chat.record(c)
-            key = _key(rec[0])
-            if key not in seen:
-                seen.add(key)
-                records.append(rec)
-        save_shard(out, i, TokenRecords.build(records, vocab))
-        answer_tokens = sum(len(a) for c in chunk for a in c.answers)
-        log.info("distill: shard %d of %d, %d records, %d answer tokens in %.1f s (%.0f tok/s)",
-                 i + 1, n_shards, len(records), answer_tokens, secs, answer_tokens / max(secs, 1e-9))
+    bar.close()
+    complete = not todo
     sources: dict[str, int] = {}
     for c in convs:
         sources[c.source] = sources.get(c.source, 0) + 1
@@ -141,44 +163,91 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
     return manifest
 
 
-def answer_all(llm: LLM, chat: ChatIds, convs: list[Conversation], max_new_tokens: int,
-               max_context: int) -> None:
-    """Fill in each conversation's answers, greedy. Every conversation's first turn is queued at
-    once, and a conversation's next turn is queued the moment its answer is done, so the engine's
-    batch stays full until the last answers of the chunk."""
-    engine = llm.engine
-    asking: dict[int, Conversation] = {}  # request id -> its conversation
+class Answerer:
+    """Conversations answered turn by turn, greedy, on one engine. Each conversation belongs to a
+    group (a shard). Its next turn is queued the moment its answer ends; new conversations are
+    queued while fewer than `window` turns are asked (a little over the engine's rows, so freed
+    rows fill at once and a next turn waits behind few others). `step` runs one engine step and
+    returns the groups whose conversations have all ended."""
 
-    def ask(c: Conversation) -> None:
-        prompt = chat.prompt(c)
-        room = max_context - len(prompt)
+    def __init__(self, llm: LLM, chat: ChatIds, max_new_tokens: int, max_context: int,
+                 window: int) -> None:
+        self.engine = llm.engine
+        self.chat = chat
+        self.max_new_tokens = max_new_tokens
+        self.max_context = max_context
+        self.window = window
+        self.pending: deque[tuple[int, Conversation]] = deque()  # not asked yet
+        self.asking: dict[int, tuple[int, Conversation]] = {}  # request id -> (group, conv)
+        self.left: dict[int, int] = {}  # group -> its conversations still going
+        self.ended: list[int] = []  # groups ended since the last step
+
+    def add(self, group: int, convs: list[Conversation]) -> None:
+        self.left[group] = len(convs)
+        self.pending.extend((group, c) for c in convs)
+        if not convs:
+            self.ended.append(group)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.asking)
+
+    def step(self) -> list[int]:
+        while self.pending and len(self.asking) < self.window:
+            self._ask(*self.pending.popleft())
+        if self.engine.has_unfinished():
+            for o in self.engine.step():
+                if o.request.finish_reason is not None:
+                    self._answered(o.request)
+        elif self.asking:  # finished without a step output (aborted): nothing to add
+            log.warning("distill: %d turns ended without an answer", len(self.asking))
+            for group, _ in self.asking.values():
+                self._end(group)
+            self.asking.clear()
+        ended, self.ended = self.ended, []
+        return ended
+
+    def _ask(self, group: int, c: Conversation) -> None:
+        prompt = self.chat.prompt(c)
+        room = self.max_context - len(prompt)
         if room < MIN_ANSWER:
+            self._end(group)
             return
-        params = SamplingParams(temperature=0.0, max_tokens=min(max_new_tokens, room),
+        params = SamplingParams(temperature=0.0, max_tokens=min(self.max_new_tokens, room),
                                 detokenize=False)
         try:
-            req = engine.add_request(prompt, params)
+            req = self.engine.add_request(prompt, params)
         except InvalidRequestError as e:  # over the engine's own context: the conversation ends
             log.warning("distill: a turn of %d tokens is not asked: %s", len(prompt), e)
+            self._end(group)
             return
-        asking[req.rid] = c
+        self.asking[req.rid] = (group, c)
 
-    def answered(req: Request) -> None:
-        c = asking.pop(req.rid, None)
-        if c is None or not req.output_token_ids or req.finish_reason == "error":
+    def _answered(self, req: Request) -> None:
+        asked = self.asking.pop(req.rid, None)
+        if asked is None:
             return
-        c.answers.append(list(req.output_token_ids))
-        if req.finish_reason == "stop" and len(c.answers) < len(c.users):
-            ask(c)
+        group, c = asked
+        if req.output_token_ids and req.finish_reason != "error":
+            c.answers.append(list(req.output_token_ids))
+            if req.finish_reason == "stop" and len(c.answers) < len(c.users):
+                self._ask(group, c)
+                return
+        self._end(group)
 
-    for c in convs:
-        ask(c)
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.request.finish_reason is not None:
-                answered(o.request)
-    if asking:  # finished without a step output (aborted): nothing to add
-        log.warning("distill: %d turns ended without an answer", len(asking))
+    def _end(self, group: int) -> None:
+        self.left[group] -= 1
+        if self.left[group] == 0:
+            self.ended.append(group)
+
+
+def answer_all(llm: LLM, chat: ChatIds, convs: list[Conversation], max_new_tokens: int,
+               max_context: int) -> None:
+    """Fill in each conversation's answers, greedy (one group of an `Answerer`)."""
+    ans = Answerer(llm, chat, max_new_tokens, max_context, window=llm.engine.cfg.max_num_seqs)
+    ans.add(0, convs)
+    while ans.busy:
+        ans.step()
 
 
 def _key(ids: list[int]) -> str:

@@ -34,6 +34,7 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.draft_head import DraftHead
@@ -106,7 +107,17 @@ def ttt_attention(q: torch.Tensor, cache: Cache, scale: float) -> torch.Tensor:
 
     Exact, and T x (T + k) scores instead of the dense mask's T x kT: at TTT 7 the dense
     scaled_dot_product_attention (a bool mask, so no flash kernel) computed and stored 4x more on
-    average, nearly all of it masked out."""
+    average, nearly all of it masked out. Under autograd the scores are recomputed in backward
+    (activation checkpointing) rather than kept: kept for every unrolled step they are the
+    trainer's largest tensors by far (7 x B x Hq x T^2 in float32 and bf16; at B 32, T 2048 and
+    Qwen2.5's 14 heads, over 100 GB)."""
+    if torch.is_grad_enabled() and (q.requires_grad or any(x.requires_grad for kv in cache for x in kv)):
+        # (a copy of the list: the caller appends the next steps to it before backward)
+        return cast(torch.Tensor, checkpoint(_ttt_attention, q, list(cache), scale, use_reentrant=False))
+    return _ttt_attention(q, cache, scale)
+
+
+def _ttt_attention(q: torch.Tensor, cache: Cache, scale: float) -> torch.Tensor:
     b, hq, t, d = q.shape
     hk = cache[0][0].shape[1]
     group = hq // hk  # GQA: query head h reads kv head h // group (as the torch reference backend)
