@@ -7,6 +7,7 @@ budget of a device call can be planned and the step made faster before a long ru
 
     python benchmarks/train_step_bench.py --batch-size 16 --draft-vocab 49152 --ttt 7 --steps 10
     python benchmarks/train_step_bench.py ... --kernels   # and the kernel table
+    python benchmarks/train_step_bench.py --shape qwen --draft-vocab 151936 ...  # Qwen2.5-Coder
 
 Prints ms per step, training tokens per second (response positions counted by the loss at step
 0), and with --kernels the top kernels of one step (torch.profiler, CUDA only).
@@ -40,6 +41,12 @@ SMOLLM2 = ModelConfig(
     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
     rms_norm_eps=1e-5, rope_theta=100000.0, rope_scaling=None, max_position_embeddings=8192,
     tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
+QWEN = ModelConfig(  # Qwen2.5-Coder-0.5B-Instruct
+    architecture="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+    num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
+    rms_norm_eps=1e-6, rope_theta=1000000.0, rope_scaling=None, max_position_embeddings=32768,
+    tie_word_embeddings=False, bos_token_id=151643, eos_token_ids=(151645,))
+SHAPES = {"smollm2": SMOLLM2, "qwen": QWEN}
 
 
 def synthetic_block(cfg: ModelConfig, n_aux: int, records: int, lengths: tuple[int, int],
@@ -64,6 +71,8 @@ def synthetic_block(cfg: ModelConfig, n_aux: int, records: int, lengths: tuple[i
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2",
+                   help="the target's shape (qwen: Qwen2.5-Coder-0.5B, vocabulary 151,936)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--draft-vocab", type=int, default=49152)
     p.add_argument("--ttt", type=int, default=7)
@@ -77,13 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    cfg = SMOLLM2 if args.layers is None else replace(SMOLLM2, num_hidden_layers=args.layers)
+    cfg = SHAPES[args.shape]
+    if args.layers is not None:
+        cfg = replace(cfg, num_hidden_layers=args.layers)
     target = build_target(cfg, random_state(cfg, dev, dtype), dtype, dev)
     config = head_config(cfg, "EAGLE3", args.draft_vocab)
     aux = aux_layers(config, cfg, "EAGLE3")
     data = synthetic_block(cfg, len(aux), args.records, (args.min_len, args.max_len),
                            args.prompt_len, dtype, seed=0, n_ids=min(args.draft_vocab, cfg.vocab_size))
-    counts = np.bincount(data.tokens.numpy(), minlength=cfg.vocab_size)
+    counts = np.bincount(data.tokens.numpy(), minlength=cfg.vocab_size) + 1  # every id seen
     data = data.to(dev)  # as train-draft does when the features fit
     with tempfile.TemporaryDirectory() as tmp:
         vocab = choose_draft_vocab("EAGLE3", args.draft_vocab, counts, [2], Path(tmp))
@@ -117,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             for e in rows_[:15]:
                 print(f"  {e.device_time_total / 1e3:8.2f} ms  x{e.count:5d}  {e.key[:90]}")
     med = statistics.median(times)
-    print(f"{dev.type} {str(dtype).removeprefix('torch.')}: batch {args.batch_size}, draft vocab "
+    print(f"{args.shape} {dev.type} {str(dtype).removeprefix('torch.')}: batch {args.batch_size}, draft vocab "
           f"{args.draft_vocab}, TTT {args.ttt}: {med * 1e3:.1f} ms/step, "
           f"{statistics.mean(counted) / med:.0f} loss positions/s")
     return 0

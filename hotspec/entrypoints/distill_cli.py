@@ -51,6 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="conversations per shard, the unit of resumption (default: 512)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="start no new shard after this long (for time-boxed GPU runs; resume later)")
+    p.add_argument("--max-shards", type=int, default=None, metavar="N",
+                   help="distill the first N shards only (the same command without it, or with a "
+                   "larger N, adds the rest; default: all)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the target runs; auto is cuda when available")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
@@ -69,6 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_distill(args: argparse.Namespace) -> None:
+    if args.max_shards is not None and args.max_shards < 1:
+        raise HotspecError(f"--max-shards must be >= 1, got {args.max_shards}")
     for name in ("max_new_tokens", "max_context", "shard_size", "max_turns"):
         if getattr(args, name) < 1:
             raise HotspecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -80,7 +85,8 @@ def cmd_distill(args: argparse.Namespace) -> None:
 
     cfg = DistillConfig(out=args.out, max_new_tokens=args.max_new_tokens,
                         max_context=args.max_context, shard_size=args.shard_size, seed=args.seed,
-                        time_limit=args.time_limit, progress=not args.no_progress)
+                        time_limit=args.time_limit, max_shards=args.max_shards,
+                        progress=not args.no_progress)
     try:
         manifest = distill(llm, convs, cfg)
     except ValueError as e:

@@ -56,6 +56,7 @@ class DistillConfig:
     shard_size: int = 512
     seed: int = 0
     time_limit: float | None = None  # seconds: no new shard starts after this
+    max_shards: int | None = None  # distill shards 0..max_shards-1 only (a later run adds more)
     progress: bool = True
 
 
@@ -112,7 +113,8 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
     seen = {_digest(d, r) for d in (load_shard(shard_path(out, i)) for i in sorted(done))
             for r in range(d.num_records)}
     t0 = time.perf_counter()
-    todo = deque(i for i in range(n_shards) if i not in done)
+    last = n_shards if cfg.max_shards is None else min(n_shards, cfg.max_shards)
+    todo = deque(i for i in range(last) if i not in done)
     window = llm.engine.cfg.max_num_seqs + max(8, llm.engine.cfg.max_num_seqs // 8)
     ans = Answerer(llm, chat, cfg.max_new_tokens, cfg.max_context, window)
     chunks: dict[int, list[Conversation]] = {}  # admitted shards not yet written, in order
