@@ -1,18 +1,21 @@
-"""Soft cross-entropy of a draft head's LM head against the target's distribution, in row chunks.
+"""Soft cross-entropy of a draft head's LM head against the target's distribution, in chunks.
 
 EAGLE-3's loss (losses.eagle3_loss) compares, per counted position, the head's log-softmax over the
 draft vocabulary with the target's softmax over the same rows. Written densely, every TTT step
 holds [N, D] float32 tensors (the head's log-probabilities, kept for backward, and the target's
 probabilities): N ~ 30k positions at batch 32 times a full 151,936-token vocabulary is ~18 GB
-each, per step. `soft_cross_entropy` computes the same per-row values from the matmul inputs
-instead, CHUNK_ELEMENTS logits at a time: forward saves only its inputs, backward recomputes each
-chunk's logits and turns them into the gradients of the hidden rows and of the LM-head weight.
-Live [rows, D] data is a few chunks' worth, whatever N.
+each, per step. `soft_cross_entropy` computes the same values from the matmul inputs instead,
+CHUNK_ELEMENTS logits at a time. Forward runs over row chunks and saves its inputs and each row's
+two log-sum-exps (of the head's and of the target's logits). Backward runs over vocabulary
+blocks of all rows: with the log-sum-exps a block's softmax needs no other column, so each block
+of the LM-head gradient is one GEMM over every row, written once, and only the [N, H] gradient
+of the hidden rows is summed over blocks (in float32). Live [rows, D] data is a few chunks'
+worth, whatever N.
 
 Precision follows the dense path: under autocast the matmuls run in the autocast dtype (as
 autocast's linear would run them), otherwise in the inputs' dtype; softmax and log-softmax run
 in float32 (float64 when the logits are float64); gradients come back in the dtypes of `h` and
-`w`, the LM-head gradient accumulated over chunks in float32 (or float64).
+`w`.
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ def _soft_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def vocab_block(n: int, d: int) -> int:
+    """Columns of the backward's vocabulary blocks: CHUNK_ELEMENTS logits of all `n` rows."""
+    return max(1, min(d, CHUNK_ELEMENTS // max(n, 1)))
+
+
 class _SoftCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, w: torch.Tensor, final: torch.Tensor,
@@ -74,15 +82,20 @@ class _SoftCrossEntropy(torch.autograd.Function):
             fc, tc = final.to(target_dtype), target_rows.to(target_dtype)
             loss = torch.empty(n, dtype=soft, device=h.device)
             hit = torch.empty(n, dtype=torch.bool, device=h.device)
+            lse = torch.empty(2, n, dtype=soft, device=h.device)  # head's, target's
             for s in range(0, n, step):
                 e = min(n, s + step)
-                logp = torch.log_softmax(F.linear(hc[s:e], wc).to(soft), dim=-1)
-                target_p = torch.softmax(F.linear(fc[s:e], tc).to(soft), dim=-1)
+                z = F.linear(hc[s:e], wc).to(soft)
+                lse[0, s:e] = torch.logsumexp(z, dim=-1)
+                logp = z.sub_(lse[0, s:e, None])
+                zt = F.linear(fc[s:e], tc).to(soft)
+                lse[1, s:e] = torch.logsumexp(zt, dim=-1)
+                target_p = zt.sub_(lse[1, s:e, None]).exp_()
                 hit[s:e] = logp.argmax(-1) == target_p.argmax(-1)
                 loss[s:e] = -(target_p.mul_(logp)).sum(-1)
         # The rows in their matmul dtypes (what backward multiplies), the weights as given (a cast
         # copy of a [D, H] weight per TTT step would outweigh the chunks).
-        ctx.save_for_backward(hc, w, fc, target_rows)
+        ctx.save_for_backward(hc, w, fc, target_rows, lse)
         ctx.dtypes = (head_dtype, target_dtype, h.dtype)
         ctx.mark_non_differentiable(hit)
         return loss, hit
@@ -91,27 +104,27 @@ class _SoftCrossEntropy(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor, _grad_hit: torch.Tensor | None
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
-        hc, w, fc, target_rows = ctx.saved_tensors
+        hc, w, fc, target_rows, lse = ctx.saved_tensors
         head_dtype, target_dtype, h_dtype = ctx.dtypes
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         soft = _soft_dtype(head_dtype)
-        n, step = hc.shape[0], chunk_rows(w.shape[0])
-        grad_h = torch.empty(hc.shape, dtype=h_dtype, device=hc.device) if need_h else None
-        grad_w = torch.zeros(w.shape, dtype=soft, device=w.device) if need_w else None
+        n, d = hc.shape[0], w.shape[0]
+        grad_h = torch.zeros(hc.shape, dtype=soft, device=hc.device) if need_h else None
+        grad_w = torch.empty(w.shape, dtype=w.dtype, device=w.device) if need_w else None
+        scale = grad_loss.to(soft)[:, None]
+        lse_h, lse_t = lse[0, :, None], lse[1, :, None]
         with torch.autocast(hc.device.type, enabled=False):
             wc, tc = w.to(head_dtype), target_rows.to(target_dtype)
-            for s in range(0, n, step):
-                e = min(n, s + step)
+            step = vocab_block(n, d)
+            for s in range(0, d, step):
+                e = min(d, s + step)
                 # d/dlogits of -(p_target * log_softmax(logits)).sum() is softmax(logits) - p_target.
-                g = torch.softmax(F.linear(hc[s:e], wc).to(soft), dim=-1)
-                g.sub_(torch.softmax(F.linear(fc[s:e], tc).to(soft), dim=-1))
-                g = g.mul_(grad_loss[s:e, None].to(soft)).to(head_dtype)
+                # (the logits minus the float32 log-sum-exps: one kernel promotes and subtracts)
+                g = torch.sub(F.linear(hc, wc[s:e]), lse_h).exp_()
+                g.sub_(torch.sub(F.linear(fc, tc[s:e]), lse_t).exp_())
+                g = g.mul_(scale).to(head_dtype)
                 if grad_h is not None:
-                    grad_h[s:e] = g @ wc
+                    grad_h += g @ wc[s:e]
                 if grad_w is not None:
-                    if head_dtype == soft:
-                        grad_w.addmm_(g.T, hc[s:e])
-                    else:
-                        grad_w += g.T @ hc[s:e]
-        return grad_h, None if grad_w is None else grad_w.to(w.dtype), None, None
-
+                    grad_w[s:e] = g.T @ hc
+        return (None if grad_h is None else grad_h.to(h_dtype)), grad_w, None, None
