@@ -50,6 +50,10 @@
 #            on QSETS (humaneval spec_bench_dev: .data/humaneval.jsonl from
 #            benchmarks/humaneval_prompts.py, carried) at batch QBS (1 8); QDTYPE=float32 for the
 #            identity check
+#   train_ab the fused soft cross-entropy's GPU tests, then benchmarks/train_step_bench.py at Qwen's
+#            shape (151,936-token head, batch TBS (32)), this tree ("new") against .before/ ("base":
+#            `git archive REV hotspec benchmarks | tar -x -C .before --exclude='*.safetensors'`,
+#            carried), alternated, two rounds
 #   stash    nothing but the GGUF parts below (for the calls that only carry one)
 # Carried, not tracked (both folders are git-ignored; name them in the call's `carry`):
 #   .qwen/    Qwen2.5-Coder's GGUF in eight parts (QGGUF below)
@@ -241,8 +245,18 @@ for stage in "$@"; do
             --batch-size $bs ${QDTYPE:+--dtype $QDTYPE} --variants "${v[@]}" --out "$OUT/qsweep_${set}_b$bs"
         done
       done ;;
+    train_ab)  # train_step_bench at Qwen's shape, this tree against .before/ (carried), alternated
+      [ -d .before/hotspec ] || { echo "train_ab: no .before/ tree (carry it)" | tee -a "$OUT/summary.txt"; continue; }
+      step train_kernels 120 python3 -m pytest -q -m gpu tests/test_ce_kernels.py tests/test_ttt_attention.py
+      for r in 1 2; do for v in base new; do
+        dir=.; [ $v = base ] && dir=.before
+        step "train_${v}_$r" 150 env PYTHONPATH="$PWD/$dir:/tmp/site" python3 $dir/benchmarks/train_step_bench.py \
+          --shape qwen --draft-vocab 151936 --batch-size ${TBS:-32} --records 384 --min-len 300 \
+          --max-len 1800 --prompt-len 200 --steps 6
+      done; done
+      grep -h "qwen cuda" "$OUT"/train_*_[12].log | tee -a "$OUT/summary.txt" ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data train_par head_rest adaptive drift heads qsweep stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data train_par head_rest adaptive drift heads qsweep train_ab stash)" >&2; exit 2 ;;
   esac
 done
 

@@ -10,7 +10,8 @@ two log-sum-exps (of the head's and of the target's logits). Backward runs over 
 blocks of all rows: with the log-sum-exps a block's softmax needs no other column, so each block
 of the LM-head gradient is one GEMM over every row, written once, and only the [N, H] gradient
 of the hidden rows is summed over blocks (in float32). Live [rows, D] data is a few chunks'
-worth, whatever N.
+worth, whatever N. On CUDA the softmax work of a chunk or block is one Triton kernel
+(training/ce_kernels.py) reading the GEMMs' outputs once.
 
 Precision follows the dense path: under autocast the matmuls run in the autocast dtype (as
 autocast's linear would run them), otherwise in the inputs' dtype; softmax and log-softmax run
@@ -65,6 +66,12 @@ def _soft_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _fused(h: torch.Tensor, soft: torch.dtype) -> bool:
+    """The Triton kernels (training/ce_kernels.py) on CUDA for float32 softmaxes; torch's ops
+    otherwise."""
+    return h.is_cuda and soft == torch.float32
+
+
 def vocab_block(n: int, d: int) -> int:
     """Columns of the backward's vocabulary blocks: CHUNK_ELEMENTS logits of all `n` rows."""
     return max(1, min(d, CHUNK_ELEMENTS // max(n, 1)))
@@ -85,6 +92,12 @@ class _SoftCrossEntropy(torch.autograd.Function):
             lse = torch.empty(2, n, dtype=soft, device=h.device)  # head's, target's
             for s in range(0, n, step):
                 e = min(n, s + step)
+                if _fused(hc, soft):
+                    from hotspec.training.ce_kernels import soft_ce_rows  # (CUDA: triton is there)
+
+                    soft_ce_rows(F.linear(hc[s:e], wc), F.linear(fc[s:e], tc), loss[s:e],
+                                 lse[0, s:e], lse[1, s:e], hit[s:e])
+                    continue
                 z = F.linear(hc[s:e], wc).to(soft)
                 lse[0, s:e] = torch.logsumexp(z, dim=-1)
                 logp = z.sub_(lse[0, s:e, None])
@@ -111,7 +124,7 @@ class _SoftCrossEntropy(torch.autograd.Function):
         n, d = hc.shape[0], w.shape[0]
         grad_h = torch.zeros(hc.shape, dtype=soft, device=hc.device) if need_h else None
         grad_w = torch.empty(w.shape, dtype=w.dtype, device=w.device) if need_w else None
-        scale = grad_loss.to(soft)[:, None]
+        scale = grad_loss.to(soft).contiguous()
         lse_h, lse_t = lse[0, :, None], lse[1, :, None]
         with torch.autocast(hc.device.type, enabled=False):
             wc, tc = w.to(head_dtype), target_rows.to(target_dtype)
@@ -119,10 +132,14 @@ class _SoftCrossEntropy(torch.autograd.Function):
             for s in range(0, d, step):
                 e = min(d, s + step)
                 # d/dlogits of -(p_target * log_softmax(logits)).sum() is softmax(logits) - p_target.
-                # (the logits minus the float32 log-sum-exps: one kernel promotes and subtracts)
-                g = torch.sub(F.linear(hc, wc[s:e]), lse_h).exp_()
-                g.sub_(torch.sub(F.linear(fc, tc[s:e]), lse_t).exp_())
-                g = g.mul_(scale).to(head_dtype)
+                z, zt = F.linear(hc, wc[s:e]), F.linear(fc, tc[s:e])
+                if _fused(hc, soft):
+                    from hotspec.training.ce_kernels import soft_ce_grad_
+
+                    g = soft_ce_grad_(z, zt, lse[0], lse[1], scale)
+                else:  # (the logits minus the log-sum-exps: one op promotes and subtracts)
+                    g = torch.sub(z, lse_h).exp_().sub_(torch.sub(zt, lse_t).exp_())
+                    g = g.mul_(scale[:, None]).to(head_dtype)
                 if grad_h is not None:
                     grad_h += g @ wc[s:e]
                 if grad_w is not None:
