@@ -111,7 +111,20 @@ def _attention(rope: bool, custom: bool) -> None:
         stride_vnh=64, stride_cs=32))
 
 
-CHECKS = [phase_inputs_kernels, eagle3_input_kernel, rows_kernel, attention_with_the_rope_fold]
+def soft_ce_kernels():
+    """The trainer's fused soft cross-entropy, on bf16 logits at the shipped block sizes."""
+    from hotspec.training import ce_kernels as ck
+
+    _compile(ck._rows_kernel, dict(ZD="*bf16", ZT="*bf16", LOSS="*fp32", LSE_D="*fp32",
+                                   LSE_T="*fp32", HIT="*i1", n="i32", stride_d="i32",
+                                   stride_t="i32"), dict(BLOCK=ck.ROW_BLOCK))
+    _compile(ck._grad_kernel, dict(ZD="*bf16", ZT="*bf16", LSE_D="*fp32", LSE_T="*fp32",
+                                   SCALE="*fp32", n_rows="i32", n_cols="i32", stride_d="i32",
+                                   stride_t="i32"), dict(TILE_R=ck.TILE_R, TILE_C=ck.TILE_C))
+
+
+CHECKS = [phase_inputs_kernels, eagle3_input_kernel, rows_kernel, attention_with_the_rope_fold,
+          soft_ce_kernels]
 
 if __name__ == "__main__":
     for check in CHECKS:
