@@ -244,7 +244,9 @@ for stage in "$@"; do
             --prompts .data/$set.jsonl --num-prompts $((bs == 1 ? 20 : 48)) --max-tokens 256 \
             --batch-size $bs ${QDTYPE:+--dtype $QDTYPE} --variants "${v[@]}" --out "$OUT/qsweep_${set}_b$bs"
         done
-      done ;;
+      done
+      ls "$OUT"/qsweep_*_b[0-9]* >/dev/null 2>&1 && python3 benchmarks/fr_spec_table.py \
+        $(ls "$OUT"/qsweep_*_b[0-9]* | grep -v '\.log$') | tee "$OUT/qsweep_table.md" ;;
     train_ab)  # train_step_bench at Qwen's shape, this tree against .before/ (carried), alternated
       [ -d .before/hotspec ] || { echo "train_ab: no .before/ tree (carry it)" | tee -a "$OUT/summary.txt"; continue; }
       step train_kernels 120 python3 -m pytest -q -m gpu tests/test_ce_kernels.py tests/test_ttt_attention.py
