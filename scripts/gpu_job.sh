@@ -43,13 +43,14 @@
 #            categories), 256 tokens, batch BS (8): the shipped head and each folder of HEADS (/root/head, the last
 #            train_data's; carried ones under .data/heads/; HEADS= for the shipped one alone), 3/1/4 and
 #            4/8/12 each, beside vanilla
-#   qsweep   Qwen2.5-Coder with its head (/root/qhead, from TARGET=qwen train_data) and every draft
+#   qsweep   Qwen2.5-Coder with its head (/root/qhead, from TARGET=qwen train_data, or carried as
+#            .data/qhead.tar.part*) and every draft
 #            vocabulary: full, then the FR-Spec maps 65536 32768 16384 8192 that train_data wrote,
 #            shape QSHAPE (3/1/4), phases profiled, beside vanilla; QMAPDIRS (/root/qhead) lists
 #            the folders of maps (e.g. "/root/qhead .data/qmaps_general", the latter carried);
 #            on QSETS (humaneval spec_bench_dev: .data/humaneval.jsonl from
 #            benchmarks/humaneval_prompts.py, carried) at batch QBS (1 8); QDTYPE=float32 for the
-#            identity check
+#            identity check; QSECS (280) a run
 #   train_ab the fused soft cross-entropy's GPU tests, then benchmarks/train_step_bench.py at Qwen's
 #            shape (151,936-token head, batch TBS (32)), this tree ("new") against .before/ ("base":
 #            `git archive REV hotspec benchmarks | tar -x -C .before --exclude='*.safetensors'`,
@@ -233,13 +234,17 @@ for stage in "$@"; do
         step heads 560 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
           --prompts .data/spec_bench_dev.jsonl --num-prompts 104 --max-tokens 256 \
           --batch-size "${BS:-8}" --variants "${v[@]}" --out "$OUT/heads"; } ;;
-    qsweep) W=q; need_gguf qsweep && for set in ${QSETS:-humaneval spec_bench_dev}; do
+    qsweep) W=q; need_gguf qsweep
+      if [ ! -f /root/qhead/model.safetensors ] && ls .data/qhead.tar.part* >/dev/null 2>&1; then
+        cat .data/qhead.tar.part* | tar -x -C /root  # the head of an earlier session, carried
+      fi
+      [ -f /root/qhead/model.safetensors ] && for set in ${QSETS:-humaneval spec_bench_dev}; do
         for bs in ${QBS:-1 8}; do
           v=("${QSHAPE:-3/1/4}:profile")
           for d in ${QMAPDIRS:-/root/qhead}; do for m in 65536 32768 16384 8192; do
             v+=("${QSHAPE:-3/1/4}:map=$d/freq_$m.pt:profile")
           done; done
-          step "qsweep_${set}_b$bs" 280 python3 benchmarks/spec_sweep.py --model $QGGUF \
+          step "qsweep_${set}_b$bs" ${QSECS:-280} python3 benchmarks/spec_sweep.py --model $QGGUF \
             --speculative-algorithm EAGLE3 --speculative-draft-model-path /root/qhead \
             --prompts .data/$set.jsonl --num-prompts $((bs == 1 ? 20 : 48)) --max-tokens 256 \
             --batch-size $bs ${QDTYPE:+--dtype $QDTYPE} --variants "${v[@]}" --out "$OUT/qsweep_${set}_b$bs"
