@@ -57,7 +57,7 @@ def test_default_model_uses_the_shipped_head(algorithm: str, as_default: Path,
     with caplog.at_level(logging.INFO, logger="hotspec"):
         llm = LLM(**ENGINE, speculative_algorithm=algorithm, speculative_num_steps=3,
                   speculative_eagle_topk=1, speculative_num_draft_tokens=4)
-    assert f"draft head: {as_default} (EAGLE3, 64 draft tokens)" in caplog.text
+    assert f"draft head: {as_default} (EAGLE3, 64 draft tokens: the head's own LM head" in caplog.text
     if algorithm == "EAGLE":  # the shipped head is EAGLE-3; said, not hidden
         assert "built-in draft head is EAGLE3" in caplog.text
     assert llm.engine.draft.draft_vocab_size == 64
@@ -158,7 +158,7 @@ def test_the_default_models_path_gets_the_shipped_head(as_default: Path, tiny: t
     algorithm=...)`: the shipped head, not "needs speculative_draft_model_path"."""
     with caplog.at_level(logging.INFO, logger="hotspec"):
         llm = LLM(str(tiny[0]), **ENGINE, speculative_algorithm="EAGLE3")
-    assert f"draft head: {as_default} (EAGLE3, 64 draft tokens)" in caplog.text
+    assert f"draft head: {as_default} (EAGLE3, 64 draft tokens: the head's own LM head" in caplog.text
     outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=PARAMS)
     assert all(o.stats.spec_steps > 0 for o in outs)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -54,11 +55,14 @@ def _spec(head, token_map, shape=(3, 1, 4), **kw) -> LLM:
 
 
 @pytest.mark.parametrize("size,shape", [(1024, (3, 1, 4)), (8192, (5, 4, 8)), (32768, (3, 1, 4))])
-def test_greedy_lossless_with_token_maps(size, shape, eagle_head, vanilla, tmp_path):
+def test_greedy_lossless_with_token_maps(size, shape, eagle_head, vanilla, tmp_path, caplog):
     g = torch.Generator().manual_seed(size)
     ids = torch.randperm(49152, generator=g)[:size].tolist()
-    llm = _spec(eagle_head, _save_map(tmp_path, ids, f"freq_{size}.pt"), shape)
+    path = _save_map(tmp_path, ids, f"freq_{size}.pt")
+    with caplog.at_level(logging.INFO, logger="hotspec"):
+        llm = _spec(eagle_head, path, shape)
     assert llm.engine.draft.draft_vocab_size == size
+    assert f"{size} draft tokens: the FR-Spec map {path}, {size:,} of the target's 49,152)" in caplog.text
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=N))
     assert [o.token_ids for o in outs] == vanilla
     stats = llm.engine.worker.stats

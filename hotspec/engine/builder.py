@@ -225,8 +225,18 @@ class EngineBuilder:
                                                                self.model_config.vocab_size))
         check_hot_vocab_size(path, head)
         head.fuse_projections()  # one GEMM for q/k/v and one for gate/up, as in the target
-        log.info("draft head: %s (%s, %d draft tokens)", path, algorithm, head.draft_vocab_size)
+        log.info("draft head: %s (%s, %d draft tokens: %s)", path, algorithm, head.draft_vocab_size,
+                 self._draft_vocab_source(head.draft_vocab_size))
         return head
+
+    def _draft_vocab_source(self, n: int) -> str:
+        """Where the head's proposals come from, for the start-up log."""
+        vocab = self.model_config.vocab_size
+        if self.cfg.speculative_token_map is not None:
+            return f"the FR-Spec map {self.cfg.speculative_token_map}, {n:,} of the target's {vocab:,}"
+        if n == vocab:
+            return "the target's whole vocabulary"
+        return f"the head's own LM head, {n:,} of the target's {vocab:,}"
 
     def _draft_source(self) -> tuple[str, str]:
         """(head folder, algorithm): the configured head, or the default model's shipped one."""
