@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             for e in rows_[:15]:
                 print(f"  {e.device_time_total / 1e3:8.2f} ms  x{e.count:5d}  {e.key[:90]}")
     med = statistics.median(times)
-    print(f"{args.shape} {dev.type} {str(dtype).removeprefix('torch.')}: batch {args.batch_size}, draft vocab "
-          f"{args.draft_vocab}, TTT {args.ttt}: {med * 1e3:.1f} ms/step, "
+    print(f"{args.shape} {dev.type} {str(dtype).removeprefix('torch.')}: batch {args.batch_size}, "
+          f"draft vocab {args.draft_vocab}, TTT {args.ttt}: {med * 1e3:.1f} ms/step, "
           f"{statistics.mean(counted) / med:.0f} loss positions/s")
     return 0
 
