@@ -121,6 +121,21 @@ def test_distill_end_to_end_multi_turn_and_resume(tmp_path, tok, capsys):
     assert "another distill run (different max_new_tokens)" in capsys.readouterr().err
 
 
+def turn_by_turn(llm, chat: ChatIds, users: list[str], max_tokens: int) -> Conversation:
+    """The reference: each user turn answered by its own greedy generate call, the earlier answers
+    in context, until the last turn or an answer that did not stop."""
+    from hotspec.sampling_params import SamplingParams
+
+    ref = Conversation("t", list(users))
+    while len(ref.answers) < len(users):
+        out = llm.generate(prompt_token_ids=[chat.prompt(ref)],
+                           sampling_params=SamplingParams(temperature=0.0, max_tokens=max_tokens))[0]
+        ref.answers.append(list(out.token_ids))
+        if out.finish_reason != "stop":
+            break
+    return ref
+
+
 def test_streamed_turns_equal_turn_by_turn_generation(tok):
     """answer_all queues a conversation's next turn as soon as its answer ends; every answer is
     still the target's greedy answer to exactly the conversation so far (float32)."""
@@ -135,14 +150,7 @@ def test_streamed_turns_equal_turn_by_turn_generation(tok):
     streamed = [Conversation("t", list(u)) for u in users]
     answer_all(llm, chat, streamed, max_new_tokens=10, max_context=4096)
     for u, got in zip(users, streamed):
-        ref = Conversation("t", list(u))
-        while len(ref.answers) < len(u):
-            out = llm.generate(prompt_token_ids=[chat.prompt(ref)],
-                               sampling_params=SamplingParams(temperature=0.0, max_tokens=10))[0]
-            ref.answers.append(list(out.token_ids))
-            if out.finish_reason != "stop":
-                break
-        assert got.answers == ref.answers and got.answers
+        assert got.answers == turn_by_turn(llm, chat, u, max_tokens=10).answers and got.answers
     # detokenize=False: the same tokens, no text
     p = chat.prompt(Conversation("t", ["Name a colour."]))
     a, b = (llm.generate(prompt_token_ids=[p], sampling_params=SamplingParams(
@@ -155,7 +163,6 @@ def test_shards_stream_through_one_batch_and_match_turn_by_turn(tmp_path, tok):
     rows an earlier shard's long conversation leaves idle); each shard is still written whole, in
     order, holding the target's greedy answers to exactly its own conversations (float32)."""
     from hotspec.entrypoints.llm import LLM
-    from hotspec.sampling_params import SamplingParams
     from hotspec.training.distill import DistillConfig, distill
 
     llm = LLM(None, device="cpu", dtype="float32", max_num_seqs=2)
@@ -172,14 +179,6 @@ def test_shards_stream_through_one_batch_and_match_turn_by_turn(tmp_path, tok):
         ["tokens_00000.npz", "tokens_00001.npz", "tokens_00002.npz"]
     for shard in range(3):
         got = load_shard(shard_path(tmp_path, shard))
-        want = []
-        for u in users[2 * shard:2 * shard + 2]:
-            ref = Conversation("t", list(u))
-            while len(ref.answers) < len(u):
-                out = llm.generate(prompt_token_ids=[chat.prompt(ref)],
-                                   sampling_params=SamplingParams(temperature=0.0, max_tokens=8))[0]
-                ref.answers.append(list(out.token_ids))
-                if out.finish_reason != "stop":
-                    break
-            want.append(chat.record(ref)[0])
+        want = [chat.record(turn_by_turn(llm, chat, u, max_tokens=8))[0]
+                for u in users[2 * shard:2 * shard + 2]]
         assert [got.record(r)[0].tolist() for r in range(got.num_records)] == want
