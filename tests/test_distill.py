@@ -119,6 +119,8 @@ def test_distill_end_to_end_multi_turn_and_resume(tmp_path, tok, capsys):
     capsys.readouterr()
     assert cli_main([a if a != "12" else "16" for a in args]) == 2
     assert "another distill run (different max_new_tokens)" in capsys.readouterr().err
+    assert cli_main(args + ["--max-shards", "0"]) == 2
+    assert "--max-shards must be >= 1, got 0" in capsys.readouterr().err
 
 
 def turn_by_turn(llm, chat: ChatIds, users: list[str], max_tokens: int) -> Conversation:
