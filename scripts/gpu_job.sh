@@ -236,7 +236,7 @@ for stage in "$@"; do
           --batch-size "${BS:-8}" --variants "${v[@]}" --out "$OUT/heads"; } ;;
     qsweep) W=q; need_gguf qsweep
       if [ ! -f /root/qhead/model.safetensors ] && ls .data/qhead.tar.part* >/dev/null 2>&1; then
-        cat .data/qhead.tar.part* | tar -x -C /root  # the head of an earlier session, carried
+        cat .data/qhead.tar.part* | tar -x -C /root  # a head trained on another machine, carried
       fi
       [ -f /root/qhead/model.safetensors ] && for set in ${QSETS:-humaneval spec_bench_dev}; do
         for bs in ${QBS:-1 8}; do
