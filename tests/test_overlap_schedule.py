@@ -92,6 +92,7 @@ def test_same_tokens_as_the_plain_schedule(target, head, monkeypatch, spec, mode
     engine = llm.engine
     assert engine.allocator.num_free == engine.allocator.num_blocks
     assert not engine.has_unfinished()
+    assert not engine.worker.launches  # the steps launched after a stop are read before generate returns
 
 
 def test_steps_overlap_and_foreseen_finishes_launch_nothing(target):

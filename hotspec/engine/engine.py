@@ -132,7 +132,12 @@ class Engine:
         self._finish(req, reason)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.running)
+        """Requests to serve, or steps still in flight: with the overlap schedule a request that
+        ends at EOS or a stop token leaves the step launched after it unread, and the next
+        `step()` collects it, so that nothing on the device outlives the work (a replay of the
+        graphs between two `generate` calls, as the benchmarks' timing does, would otherwise
+        overwrite its pinned outputs before they are read)."""
+        return bool(self.waiting or self.prefilling or self.running or self.worker.launches)
 
     def fail_in_flight(self, error: str) -> list[Request]:
         """After step() raised: finish the requests that step was computing (reason "error", blocks
