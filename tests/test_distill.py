@@ -184,3 +184,36 @@ def test_shards_stream_through_one_batch_and_match_turn_by_turn(tmp_path, tok):
         want = [chat.record(turn_by_turn(llm, chat, u, max_tokens=8))[0]
                 for u in users[2 * shard:2 * shard + 2]]
         assert [got.record(r)[0].tolist() for r in range(got.num_records)] == want
+
+
+def test_time_limit_stops_at_once_keeping_whole_shards(tmp_path, tok, monkeypatch):
+    """At --time-limit the shards in progress are dropped and the engine is left with nothing in
+    flight; the shards written by then are whole, and the same run resumed writes the rest, equal
+    to an uninterrupted run's."""
+    from hotspec.entrypoints.llm import LLM
+    from hotspec.training import distill as distill_mod
+    from hotspec.training.distill import Answerer, DistillConfig, distill
+
+    llm = LLM(None, device="cpu", dtype="float32", max_num_seqs=2)
+    users = [["What is the capital of France?", "And of Germany?"], ["Say hello."],
+             ["Name a colour.", "Another one?"], ["Count to three."], ["Say goodbye."]]
+    cfg = DistillConfig(out=tmp_path / "ref", max_new_tokens=6, shard_size=1, progress=False)
+    distill(llm, [Conversation("t", list(u)) for u in users], cfg)
+    clock = {"steps": 0}  # one second an engine step
+    real_step = Answerer.step
+    monkeypatch.setattr(Answerer, "step", lambda self: (clock.__setitem__("steps", clock["steps"] + 1),
+                                                         real_step(self))[1])
+    monkeypatch.setattr(distill_mod.time, "perf_counter", lambda: float(clock["steps"]))
+    cut = replace(cfg, out=tmp_path / "cut", time_limit=9.5)
+    manifest = distill(llm, [Conversation("t", list(u)) for u in users], cut)
+    written = sorted(p.name for p in (tmp_path / "cut").glob("tokens_*.npz"))
+    assert not manifest["complete"] and 0 < len(written) < len(users)
+    assert written == [f"tokens_{i:05d}.npz" for i in range(len(written))]  # a prefix, in order
+    assert clock["steps"] <= 12  # stopped at the limit, not after the shards in progress
+    assert not llm.engine.has_unfinished()
+    manifest = distill(llm, [Conversation("t", list(u)) for u in users], replace(cut, time_limit=None))
+    assert manifest["complete"]
+    for i in range(len(users)):
+        got, want = (load_shard(shard_path(tmp_path / d, i)) for d in ("cut", "ref"))
+        assert [got.record(r)[0].tolist() for r in range(got.num_records)] == \
+            [want.record(r)[0].tolist() for r in range(want.num_records)]

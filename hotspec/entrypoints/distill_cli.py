@@ -50,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-size", type=int, default=512,
                    help="conversations per shard, the unit of resumption (default: 512)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                   help="start no new shard after this long (for time-boxed GPU runs; resume later)")
+                   help="stop after this long, keeping the shards written by then (the ones in "
+                        "progress are dropped; the same command resumes)")
     p.add_argument("--max-shards", type=int, default=None, metavar="N",
                    help="distill the first N shards only (the same command without it, or with a "
                    "larger N, adds the rest; default: all)")

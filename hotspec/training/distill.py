@@ -7,8 +7,8 @@ instead of sampling the target's own prompts again. The engine's batch stays ful
 (`Answerer`): a conversation's next turn is queued the moment its answer ends, and the next
 shard's conversations take the rows that the current shard's long conversations leave idle, so no
 shard waits for the slowest conversation of the one before. A shard is written atomically, in
-order, once all its conversations have ended, so a run stopped anywhere (or at `time_limit`, after
-which no new shard starts) resumes at the first missing shard. A conversation stops at
+order, once all its conversations have ended, so a run stopped anywhere (or at `time_limit`, where
+the shards in progress are dropped at once) resumes at the first missing shard. A conversation stops at
 its last user turn, at an answer cut by `max_new_tokens`, or when the next prompt would leave
 less than MIN_ANSWER tokens of `max_context`. Records identical to an earlier one are dropped.
 """
@@ -120,17 +120,20 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
     chunks: dict[int, list[Conversation]] = {}  # admitted shards not yet written, in order
     ended: set[int] = set()
     stopped = False
-    answer_tokens = 0
+    written = 0
     bar = tqdm(total=len(todo), desc="distill", unit="shard", disable=not cfg.progress)
     while True:
+        if not stopped and cfg.time_limit is not None and time.perf_counter() - t0 > cfg.time_limit:
+            stopped = True  # shards not written by now are dropped whole: a resumed run redoes them
+            log.info("distill: time limit: %d shards written by this run, %d in progress dropped",
+                     written, len(chunks))
+            ans.abort()
+            chunks.clear()
         if todo and not stopped and len(ans.pending) < window:  # the next shard queues up
-            if cfg.time_limit is not None and time.perf_counter() - t0 > cfg.time_limit:
-                stopped = True
-            else:
-                i = todo.popleft()
-                chunks[i] = [Conversation(c.source, list(c.users)) for c in
-                             convs[i * cfg.shard_size:(i + 1) * cfg.shard_size]]
-                ans.add(i, chunks[i])
+            i = todo.popleft()
+            chunks[i] = [Conversation(c.source, list(c.users)) for c in
+                         convs[i * cfg.shard_size:(i + 1) * cfg.shard_size]]
+            ans.add(i, chunks[i])
         ended.update(ans.step())
         while chunks and next(iter(chunks)) in ended:
             i = next(iter(chunks))
@@ -145,12 +148,12 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
                     seen.add(key)
                     records.append(rec)
             save_shard(out, i, TokenRecords.build(records, vocab))
+            written += 1
             tokens = sum(len(a) for c in chunk for a in c.answers)
-            answer_tokens += tokens
             secs = time.perf_counter() - t0
-            log.info("distill: shard %d of %d, %d records, %d answer tokens (%.0f tok/s over the "
-                     "%.0f s so far)", i + 1, n_shards, len(records), tokens,
-                     answer_tokens / max(secs, 1e-9), secs)
+            log.info("distill: shard %d of %d, %d records, %d answer tokens (%.0f answer tok/s "
+                     "over the %.0f s so far, shards in progress included)", i + 1, n_shards,
+                     len(records), tokens, ans.answer_tokens / max(secs, 1e-9), secs)
             bar.update(1)
         if not ans.busy and not chunks and (stopped or not todo):
             break
@@ -181,6 +184,8 @@ class Answerer:
         self.window = window
         self.pending: deque[tuple[int, Conversation]] = deque()  # not asked yet
         self.asking: dict[int, tuple[int, Conversation]] = {}  # request id -> (group, conv)
+        self.requests: dict[int, Request] = {}  # request id -> its turn in the engine
+        self.answer_tokens = 0  # of every answer ended so far
         self.left: dict[int, int] = {}  # group -> its conversations still going
         self.ended: list[int] = []  # groups ended since the last step
 
@@ -209,6 +214,17 @@ class Answerer:
         ended, self.ended = self.ended, []
         return ended
 
+    def abort(self) -> None:
+        """Drop every conversation not ended yet: queued ones are forgotten, turns in the engine
+        aborted, and the engine runs until nothing of theirs is in flight."""
+        self.pending.clear()
+        for req in self.requests.values():
+            self.engine.abort(req)
+        self.requests.clear()
+        self.asking.clear()
+        while self.engine.has_unfinished():
+            self.engine.step()
+
     def _ask(self, group: int, c: Conversation) -> None:
         prompt = self.chat.prompt(c)
         room = self.max_context - len(prompt)
@@ -224,12 +240,15 @@ class Answerer:
             self._end(group)
             return
         self.asking[req.rid] = (group, c)
+        self.requests[req.rid] = req
 
     def _answered(self, req: Request) -> None:
         asked = self.asking.pop(req.rid, None)
+        self.requests.pop(req.rid, None)
         if asked is None:
             return
         group, c = asked
+        self.answer_tokens += len(req.output_token_ids)
         if req.output_token_ids and req.finish_reason != "error":
             c.answers.append(list(req.output_token_ids))
             if req.finish_reason == "stop" and len(c.answers) < len(c.users):
