@@ -22,6 +22,8 @@ from typing import Any
 
 def vocabulary(row: dict[str, Any]) -> str:
     path = (row.get("engine_overrides") or {}).get("speculative_token_map")
+    if path is None:  # (a failed variant has no overrides: its name says)
+        path = next((o[4:] for o in row.get("variant", "").split(":") if o.startswith("map=")), None)
     if not path:
         return "full"
     m = re.search(r"(\d+)", Path(path).stem)

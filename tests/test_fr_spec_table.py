@@ -29,7 +29,8 @@ def test_table_rows(tmp_path: Path) -> None:
                       0.966, 0.301),
                  _row("3/1/4:map=.data/qmaps_general/freq_8192.pt", ".data/qmaps_general/freq_8192.pt",
                       1.4, 0.85, None),
-                 {"variant": "5/1/6", "error": "RuntimeError: capture failed"}]}))
+                 {"variant": "5/1/6", "error": "RuntimeError: capture failed"},
+                 {"variant": "5/1/6:map=/root/qhead/freq_8192.pt", "error": "RuntimeError: x"}]}))
     lines = fr_spec_table.table([f]).splitlines()
     assert lines[2] == "| humaneval | 8 | vanilla | | | | | 1.100 | 7,000 | 1.00x | |"
     assert lines[3] == ("| humaneval | 8 | 3/1/4 | full | 1.60 | 100.0% | 0.412 | 1.500 | 1,000 | 0.90x "
@@ -37,3 +38,4 @@ def test_table_rows(tmp_path: Path) -> None:
     assert "| 32,768 (qhead) | 1.50 | 96.6% | 0.301 |" in lines[4]
     assert "| 8,192 (qmaps_general) | 1.40 | 85.0% |  |" in lines[5]
     assert "| 5/1/6 | full | failed: RuntimeError: capture failed" in lines[6]
+    assert "| 5/1/6 | 8,192 (qhead) | failed: RuntimeError: x" in lines[7]  # its map, though it failed
