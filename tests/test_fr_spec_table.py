@@ -14,7 +14,8 @@ import fr_spec_table  # noqa: E402
 def _row(variant: str, tmap: str | None, tau: float, cov: float, draft_ms: float | None) -> dict:
     over = {"speculative_num_steps": 3} | ({"speculative_token_map": tmap} if tmap else {})
     return {"variant": variant, "engine_overrides": over, "tau_mean": tau, "hot_coverage": cov,
-            "ms_per_spec_step": 1.5, "tokens_per_s": 1000.0, "speedup": 0.9, "greedy_identical": "8/8",
+            "ms_per_spec_step": 1.5, "tokens_per_s": 1000.0, "speedup": 0.9, "decode_speedup": 0.95,
+            "greedy_identical": "8/8",
             "phases": None if draft_ms is None else
             {"phases": {"draft": {"ms_per_call": draft_ms}, "verify": {"ms_per_call": 0.8}}}}
 
@@ -32,9 +33,9 @@ def test_table_rows(tmp_path: Path) -> None:
                  {"variant": "5/1/6", "error": "RuntimeError: capture failed"},
                  {"variant": "5/1/6:map=/root/qhead/freq_8192.pt", "error": "RuntimeError: x"}]}))
     lines = fr_spec_table.table([f]).splitlines()
-    assert lines[2] == "| humaneval | 8 | vanilla | | | | | 1.100 | 7,000 | 1.00x | |"
+    assert lines[2] == "| humaneval | 8 | vanilla | | | | | 1.100 | 7,000 | 1.00x | 1.00x | |"
     assert lines[3] == ("| humaneval | 8 | 3/1/4 | full | 1.60 | 100.0% | 0.412 | 1.500 | 1,000 | 0.90x "
-                        "| 8/8 |")
+                        "| 0.95x | 8/8 |")
     assert "| 32,768 (qhead) | 1.50 | 96.6% | 0.301 |" in lines[4]
     assert "| 8,192 (qmaps_general) | 1.40 | 85.0% |  |" in lines[5]
     assert "| 5/1/6 | full | failed: RuntimeError: capture failed" in lines[6]
