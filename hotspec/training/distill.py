@@ -55,7 +55,7 @@ class DistillConfig:
     max_context: int = 4096
     shard_size: int = 512
     seed: int = 0
-    time_limit: float | None = None  # seconds: no new shard starts after this
+    time_limit: float | None = None  # seconds: then the run stops, dropping the shards in progress
     max_shards: int | None = None  # distill shards 0..max_shards-1 only (a later run adds more)
     progress: bool = True
 
@@ -183,8 +183,7 @@ class Answerer:
         self.max_context = max_context
         self.window = window
         self.pending: deque[tuple[int, Conversation]] = deque()  # not asked yet
-        self.asking: dict[int, tuple[int, Conversation]] = {}  # request id -> (group, conv)
-        self.requests: dict[int, Request] = {}  # request id -> its turn in the engine
+        self.asking: dict[int, tuple[int, Conversation, Request]] = {}  # id -> (group, conv, turn)
         self.answer_tokens = 0  # of every answer ended so far
         self.left: dict[int, int] = {}  # group -> its conversations still going
         self.ended: list[int] = []  # groups ended since the last step
@@ -208,7 +207,7 @@ class Answerer:
                     self._answered(o.request)
         elif self.asking:  # finished without a step output (aborted): nothing to add
             log.warning("distill: %d turns ended without an answer", len(self.asking))
-            for group, _ in self.asking.values():
+            for group, _, _ in self.asking.values():
                 self._end(group)
             self.asking.clear()
         ended, self.ended = self.ended, []
@@ -218,9 +217,8 @@ class Answerer:
         """Drop every conversation not ended yet: queued ones are forgotten, turns in the engine
         aborted, and the engine runs until nothing of theirs is in flight."""
         self.pending.clear()
-        for req in self.requests.values():
+        for _, _, req in self.asking.values():
             self.engine.abort(req)
-        self.requests.clear()
         self.asking.clear()
         while self.engine.has_unfinished():
             self.engine.step()
@@ -239,15 +237,13 @@ class Answerer:
             log.warning("distill: a turn of %d tokens is not asked: %s", len(prompt), e)
             self._end(group)
             return
-        self.asking[req.rid] = (group, c)
-        self.requests[req.rid] = req
+        self.asking[req.rid] = (group, c, req)
 
     def _answered(self, req: Request) -> None:
         asked = self.asking.pop(req.rid, None)
-        self.requests.pop(req.rid, None)
         if asked is None:
             return
-        group, c = asked
+        group, c, _ = asked
         self.answer_tokens += len(req.output_token_ids)
         if req.output_token_ids and req.finish_reason != "error":
             c.answers.append(list(req.output_token_ids))
