@@ -15,14 +15,14 @@ candidates; the table then lists its steps per shape), then options joined by ':
 `map=PATH` (--speculative-token-map; `map=none` drops the engine options' map), `draft=DIR`
 (--speculative-draft-model-path: two heads side by side; `draft=default` is the default model's
 shipped head), `overlap` / `plain` (--overlap-schedule or not; vanilla follows the engine
-options), `profile`
-(a second, phase-timed pass). Greedy; prints a table last (tau: the mean over requests with its
-95 % confidence interval, and the acceptance rate at each draft depth; tokens/s end to end and decode
-only, speedup over vanilla, ms per speculative step (wall per engine decode step; `rows`: requests
-per step on average, as batches thin out at the end of each category), greedy outputs identical
-to vanilla, and on
-CUDA the fused step graph replayed alone: its device time, so ms/step minus it is host time) and
-writes every number to --out.
+options), `profile` (a second, phase-timed pass over the prompts; `profile=N`: over the first N
+only, enough for the phases' ms a call at a fraction of the time). Greedy; prints a table last
+(tau: the mean over requests with its 95 % confidence interval, and the acceptance rate at each
+draft depth; tokens/s end to end and decode only, speedup over vanilla, ms per speculative step
+(wall per engine decode step; `rows`: requests per step on average, as batches thin out at the
+end of each category), greedy outputs identical to vanilla, and on CUDA the fused step graph
+replayed alone: its device time, so ms/step minus it is host time) and writes every number to
+--out.
 """
 
 from __future__ import annotations
@@ -44,10 +44,13 @@ from hotspec.engine.engine import Engine
 from hotspec.entrypoints.engine_args import add_engine_args, engine_config
 from hotspec.errors import HotspecError
 
+PROFILE_ALL = sys.maxsize  # `profile`: the profiled pass runs every prompt
 
-def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
-    """'6/8/16:unfused:map=P' -> (EngineConfig overrides, profile?); 'adaptive' (or
-    'adaptive:...') is --speculative-adaptive over the default candidates."""
+
+def parse_variant(text: str) -> tuple[dict[str, Any], int | None]:
+    """'6/8/16:unfused:map=P:profile=8' -> (EngineConfig overrides, prompts of the profiled pass:
+    None for none, PROFILE_ALL for `profile`); 'adaptive' (or 'adaptive:...') is
+    --speculative-adaptive over the default candidates."""
     shape, *opts = text.split(":")
     over: dict[str, Any]
     if shape == "adaptive":
@@ -60,22 +63,34 @@ def parse_variant(text: str) -> tuple[dict[str, Any], bool]:
                                "[:map=PATH][:profile] or adaptive, e.g. 6/8/16:fused") from None
         over = {"speculative_num_steps": steps, "speculative_eagle_topk": topk,
                 "speculative_num_draft_tokens": ntok}
-    profile = False
+    profile: int | None = None
     for o in opts:
         if o in ("fused", "unfused"):
             over["fuse_spec_step"] = o == "fused"
         elif o in ("overlap", "plain"):
             over["overlap_schedule"] = o == "overlap"
         elif o == "profile":
-            profile = True
+            profile = PROFILE_ALL
+        elif o.startswith("profile=") and o[8:].isdigit() and int(o[8:]) > 0:
+            profile = int(o[8:])
         elif o.startswith("map="):
             over["speculative_token_map"] = None if o[4:] == "none" else o[4:]
         elif o.startswith("draft="):
             over["speculative_draft_model_path"] = None if o[6:] == "default" else o[6:]
         else:
             raise HotspecError(f"variant {text!r}: unknown option {o!r} (fused, unfused, overlap, "
-                               "plain, profile, map=PATH, draft=DIR)")
+                               "plain, profile, profile=N, map=PATH, draft=DIR)")
     return over, profile
+
+
+def first_prompts(groups: dict[str, list[list[int]]], n: int) -> dict[str, list[list[int]]]:
+    """The first `n` prompts of `groups`, in their order, grouped as they were."""
+    out: dict[str, list[list[int]]] = {}
+    for c, ids in groups.items():
+        if n <= 0:
+            break
+        out[c], n = ids[:n], n - len(ids[:n])
+    return out
 
 
 def step_replay_ms(engine: Engine, batch_size: int, iters: int = 30) -> float | None:
@@ -106,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--warmup-tokens", type=int, default=16)
     p.add_argument("--variants", nargs="+", required=True,
-                   metavar="S/K/N[:fused][:overlap][:map=P][:draft=D][:profile]")
+                   metavar="S/K/N[:fused][:overlap][:map=P][:draft=D][:profile[=N]]")
     p.add_argument("--out", type=Path, default=None, help="JSON with every number")
     args = p.parse_args(argv)
     cfg = engine_config(args)
@@ -136,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         replay: list[float | None] = []
         try:
             spec, profiled, source = run_speculative(
-                vcfg, target, groups, opts, profile,
-                after_timed=lambda e, out=replay: out.append(step_replay_ms(e, args.batch_size)))
+                vcfg, target, groups, opts, profile is not None,
+                after_timed=lambda e, out=replay: out.append(step_replay_ms(e, args.batch_size)),
+                profile_groups=None if profile is None else first_prompts(groups, profile))
         except Exception as exc:  # noqa: BLE001 - one failed variant is reported, the rest still run
             print(f"variant {name} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             rows.append({"variant": name, "error": f"{type(exc).__name__}: {exc}"})

@@ -48,10 +48,11 @@
 #            .data/qhead.tar.part*) and every draft vocabulary: full, then the FR-Spec maps
 #            freq_{65536,32768,16384,8192}.pt of each folder of QMAPDIRS (/root/qmaps_answers from
 #            `qmaps`, else .data/qmaps_answers; .data/qmaps_general: of a general corpus; carried),
-#            each shape of QSHAPE (3/1/4), phases profiled (QPROFILE=0: not), beside vanilla; on QSETS
-#            (humaneval spec_bench_dev: .data/humaneval.jsonl from benchmarks/humaneval_prompts.py,
-#            carried) at batch QBS (1 8), QNP prompts (20 at batch 1, else 48) of QTOK (256) tokens;
-#            QDTYPE=float32 for the identity check; QSECS (280) a run
+#            each shape of QSHAPE (3/1/4), phases profiled over the first QPROFILE (2 x batch)
+#            prompts (0: not), beside vanilla; on QSETS (humaneval spec_bench_dev:
+#            .data/humaneval.jsonl from benchmarks/humaneval_prompts.py, carried) at batch QBS
+#            (1 8), QNP prompts (20 at batch 1, else 48) of QTOK (256) tokens; QDTYPE=float32 for
+#            the identity check; QSECS (280) a run
 #   qmaps    `hotspec token-map --data` over /root/qdistill: the answer maps
 #            /root/qmaps_answers/freq_{65536,32768,16384,8192}.pt, also returned under $OUT
 #   qstartup the start-up report of Qwen with its head and the 32k answer map (a config without
@@ -247,7 +248,7 @@ for stage in "$@"; do
       fi
       [ -f /root/qhead/model.safetensors ] && for set in ${QSETS:-humaneval spec_bench_dev}; do
         for bs in ${QBS:-1 8}; do
-          prof=":profile"; [ "${QPROFILE:-1}" = 0 ] && prof=""
+          prof=":profile=${QPROFILE:-$((2 * bs))}"; [ "${QPROFILE:-}" = 0 ] && prof=""
           v=()
           for shape in ${QSHAPE:-3/1/4}; do
             v+=("$shape$prof")

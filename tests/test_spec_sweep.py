@@ -74,9 +74,19 @@ def test_variant_options_map_to_engine_settings() -> None:
     assert over["speculative_draft_model_path"] is None and over["speculative_token_map"] is None
     over, _ = spec_sweep.parse_variant("adaptive:draft=heads/new")
     assert over == {"speculative_adaptive": True, "speculative_draft_model_path": "heads/new"}
+    assert spec_sweep.parse_variant("3/1/4")[1] is None
+    assert spec_sweep.parse_variant("3/1/4:profile")[1] == spec_sweep.PROFILE_ALL
+    assert spec_sweep.parse_variant("3/1/4:profile=8:map=m.pt")[1] == 8
 
 
-@pytest.mark.parametrize("bad", ["6/8", "6/8/16:fast", "a/b/c"])
+def test_profiled_pass_of_the_first_prompts() -> None:
+    groups = {"a": [[1], [2]], "b": [[3], [4], [5]]}
+    assert spec_sweep.first_prompts(groups, 3) == {"a": [[1], [2]], "b": [[3]]}
+    assert spec_sweep.first_prompts(groups, 1) == {"a": [[1]]}
+    assert spec_sweep.first_prompts(groups, spec_sweep.PROFILE_ALL) == groups
+
+
+@pytest.mark.parametrize("bad", ["6/8", "6/8/16:fast", "a/b/c", "3/1/4:profile=0", "3/1/4:profile=x"])
 def test_bad_variant_is_refused(bad: str) -> None:
     with pytest.raises(HotspecError, match="variant"):
         spec_sweep.parse_variant(bad)

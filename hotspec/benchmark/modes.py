@@ -67,11 +67,13 @@ def run_vanilla(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opts: R
 
 
 def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opts: RunOptions,
-                    profile_pass: bool, after_timed: Callable[[Engine], None] | None = None
+                    profile_pass: bool, after_timed: Callable[[Engine], None] | None = None,
+                    profile_groups: Groups | None = None
                     ) -> tuple[dict[str, BatchRun], dict[str, BatchRun], str]:
     """Speculative runs per category, and the runs whose phase seconds make the breakdown (the
-    timed ones on CPU, a profiled repeat on GPU) with a label saying which. `after_timed` sees the
-    engine after the timed pass (e.g. to replay its graphs alone)."""
+    timed ones on CPU, a profiled repeat on GPU, of `profile_groups` when given, else of every
+    prompt) with a label saying which. `after_timed` sees the engine after the timed pass (e.g.
+    to replay its graphs alone)."""
 
     def run(engine: Engine) -> tuple[dict[str, BatchRun], dict[str, BatchRun], str]:
         worker = engine.worker
@@ -89,7 +91,9 @@ def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opt
             return runs, runs, NOT_PROFILED
         worker.profile = True  # type: ignore[attr-defined]
         _log("speculative: profiled pass (phase times)")
-        return runs, run_categories(engine, groups, opts.params), PROFILED_SEPARATELY
+        profiled = run_categories(engine, groups if profile_groups is None else profile_groups,
+                                  opts.params)
+        return runs, profiled, PROFILED_SEPARATELY
 
     # Profiled passes run the phase graphs, built only for an engine that profiles phases (the
     # timed pass on CUDA turns profiling off and replays the fused step).
