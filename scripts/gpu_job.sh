@@ -98,7 +98,8 @@ if [ ! -f $PKG/$GGUF ] && [ -f /root/models/p1 ] && [ -f /root/models/p2 ] && [ 
   cat /root/models/p1 /root/models/p2 /root/models/p3 > $PKG/$GGUF
   echo "$SHA  $PKG/$GGUF" | sha256sum -c - || rm -f $PKG/$GGUF
 fi
-# Qwen2.5-Coder-0.5B-Instruct (491 MB): carried in eight parts, one a call, `split -b 61425008 -d -a 2
+# Qwen2.5-Coder-0.5B-Instruct (491 MB; scripts/qwen_carry.sh builds every file its stages carry):
+# carried in eight parts, one a call, `split -b 61425008 -d -a 2
 # $(hotspec assemble-model qwen2.5-coder-0.5b-instruct | sed 's/.*-> //') .qwen/q` (q00..q07). A part
 # and the tree fit in a call's 64 MiB only without the shipped head (19.7 MB): move
 # hotspec/assets/smollm2-eagle3/model.safetensors out of the tree for those calls (`git checkout`
