@@ -52,9 +52,11 @@
 #            prompts (0: not), beside vanilla; on QSETS (humaneval spec_bench_dev:
 #            .data/humaneval.jsonl from benchmarks/humaneval_prompts.py, carried) at batch QBS
 #            (1 8), QNP prompts (20 at batch 1, else 48) of QTOK (256) tokens; QDTYPE=float32 for
-#            the identity check; QSECS (280) a run
+#            the identity check; QSECS (280) a run; returns $OUT/qsweep_table.md and qsweep.tar
+#            (the JSON and log of every qsweep run of the machine's life so far)
 #   qmaps    `hotspec token-map --data` over /root/qdistill: the answer maps
-#            /root/qmaps_answers/freq_{65536,32768,16384,8192}.pt, also returned under $OUT
+#            /root/qmaps_answers/freq_{65536,32768,16384,8192}.pt, also returned as
+#            $OUT/qmaps_answers.tar
 #   qstartup the start-up report of Qwen with its head and the 32k answer map (a config without
 #            any reduced-vocabulary key), every batch size captured (1 2 4 8)
 #   kernels  the fused soft cross-entropy's GPU tests
@@ -242,7 +244,7 @@ for stage in "$@"; do
         step heads 560 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
           --prompts .data/spec_bench_dev.jsonl --num-prompts 104 --max-tokens 256 \
           --batch-size "${BS:-8}" --variants "${v[@]}" --out "$OUT/heads"; } ;;
-    qsweep) W=q; need_gguf qsweep
+    qsweep) W=q; need_gguf qsweep; mkdir -p /root/qsweep
       qmaps=.data/qmaps_answers; [ -d /root/qmaps_answers ] && qmaps=/root/qmaps_answers
       if [ ! -f /root/qhead/model.safetensors ] && ls .data/qhead.tar.part* >/dev/null 2>&1; then
         cat .data/qhead.tar.part* | tar -x -C /root  # a head trained on another machine, carried
@@ -262,11 +264,14 @@ for stage in "$@"; do
             --speculative-algorithm EAGLE3 --speculative-draft-model-path /root/qhead \
             --prompts .data/$set.jsonl --num-prompts ${QNP:-$((bs == 1 ? 20 : 48))} \
             --max-tokens ${QTOK:-256} --batch-size $bs --cuda-graph-max-bs $bs \
-            ${QDTYPE:+--dtype $QDTYPE} --variants "${v[@]}" --out "$OUT/$name"
+            ${QDTYPE:+--dtype $QDTYPE} --variants "${v[@]}" --out /root/qsweep/$name
+          mv "$OUT/$name.log" /root/qsweep/
         done
       done
-      ls "$OUT"/qsweep_*_b[0-9]* >/dev/null 2>&1 && python3 benchmarks/fr_spec_table.py \
-        $(ls "$OUT"/qsweep_*_b[0-9]* | grep -v '\.log$') | tee "$OUT/qsweep_table.md" ;;
+      # (every run of the machine's life so far, in one file: a call returns at most 8)
+      ls /root/qsweep/qsweep_* >/dev/null 2>&1 && python3 benchmarks/fr_spec_table.py \
+        $(ls /root/qsweep/qsweep_* | grep -v '\.log$') | tee "$OUT/qsweep_table.md" &&
+        tar -C /root -cf "$OUT/qsweep.tar" qsweep ;;
     train_ab)  # train_step_bench at Qwen's shape, this tree against .before/ (carried), alternated
       [ -d .before/hotspec ] || { echo "train_ab: no .before/ tree (carry it)" | tee -a "$OUT/summary.txt"; continue; }
       step train_kernels 120 python3 -m pytest -q -m gpu tests/test_ce_kernels.py tests/test_ttt_attention.py
@@ -280,7 +285,7 @@ for stage in "$@"; do
     qmaps) W=q; need_gguf qmaps && untar_distill && {
         step qmaps 120 python3 -m hotspec token-map --model $QGGUF --data /root/qdistill \
           --size 65536 32768 16384 8192 --out-dir /root/qmaps_answers --no-progress
-        cp -r /root/qmaps_answers "$OUT/"; } ;;
+        tar -C /root -cf "$OUT/qmaps_answers.tar" qmaps_answers; } ;;
     qstartup) W=q; need_gguf qstartup && step qstartup 240 python3 -m hotspec bench --model $QGGUF \
         --speculative-algorithm EAGLE3 --speculative-draft-model-path /root/qhead \
         --speculative-token-map /root/qmaps_answers/freq_32768.pt --speculative-num-steps 3 \
