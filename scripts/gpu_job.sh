@@ -54,6 +54,11 @@
 #            (1 8), QNP prompts (20 at batch 1, else 48) of QTOK (256) tokens; QDTYPE=float32 for
 #            the identity check; QSECS (280) a run; returns $OUT/qsweep_table.md and qsweep.tar
 #            (the JSON and log of every qsweep run of the machine's life so far)
+#   qtable   qsweep's four cells of the FR-Spec table (HumanEval and spec_bench_dev at batch 1 and
+#            8; 10 / 24 prompts of QTOK (192) tokens; QSHAPE (4/8/12); the general-corpus maps on
+#            HumanEval at batch 1), QSECS (120) a cell: ~8 minutes, a call of its own
+#   qcheck   the float32 identity check of every map (HumanEval, batch 8, 8 prompts, 64 tokens),
+#            then `qstartup`
 #   qmaps    `hotspec token-map --data` over /root/qdistill: the answer maps
 #            /root/qmaps_answers/freq_{65536,32768,16384,8192}.pt, also returned as
 #            $OUT/qmaps_answers.tar
@@ -291,9 +296,23 @@ for stage in "$@"; do
         --speculative-token-map /root/qmaps_answers/freq_32768.pt --speculative-num-steps 3 \
         --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --batch-size 8 \
         --prompts .data/humaneval.jsonl --num-prompts 8 --max-tokens 64 --out "$OUT/qstartup" ;;
+    qtable)  # the FR-Spec table: `qsweep` over HumanEval and spec_bench_dev at batch 1 and 8
+      for cell in "humaneval 1 10" "humaneval 8 24" "spec_bench_dev 1 10" "spec_bench_dev 8 24"; do
+        read -r qs qb qn <<< "$cell"
+        maps=/root/qmaps_answers; [ "$qs$qb" = humaneval1 ] && maps="$maps .data/qmaps_general"
+        QSETS=$qs QBS=$qb QNP=$qn QTOK=${QTOK:-192} QSECS=${QSECS:-120} QSHAPE="${QSHAPE:-4/8/12}" \
+          QMAPDIRS="$maps" bash "$0" qsweep >/dev/null 2>&1
+      done
+      cat "$OUT/qsweep_table.md" ;;
+    qcheck)  # float32 identity of every map (HumanEval, batch 8), then the start-up report
+      QDTYPE=float32 QPROFILE=0 QTOK=64 QBS=8 QNP=8 QSETS=humaneval QSECS=${QSECS:-200} \
+        QSHAPE="${QSHAPE:-4/8/12}" QMAPDIRS="/root/qmaps_answers .data/qmaps_general" \
+        bash "$0" qsweep >/dev/null 2>&1
+      cat "$OUT/qsweep_table.md"
+      bash "$0" qstartup >/dev/null 2>&1; grep -A12 "CUDA graphs" "$OUT/qstartup.log" ;;
     kernels) step kernels 150 python3 -m pytest -q -m gpu tests/test_ce_kernels.py -p no:cacheprovider ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data train_par head_rest adaptive drift heads qsweep qmaps qstartup kernels train_ab stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data train_par head_rest adaptive drift heads qsweep qtable qcheck qmaps qstartup kernels train_ab stash)" >&2; exit 2 ;;
   esac
 done
 
