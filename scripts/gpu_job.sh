@@ -56,7 +56,7 @@
 #            (the JSON and log of every qsweep run of the machine's life so far)
 #   qtable   qsweep's four cells of the FR-Spec table (HumanEval and spec_bench_dev at batch 1 and
 #            8; 10 / 24 prompts of QTOK (192) tokens; QSHAPE (4/8/12); the general-corpus maps on
-#            HumanEval at batch 1), QSECS (120) a cell: ~8 minutes, a call of its own
+#            HumanEval at batch 1), 170 s at most for that cell, 120 for the others: a call of its own
 #   qcheck   the float32 identity check of every map (HumanEval, batch 8, 8 prompts, 64 tokens),
 #            then `qstartup`
 #   qmaps    `hotspec token-map --data` over /root/qdistill: the answer maps
@@ -297,10 +297,11 @@ for stage in "$@"; do
         --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --batch-size 8 \
         --prompts .data/humaneval.jsonl --num-prompts 8 --max-tokens 64 --out "$OUT/qstartup" ;;
     qtable)  # the FR-Spec table: `qsweep` over HumanEval and spec_bench_dev at batch 1 and 8
-      for cell in "humaneval 1 10" "humaneval 8 24" "spec_bench_dev 1 10" "spec_bench_dev 8 24"; do
-        read -r qs qb qn <<< "$cell"
+      for cell in "humaneval 1 10 170" "humaneval 8 24 120" "spec_bench_dev 1 10 120" \
+          "spec_bench_dev 8 24 120"; do  # (set, batch, prompts, seconds at most)
+        read -r qs qb qn secs <<< "$cell"
         maps=/root/qmaps_answers; [ "$qs$qb" = humaneval1 ] && maps="$maps .data/qmaps_general"
-        QSETS=$qs QBS=$qb QNP=$qn QTOK=${QTOK:-192} QSECS=${QSECS:-120} QSHAPE="${QSHAPE:-4/8/12}" \
+        QSETS=$qs QBS=$qb QNP=$qn QTOK=${QTOK:-192} QSECS=$secs QSHAPE="${QSHAPE:-4/8/12}" \
           QMAPDIRS="$maps" bash "$0" qsweep >/dev/null 2>&1
       done
       cat "$OUT/qsweep_table.md" ;;
