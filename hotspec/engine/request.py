@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hotspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -45,6 +47,21 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     checker: StopChecker | None = field(default=None, repr=False)
     spec_state: Any = field(default=None, repr=False)  # the speculative worker's per-request state
+    # `blocks` as int32 for the step's block table, kept with the list it was read from: the engine
+    # only appends to that list or replaces it
+    _block_array: tuple[list[int], np.ndarray] | None = field(default=None, repr=False)
+
+    def block_array(self) -> np.ndarray:
+        """`blocks` as an int32 array, converted once per new block rather than every step."""
+        cached, n = self._block_array, len(self.blocks)
+        if cached is not None and cached[0] is self.blocks and len(cached[1]) == n:
+            return cached[1]
+        if cached is not None and cached[0] is self.blocks and len(cached[1]) < n:
+            arr = np.concatenate([cached[1], np.asarray(self.blocks[len(cached[1]):], dtype=np.int32)])
+        else:
+            arr = np.asarray(self.blocks, dtype=np.int32)
+        self._block_array = (self.blocks, arr)
+        return arr
 
     @property
     def last_token(self) -> int:

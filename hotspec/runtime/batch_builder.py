@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hotspec.engine.request import Request
@@ -10,9 +11,13 @@ from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 
 
 def block_table_tensor(reqs: list[Request], device: torch.device) -> torch.Tensor:
-    width = max(len(r.blocks) for r in reqs)
-    rows = [r.blocks + [0] * (width - len(r.blocks)) for r in reqs]
-    return torch.tensor(rows, dtype=torch.int32, device=device)
+    """[len(reqs), most blocks] int32: each request's KV blocks, zero-padded, filled from the
+    requests' cached block arrays (not from a Python list per row per step)."""
+    rows = [r.block_array() for r in reqs]
+    table = np.zeros((len(rows), max(len(a) for a in rows)), dtype=np.int32)
+    for i, a in enumerate(rows):
+        table[i, :len(a)] = a
+    return torch.from_numpy(table).to(device)
 
 
 def prefill_batch(reqs: list[Request], tokens: list[list[int]], block_size: int,
