@@ -8,6 +8,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,9 @@ class FakeRequest:
 
     def slots(self, start: int, n: int, block_size: int) -> list[int]:
         return [self.slot(i, block_size) for i in range(start, start + n)]
+
+    def block_array(self) -> np.ndarray:
+        return np.asarray(self.blocks, dtype=np.int32)
 
 
 @pytest.fixture(scope="module")
