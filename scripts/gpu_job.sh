@@ -56,7 +56,8 @@
 #            (the JSON and log of every qsweep run of the machine's life so far)
 #   qtable   qsweep's four cells of the FR-Spec table (HumanEval and spec_bench_dev at batch 1 and
 #            8; 10 / 24 prompts of QTOK (192) tokens; QSHAPE (4/8/12); the general-corpus maps on
-#            HumanEval at batch 1), 170 s at most for that cell, 120 for the others: a call of its own
+#            HumanEval at batch 1), 170 s at most for that cell, 120 for the others: a call of its own;
+#            QCELLS="SET:BATCH:PROMPTS:SECONDS ..." runs those cells instead
 #   qcheck   the float32 identity check of every map (HumanEval, batch 8, 8 prompts, 64 tokens),
 #            then `qstartup`
 #   qmaps    `hotspec token-map --data` over /root/qdistill: the answer maps
@@ -120,6 +121,11 @@ if [ ! -f $QGGUF ] && [ "$(cat /root/qwen/q[0-9][0-9] 2>/dev/null | wc -c)" -eq 
   cat /root/qwen/q[0-9][0-9] > $QGGUF
   echo "$QSHA  $QGGUF" | sha256sum -c - || rm -f $QGGUF
 fi
+# A Qwen head and its answer maps from an earlier machine, carried as folders (.data/qhead, ~37 MB,
+# and .data/qmaps_answers): the Qwen stages read them from /root like those trained here.
+for d in qhead qmaps_answers; do
+  [ ! -d /root/$d ] && [ -d .data/$d ] && cp -r .data/$d /root/ && echo "carried .data/$d"
+done
 # TARGET=qwen: distill and train_data work on Qwen (into /root/qdistill and /root/qhead, carried as
 # .data/qdistill.tar.part* and .data/qhead.tar.part*); its head proposes from the target's own
 # LM head, all 151,936 tokens (--share-lm-head: the head file is the layer alone, ~37 MB in bf16).
@@ -297,9 +303,9 @@ for stage in "$@"; do
         --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --batch-size 8 \
         --prompts .data/humaneval.jsonl --num-prompts 8 --max-tokens 64 --out "$OUT/qstartup" ;;
     qtable)  # the FR-Spec table: `qsweep` over HumanEval and spec_bench_dev at batch 1 and 8
-      for cell in "humaneval 1 10 170" "humaneval 8 24 120" "spec_bench_dev 1 10 120" \
-          "spec_bench_dev 8 24 120"; do  # (set, batch, prompts, seconds at most)
-        read -r qs qb qn secs <<< "$cell"
+      for cell in ${QCELLS:-humaneval:1:10:170 humaneval:8:24:120 spec_bench_dev:1:10:120 \
+          spec_bench_dev:8:24:120}; do  # SET:BATCH:PROMPTS:SECONDS (at most)
+        IFS=: read -r qs qb qn secs <<< "$cell"
         maps=/root/qmaps_answers; [ "$qs$qb" = humaneval1 ] && maps="$maps .data/qmaps_general"
         QSETS=$qs QBS=$qb QNP=$qn QTOK=${QTOK:-192} QSECS=$secs QSHAPE="${QSHAPE:-4/8/12}" \
           QMAPDIRS="$maps" bash "$0" qsweep >/dev/null 2>&1

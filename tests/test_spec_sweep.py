@@ -51,7 +51,7 @@ def test_sweep_rows_and_losslessness(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert rows[1]["engine_overrides"]["fuse_spec_step"] is False
     assert rows[2]["engine_overrides"]["fuse_spec_step"] is True
     assert "fuse_spec_step" not in rows[3]["engine_overrides"]  # the engine default (fused)
-    assert set(rows[1]["per_category"]) == {"a", "b"}  # file order: categories a and b
+    assert set(rows[1]["per_category"]) == {"all"}  # batch 2: one stream, so batches stay full
     assert all(e["tau_mean"] >= 1 for e in rows[1]["per_category"].values())
     assert all("tau_ci95" in e for e in rows[1]["per_category"].values())
     assert rows[1]["tau_ci95"] is not None and rows[1]["acceptance_by_depth"]
@@ -60,6 +60,18 @@ def test_sweep_rows_and_losslessness(tmp_path: Path, capsys: pytest.CaptureFixtu
     table = capsys.readouterr().out
     assert "3/2/6:fused:profile" in table and "profiled ms/call" in table
     assert "+-95%" in table and "accepted at draft depth: d1" in table
+    assert "4 prompts in one stream" in table
+
+    rc = spec_sweep.main([
+        "--model", str(tmp_path / "target"), "--dtype", "float32", "--device", "cpu",
+        "--skip-tokenizer-init", "--num-kv-blocks", "128", "--block-size", "4", "--max-model-len", "128",
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head),
+        "--prompts", str(tmp_path / "p.jsonl"), "--no-chat", "--max-tokens", "6", "--batch-size", "2",
+        "--by-category", "--warmup-tokens", "2", "--variants", "2/1/3", "--out", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows[1]["per_category"]) == {"a", "b"}  # file order: categories a and b
+    assert rows[1]["greedy_identical"] == "4/4"
 
 
 def test_variant_options_map_to_engine_settings() -> None:
