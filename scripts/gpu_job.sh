@@ -11,7 +11,7 @@
 #            shape with the shipped head, shapes 3/1/4 5/1/6 7/1/8 4/8/12 6/8/16, batch 1, 8, 32
 #   sweep    end to end on the default model (needs the GGUF and .data/spec_bench_dev.jsonl, a
 #            copy of ../shared/data's, carried): spec_sweep at batch 1, 8, 32 over 3/1/4, 5/1/6,
-#            4/8/12, 6/8/16 beside graphed vanilla
+#            4/8/12, 6/8/16 beside graphed vanilla (SWEEP_BS, SWEEP_SHAPES: other batch sizes, shapes)
 #   ab       spec_phase_bench on the 8B shape and SmolLM2's, this tree ("new") against the one
 #            in .before/ ("base": `git archive REV | tar -x -C .before`, carried), alternated,
 #            two rounds, side by side (benchmarks/ab_table.py)
@@ -179,10 +179,10 @@ for stage in "$@"; do
         step "$name" 280 python3 benchmarks/spec_phase_bench.py --target $t --batch-sizes 1,8,32 \
           --shapes 3,1,4 5,1,6 7,1,8 4,8,12 6,8,16 --iters 10 --out "$OUT/$name.json"
       done ;;
-    sweep) need_gguf sweep && for bs in 1 8 32; do
+    sweep) need_gguf sweep && for bs in ${SWEEP_BS:-1 8 32}; do
         step "sweep_b$bs" 190 python3 benchmarks/spec_sweep.py --speculative-algorithm EAGLE3 \
           --prompts .data/spec_bench_dev.jsonl --num-prompts $((bs < 8 ? 26 : 4 * bs)) \
-          --max-tokens 256 --batch-size $bs --variants 3/1/4 5/1/6 4/8/12 6/8/16 \
+          --max-tokens 256 --batch-size $bs --variants ${SWEEP_SHAPES:-3/1/4 5/1/6 4/8/12 6/8/16} \
           --out "$OUT/sweep_b$bs"
       done ;;
     rows) step rows 240 python3 benchmarks/rows_bench.py --quick --shapes smol,8b --m 4,16 ;;
