@@ -42,6 +42,16 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def warm_up_all(engine: Engine, groups: Groups, opts: RunOptions) -> None:
+    """The untimed passes before a timed one: the first batch for `warmup_tokens` tokens, then
+    every prompt's prefill (one token each). The first engine of a process otherwise pays, inside
+    its timed prefill, for what the later ones find ready: kernels compiled for new prompt
+    lengths and the allocator's first blocks of each size, which would flatter every mode timed
+    after it."""
+    warm_up(engine, opts.warmup_prompts, opts.warmup_tokens)
+    warm_up(engine, [p for c in groups for p in groups[c]], 1 if opts.warmup_tokens > 0 else 0)
+
+
 def run_vanilla(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opts: RunOptions,
                 vs_hf: bool) -> tuple[dict[str, BatchRun], HFRun | None, torch.device]:
     """Vanilla runs per category; with `vs_hf`, transformers generate on the same prompts, each
@@ -52,7 +62,7 @@ def run_vanilla(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opts: R
             raise HotspecError(f"--vs-hf: no transformers Llama baseline for this target: {reason}")
 
     def run(engine: Engine) -> tuple[dict[str, BatchRun], HFRun | None, torch.device]:
-        warm_up(engine, opts.warmup_prompts, opts.warmup_tokens)
+        warm_up_all(engine, groups, opts)
         _log(f"vanilla: {sum(map(len, groups.values()))} prompts in {len(groups)} categories")
         runs = run_categories(engine, groups, opts.params)
         hf = None
@@ -77,7 +87,7 @@ def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opt
 
     def run(engine: Engine) -> tuple[dict[str, BatchRun], dict[str, BatchRun], str]:
         worker = engine.worker
-        warm_up(engine, opts.warmup_prompts, opts.warmup_tokens)
+        warm_up_all(engine, groups, opts)
         on_cpu = engine.device.type != "cuda"
         # (the adaptive policy's steps are not split into phases: their breakdown is the step's)
         worker.profile = on_cpu  # type: ignore[attr-defined]
