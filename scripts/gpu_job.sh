@@ -21,6 +21,8 @@
 #            256 conversations, for DISTILL_SECONDS (420) a call (the shards in progress then are
 #            dropped; DISTILL_SHARDS: the first N shards at most); the run resumes in /root/distill while the machine stays warm, and every call
 #            returns the whole folder as $OUT/distill.tar.partNN (15 MB pieces: `cat` them, untar)
+#   distill_ab  distill's answer tok/s (ShareGPT only, 512 rows) with --num-continuous-decode-steps 1
+#            and 8, alternated, two rounds of DAB_SECONDS (45) each (needs the GGUF and the wheel)
 #   train_data  `hotspec train-draft --data` on the distilled shards (/root/distill, or carried
 #            .data/distill.tar.part*): the shipped head's recipe (EAGLE-3, 8,192-token draft
 #            vocabulary, lr 1e-3, answers cut at 512 tokens), TRAIN_EPOCHS (1) passes, for
@@ -211,6 +213,14 @@ for stage in "$@"; do
           --time-limit "$ds" --no-progress
         tar -C /root -cf - ${W}distill | split -b 15M -d - "$OUT/${W}distill.tar.part"
         ls -la "$OUT"/${W}distill.tar.part* | tee -a "$OUT/summary.txt"; } ;;
+    distill_ab)  # distill's answer tok/s, --num-continuous-decode-steps 1 against 8, alternated
+      need_gguf distill_ab && for r in 1 2; do for n in 1 8; do
+        step "dab_${n}_$r" $((${DAB_SECONDS:-45} + 120)) python3 -m hotspec distill "${MODEL[@]}" \
+          --out /root/dab/${n}_$r --task-prompts 0 --self-prompts 0 --max-new-tokens 1024 \
+          --max-context 4096 --shard-size 256 --max-num-seqs 512 --kv-cache-memory-gb 48 \
+          --num-continuous-decode-steps $n --time-limit "${DAB_SECONDS:-45}" --no-progress
+      done; done
+      grep -h "time limit" "$OUT"/dab_*.log | tee -a "$OUT/summary.txt" ;;
     train_data) need_gguf train_data && {
         H=/root/${W}head; untar_distill
         if [ ! -d $H ] && ls .data/${W}head.tar.part* >/dev/null 2>&1; then
@@ -319,7 +329,7 @@ for stage in "$@"; do
       bash "$0" qstartup >/dev/null 2>&1; grep -A12 "CUDA graphs" "$OUT/qstartup.log" ;;
     kernels) step kernels 150 python3 -m pytest -q -m gpu tests/test_ce_kernels.py -p no:cacheprovider ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill train_data train_par head_rest adaptive drift heads qsweep qtable qcheck qmaps qstartup kernels train_ab stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill distill_ab train_data train_par head_rest adaptive drift heads qsweep qtable qcheck qmaps qstartup kernels train_ab stash)" >&2; exit 2 ;;
   esac
 done
 

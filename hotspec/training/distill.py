@@ -125,8 +125,10 @@ def distill(llm: LLM, convs: list[Conversation], cfg: DistillConfig) -> dict[str
     while True:
         if not stopped and cfg.time_limit is not None and time.perf_counter() - t0 > cfg.time_limit:
             stopped = True  # shards not written by now are dropped whole: a resumed run redoes them
-            log.info("distill: time limit: %d shards written by this run, %d in progress dropped",
-                     written, len(chunks))
+            secs = time.perf_counter() - t0
+            log.info("distill: time limit: %d shards written by this run, %d in progress dropped; "
+                     "%.0f answer tok/s over the %.0f s", written, len(chunks),
+                     ans.answer_tokens / max(secs, 1e-9), secs)
             ans.abort()
             chunks.clear()
         if todo and not stopped and len(ans.pending) < window:  # the next shard queues up
