@@ -214,7 +214,7 @@ for stage in "$@"; do
         tar -C /root -cf - ${W}distill | split -b 15M -d - "$OUT/${W}distill.tar.part"
         ls -la "$OUT"/${W}distill.tar.part* | tee -a "$OUT/summary.txt"; } ;;
     distill_ab)  # distill's answer tok/s, --num-continuous-decode-steps 1 against 8, alternated
-      need_gguf distill_ab && for r in 1 2; do for n in 1 8; do
+      need_gguf distill_ab && for r in $(seq ${DAB_ROUNDS:-2}); do for n in 1 8; do
         step "dab_${n}_$r" $((${DAB_SECONDS:-45} + 120)) python3 -m hotspec distill "${MODEL[@]}" \
           --out /root/dab/${n}_$r --task-prompts 0 --self-prompts 0 --max-new-tokens 1024 \
           --max-context 4096 --shard-size 256 --max-num-seqs 512 --kv-cache-memory-gb 48 \

@@ -44,12 +44,18 @@ def _log(msg: str) -> None:
 
 def warm_up_all(engine: Engine, groups: Groups, opts: RunOptions) -> None:
     """The untimed passes before a timed one: the first batch for `warmup_tokens` tokens, then
-    every prompt's prefill (one token each). The first engine of a process otherwise pays, inside
-    its timed prefill, for what the later ones find ready: kernels compiled for new prompt
-    lengths and the allocator's first blocks of each size, which would flatter every mode timed
-    after it."""
+    every prompt's prefill (one token each) alone and all of them together. The first engine of
+    a process otherwise pays, inside its timed prefill, for what the later ones find ready:
+    kernels compiled for each new prefill shape (one prompt or several, lengths by their
+    divisibility) and the allocator's first blocks of each size, which would flatter every mode
+    timed after it."""
+    if opts.warmup_tokens <= 0:
+        return
     warm_up(engine, opts.warmup_prompts, opts.warmup_tokens)
-    warm_up(engine, [p for c in groups for p in groups[c]], 1 if opts.warmup_tokens > 0 else 0)
+    prompts = [p for c in groups for p in groups[c]]
+    for p in prompts:
+        warm_up(engine, [p], 1)
+    warm_up(engine, prompts, 1)
 
 
 def run_vanilla(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opts: RunOptions,

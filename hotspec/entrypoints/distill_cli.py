@@ -63,10 +63,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="requests decoded at once (default: the engine's)")
     p.add_argument("--kv-cache-memory-gb", type=float, default=None,
                    help="KV cache of the engine (default: the engine's)")
-    p.add_argument("--num-continuous-decode-steps", type=int, default=None, metavar="N",
+    p.add_argument("--num-continuous-decode-steps", type=int, default=8, metavar="N",
                    help="decode steps between admissions of new turns: finished answers are "
                    "replaced in one larger prefill every N steps instead of one small prefill "
-                   "each (default: the engine's, 1)")
+                   "each (default: 8; 1 admits at every step, as the engine does for serving)")
     p.add_argument("--seed", type=int, default=0, help="conversation order and sampled prompts")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_distill)
@@ -104,8 +104,7 @@ def _llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         opts.update(max_num_seqs=args.max_num_seqs, cuda_graph_max_bs=args.max_num_seqs)
     if args.kv_cache_memory_gb is not None:
         opts["kv_cache_memory_gb"] = args.kv_cache_memory_gb
-    if args.num_continuous_decode_steps is not None:
-        opts["num_continuous_decode_steps"] = args.num_continuous_decode_steps
+    opts["num_continuous_decode_steps"] = args.num_continuous_decode_steps
     return LLM(args.model, **opts)
 
 
