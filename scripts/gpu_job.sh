@@ -6,6 +6,8 @@
 #   decode   benchmarks/decode_bench.py at the Llama-3.1-8B shape (random weights), graphed, batch 1,8
 #   spec     hotspec bench of the default model with its shipped EAGLE-3 head at batch 1 (needs the GGUF)
 #   train    a short train-draft run of a head for the default model (needs the GGUF)
+#   prefill  benchmarks/prefill_steps.py on the default model: every prefill step of the sweep's
+#            prompts timed, vanilla and EAGLE-3 3/1/4, batch 1 and 8 (needs the GGUF and the prompts)
 #   rows     benchmarks/rows_bench.py --quick: the few-row GEMMs against what they replace
 #   phases   spec_phase_bench's full matrix: the 8B shape with an EAGLE-3 32k head and SmolLM2's
 #            shape with the shipped head, shapes 3/1/4 5/1/6 7/1/8 4/8/12 6/8/16, batch 1, 8, 32
@@ -187,6 +189,11 @@ for stage in "$@"; do
           --max-tokens 256 --batch-size $bs --variants ${SWEEP_SHAPES:-3/1/4 5/1/6 4/8/12 6/8/16} \
           --out "$OUT/sweep_b$bs"
       done ;;
+    prefill) need_gguf prefill && for bs in 1 8; do  # every prefill step timed, vanilla and EAGLE-3
+        step "prefill_b$bs" 150 python3 benchmarks/prefill_steps.py --speculative-algorithm EAGLE3 \
+          --prompts .data/spec_bench_dev.jsonl --num-prompts $((bs < 8 ? 26 : 4 * bs)) \
+          --max-tokens 256 --batch-size $bs --out "$OUT/prefill_b$bs.json"
+      done ;;
     rows) step rows 240 python3 benchmarks/rows_bench.py --quick --shapes smol,8b --m 4,16 ;;
     ab)
       [ -d .before/hotspec ] || { echo "ab: no .before/ tree (carry it)" | tee -a "$OUT/summary.txt"; continue; }
@@ -329,7 +336,7 @@ for stage in "$@"; do
       bash "$0" qstartup >/dev/null 2>&1; grep -A12 "CUDA graphs" "$OUT/qstartup.log" ;;
     kernels) step kernels 150 python3 -m pytest -q -m gpu tests/test_ce_kernels.py -p no:cacheprovider ;;
     stash) ;;
-    *) echo "unknown stage $stage (tests decode spec train rows phases sweep ab distill distill_ab train_data train_par head_rest adaptive drift heads qsweep qtable qcheck qmaps qstartup kernels train_ab stash)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode spec train prefill rows phases sweep ab distill distill_ab train_data train_par head_rest adaptive drift heads qsweep qtable qcheck qmaps qstartup kernels train_ab stash)" >&2; exit 2 ;;
   esac
 done
 
