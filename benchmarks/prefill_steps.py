@@ -8,7 +8,8 @@ The prompts run greedy to --max-tokens as `hotspec bench` and spec_sweep run the
 above 1 as one stream: finished requests are replaced as they end), after the same warm-up.
 Every engine step that prefills is timed between two device syncs. It prints, per mode, the
 prefill steps, their total and median wall time, their prompt tokens, and the decode steps, then
-the speculative engine's prefill time over vanilla's; --out writes every step. Prefill is not
+the speculative engine's prefill time over vanilla's; --out writes every step. --profile-rows N
+adds one prefill step under torch.profiler: its CUDA kernels and where the host's time goes. Prefill is not
 captured as a CUDA graph, so a step's wall time is mostly launches while prompts are short.
 """
 
@@ -23,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from torch.profiler import ProfilerActivity, profile
+
 from hotspec.benchmark.device import device_name, sync
 from hotspec.benchmark.modes import RunOptions, warm_up_all
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
@@ -30,6 +33,7 @@ from hotspec.benchmark.spec_bench import drive, load_target, run_with_engine
 from hotspec.engine.engine import Engine
 from hotspec.entrypoints.engine_args import add_engine_args, engine_config
 from hotspec.errors import HotspecError
+from hotspec.sampling_params import SamplingParams
 
 
 def timed_pass(engine: Engine, prompts: list[list[int]], opts: RunOptions) -> dict[str, Any]:
@@ -62,6 +66,30 @@ def timed_pass(engine: Engine, prompts: list[list[int]], opts: RunOptions) -> di
             "wall_s": run.wall_s, "generated_tokens": run.generated, "steps": steps}
 
 
+def profile_step(engine: Engine, prompt: list[int], rows: int) -> dict[str, Any]:
+    """One prefill step of `prompt` alone under torch.profiler: the host's time by operator (the
+    `rows` costliest), and on CUDA the kernels it launched."""
+    activities = [ProfilerActivity.CPU]
+    if engine.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    sync(engine.device)
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        sync(engine.device)
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
+    ops = sorted((e for e in events if e.device_type.name == "CPU"),
+                 key=lambda e: -e.self_cpu_time_total)[:rows]
+    return {"tokens": len(prompt), "wall_ms": 1e3 * wall, "cuda_kernels": sum(k.count for k in kernels),
+            "cuda_kernel_ms": sum(k.device_time_total for k in kernels) / 1e3,
+            "host_ops": [{"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3}
+                         for e in ops]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(p)
@@ -71,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--warmup-tokens", type=int, default=16)
+    p.add_argument("--profile-rows", type=int, default=0, metavar="N",
+                   help="then one prefill step of the median-length prompt alone under "
+                   "torch.profiler: its wall time, CUDA kernels and the N costliest host operators")
     p.add_argument("--out", type=Path, default=None, help="JSON with every prefill step")
     args = p.parse_args(argv)
     cfg = replace(engine_config(args), max_num_seqs=args.batch_size, profile_phases=False)
@@ -85,9 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     devices: list[str] = []
 
+    median_prompt = sorted(prompts, key=len)[len(prompts) // 2]
+
     def run(engine: Engine) -> dict[str, Any]:
         devices.append(device_name(engine.device))
-        return timed_pass(engine, prompts, opts)
+        out = timed_pass(engine, prompts, opts)
+        if args.profile_rows > 0:
+            out["profiled_step"] = profile_step(engine, median_prompt, args.profile_rows)
+        return out
 
     for name, mcfg in modes.items():
         print(f"{name}: timed pass", file=sys.stderr, flush=True)
@@ -103,6 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"{name:<12} {r['prefill_steps']:>13} {r['prefill_ms']:>10.1f} {med} "
                      f"{r['prompt_tokens'] / max(r['prefill_steps'], 1):>11.0f} "
                      f"{r['decode_steps']:>12} {r['wall_s']:>7.3f}")
+    for name, r in results.items():
+        if "profiled_step" in r:
+            ps = r["profiled_step"]
+            lines.append(f"{name}: one prefill step of {ps['tokens']} tokens under the profiler: "
+                         f"{ps['wall_ms']:.1f} ms wall, {ps['cuda_kernels']} CUDA kernels "
+                         f"({ps['cuda_kernel_ms']:.2f} ms of kernel time); host time by operator:")
+            lines += [f"    {o['op']:<48} {o['calls']:>6} calls {o['self_cpu_ms']:>8.2f} ms"
+                      for o in ps["host_ops"]]
     if "speculative" in results and results["vanilla"]["prefill_ms"] > 0:
         lines.append(f"speculative prefill / vanilla prefill: "
                      f"{results['speculative']['prefill_ms'] / results['vanilla']['prefill_ms']:.2f}x")

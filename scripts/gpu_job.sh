@@ -192,7 +192,7 @@ for stage in "$@"; do
     prefill) need_gguf prefill && for bs in 1 8; do  # every prefill step timed, vanilla and EAGLE-3
         step "prefill_b$bs" 150 python3 benchmarks/prefill_steps.py --speculative-algorithm EAGLE3 \
           --prompts .data/spec_bench_dev.jsonl --num-prompts $((bs < 8 ? 26 : 4 * bs)) \
-          --max-tokens 256 --batch-size $bs --out "$OUT/prefill_b$bs.json"
+          --max-tokens 256 --batch-size $bs --profile-rows 15 --out "$OUT/prefill_b$bs.json"
       done ;;
     rows) step rows 240 python3 benchmarks/rows_bench.py --quick --shapes smol,8b --m 4,16 ;;
     ab)

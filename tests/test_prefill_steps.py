@@ -39,7 +39,7 @@ def test_every_prompt_token_is_prefilled_in_a_timed_step(tmp_path: Path,
         "--skip-tokenizer-init", "--num-kv-blocks", "128", "--block-size", "4", "--max-model-len", "64",
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head),
         "--prompts", str(tmp_path / "p.jsonl"), "--no-chat", "--max-tokens", "6",
-        "--batch-size", "2", "--warmup-tokens", "2", "--out", str(out)])
+        "--batch-size", "2", "--warmup-tokens", "2", "--profile-rows", "5", "--out", str(out)])
     assert rc == 0
     modes = json.loads(out.read_text())["modes"]
     assert set(modes) == {"vanilla", "speculative"}
@@ -49,5 +49,9 @@ def test_every_prompt_token_is_prefilled_in_a_timed_step(tmp_path: Path,
         assert r["prefill_steps"] == len(r["steps"]) >= 3  # batch 2: five prompts need three
         assert all(s["ms"] > 0 and 1 <= s["requests"] <= 2 for s in r["steps"])
         assert r["generated_tokens"] == 6 * len(lengths)  # no EOS without a tokenizer
+        ps = r["profiled_step"]
+        assert ps["tokens"] == 7 and ps["wall_ms"] > 0 and 0 < len(ps["host_ops"]) <= 5
+        assert ps["cuda_kernels"] == 0  # (on the CPU)
     table = capsys.readouterr().out
+    assert "under the profiler" in table
     assert "speculative prefill / vanilla prefill" in table and "prefill steps" in table
