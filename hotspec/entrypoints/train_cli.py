@@ -94,6 +94,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "engine's)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of prompt sampling, the head's initialisation and shuffling (default: 0)")
+    p.add_argument("--init", type=Path, default=None, metavar="DIR",
+                   help="start from the trained head in DIR (public EAGLE/EAGLE-3 format) instead "
+                   "of random weights: fine-tune it on this run's data; its config.json sets the "
+                   "head's vocabulary and MLP width (pass its --arch and, if it has no LM head of "
+                   "its own, --share-lm-head)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in DIR (its data shards and last checkpoint)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
@@ -112,7 +117,7 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         engine_kwargs["kv_cache_memory_gb"] = args.kv_cache_memory_gb
     cfg = TrainConfig(
         out=args.out, model=args.model, arch=args.arch, draft_vocab=args.draft_vocab,
-        intermediate_size=args.intermediate_size, share_lm_head=args.share_lm_head,
+        intermediate_size=args.intermediate_size, share_lm_head=args.share_lm_head, init=args.init,
         token_maps=tuple(args.token_maps), max_num_seqs=args.max_num_seqs,
         prompts=tuple(args.prompts), data=args.data, eval_prompts_file=args.eval_prompts_file,
         num_prompts=args.num_prompts, eval_prompts=args.eval_prompts,

@@ -30,6 +30,9 @@ class TrainConfig:
     intermediate_size: int | None = None
     # EAGLE-3: the head's LM head is the target's (whole vocabulary), frozen and not exported.
     share_lm_head: bool = False
+    # A trained head (public format) to start from instead of random weights: fine-tuning. Its
+    # config.json fixes the head's shape (vocabulary, MLP width, aux layers).
+    init: Path | None = None
     # FR-Spec maps DIR/freq_<N>.pt of the N most frequent response tokens, for either arch.
     token_maps: tuple[int, ...] = ()
     prompts: tuple[Path, ...] = ()  # empty: prompts synthesized by the target itself
@@ -105,6 +108,7 @@ class TrainConfig:
             raise TrainConfigError("--share-lm-head proposes from the target's whole vocabulary; "
                                    "drop --draft-vocab (an FR-Spec map cuts it at serving time: "
                                    "--token-maps writes them)")
+        self._check_init()
         if any(n < 1 for n in self.token_maps):
             raise TrainConfigError(f"--token-maps sizes must be >= 1, got {list(self.token_maps)}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
@@ -144,6 +148,20 @@ class TrainConfig:
             raise TrainConfigError(f"--data trains on the conversations of its token shards; "
                                    f"{', '.join(clash)} generate(s) new ones. Fix: drop "
                                    f"{', '.join(clash)}, or drop --data.")
+
+    def _check_init(self) -> None:
+        """--init takes the head's shape from its folder: options that would set it again clash."""
+        if self.init is None:
+            return
+        clash = [flag for flag, on in (("--intermediate-size", self.intermediate_size is not None),
+                                       ("--draft-vocab", self.draft_vocab is not None
+                                        and self.arch == "eagle3")) if on]
+        if clash:
+            raise TrainConfigError(f"--init {self.init} starts from that head, whose config.json "
+                                   f"sets its vocabulary and MLP width; drop {', '.join(clash)}.")
+        if self.resume:
+            raise TrainConfigError("--resume continues the run in --out from its checkpoint; "
+                                   "--init starts a new one from a head. Fix: pass one of them.")
 
     def _check_intermediate_size(self) -> None:
         """A width the head's Linear layers can have: a positive int (not a float or bool, which

@@ -7,6 +7,9 @@ target: the token embedding and, for EAGLE-1/2, the LM head. Trainable, initiali
 initialises): fc, the decoder layer, EAGLE-3's norms. EAGLE-3's own LM head [draft_vocab, H] is
 trainable too and starts from the target's LM head rows of the draft vocabulary (a warm start:
 the head's normed output then begins in the space the target's LM head reads).
+
+With `--init DIR` (fine-tuning) every trainable weight starts from a trained head instead, read
+and checked as the engine reads a head (draft_loader), and its config.json is the head's.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from hotspec.errors import ModelLoadError
 from hotspec.models.config import ModelConfig
 from hotspec.models.draft_checkpoint import draft_config, save_draft_checkpoint
 from hotspec.models.draft_head import DraftHead
+from hotspec.models.draft_loader import draft_folder, load_draft_head, read_json_object
 from hotspec.models.eagle import EagleHead
 from hotspec.models.eagle3 import Eagle3Head, eagle3_capture_layers
 from hotspec.models.llama import LlamaForCausalLM
@@ -101,6 +106,46 @@ def build_head(target: LlamaForCausalLM, config: dict[str, Any], algorithm: str,
     head = head.to(device)
     head.build_rotary(device)
     return head.train()
+
+
+@dataclasses.dataclass
+class InitHead:
+    """A trained head to fine-tune: its config.json, its own weights by state-dict name, and for
+    an EAGLE-3 head with an LM head of its own, the target ids of its rows (ascending)."""
+    folder: Path
+    config: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    shares_lm_head: bool
+    draft_to_target: torch.Tensor | None
+
+
+def read_init_head(path: Path, target: LlamaForCausalLM, algorithm: str,
+                   device: torch.device) -> InitHead:
+    """The head of `path` for `target` in float32 on `device` (load_draft_head's checks and
+    errors: format, algorithm, hidden size, vocabulary, aux layers, d2t)."""
+    loaded = load_draft_head(path, target, algorithm, torch.float32, device)
+    folder = draft_folder(path)
+    shares = loaded.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
+    state = {k: v for k, v in loaded.state_dict().items()
+             if not k.startswith("embed_tokens.") and not (shares and k.startswith("lm_head."))}
+    d2t = loaded.draft_to_target
+    return InitHead(folder, read_json_object(folder / "config.json"), state, shares,
+                    None if d2t is None else d2t.cpu())
+
+
+def load_init_weights(head: DraftHead, init: InitHead) -> None:
+    """Copy `init`'s weights into `head`, built from init.config: every trainable weight must
+    come from it (a head of another shape fails here, naming the keys)."""
+    own = trainable_parameters(head)
+    missing = sorted(set(own) - set(init.state))
+    extra = sorted(set(init.state) - set(head.state_dict()))
+    if missing or extra:
+        raise ModelLoadError(f"--init {init.folder}: the head built from its config.json does not "
+                         f"match its weights (missing: {missing[:5]}, unexpected: {extra[:5]})")
+    with torch.no_grad():
+        for name, p in head.state_dict().items():
+            if name in init.state:
+                p.copy_(init.state[name])
 
 
 def trainable_parameters(head: DraftHead) -> dict[str, nn.Parameter]:

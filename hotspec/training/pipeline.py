@@ -29,10 +29,13 @@ from hotspec.training.data import PromptSplit, build_shards, load_dataset, prepa
 from hotspec.training.features import FeatureBlock
 from hotspec.training.head_init import (
     DEFAULT_EAGLE3_VOCAB,
+    InitHead,
     aux_layers,
     build_head,
     export_head,
     head_config,
+    load_init_weights,
+    read_init_head,
 )
 from hotspec.training.online import (
     OnlineData,
@@ -45,7 +48,12 @@ from hotspec.training.prompts import Prompt
 from hotspec.training.report import measure_tau, plot_losses, write_report
 from hotspec.training.token_shards import TokenRecords
 from hotspec.training.trainer import BatchSource, Trainer, Vocab
-from hotspec.training.vocab import choose_draft_vocab, response_token_counts, write_token_maps
+from hotspec.training.vocab import (
+    choose_draft_vocab,
+    keep_draft_vocab,
+    response_token_counts,
+    write_token_maps,
+)
 
 log = logging.getLogger("hotspec")
 
@@ -77,15 +85,19 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     forced = end_of_turn_ids(llm.tokenizer, vocab_size) if llm.tokenizer is not None else []
     forced += sorted(t for t in engine.eos_token_ids if t < vocab_size)
     _check_token_maps(cfg, vocab_size, forced)
+    init = _init_head(cfg, engine.target, engine.device) if cfg.init is not None else None
+    share = cfg.share_lm_head or (init is not None and cfg.arch == "eagle3" and init.shares_lm_head)
     # EAGLE-3: rows of the head's own LM head; EAGLE-1/2: size of the FR-Spec map (or none).
     n_draft = cfg.draft_vocab
-    if cfg.share_lm_head:
+    if share:
         n_draft = vocab_size
+    elif init is not None and init.draft_to_target is not None:
+        n_draft = init.draft_to_target.shape[0]
     elif cfg.arch == "eagle3":
         n_draft = min(n_draft or DEFAULT_EAGLE3_VOCAB, vocab_size)
     # A shared LM head leaves draft_vocab_size out of config.json: the loaders take the target's.
-    config = head_config(tcfg, cfg.algorithm, None if cfg.share_lm_head else n_draft,
-                         cfg.intermediate_size)
+    config = init.config if init is not None else head_config(
+        tcfg, cfg.algorithm, None if share else n_draft, cfg.intermediate_size)
     aux = aux_layers(config, tcfg, cfg.algorithm)
     if tokens is None:
         prep = _recorded_data(llm, cfg, aux, data_dir)
@@ -93,23 +105,29 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
         prep = _online_data(llm, cfg, aux, tokens)
     t_data = time.perf_counter()
 
-    vocab = choose_draft_vocab(cfg.algorithm, None if cfg.share_lm_head else n_draft, prep.counts,
-                               forced, out)
+    if init is not None and init.draft_to_target is not None:  # the head's own vocabulary, kept
+        vocab = keep_draft_vocab(init.draft_to_target, prep.counts)
+    else:
+        vocab = choose_draft_vocab(cfg.algorithm, None if share else n_draft, prep.counts, forced,
+                                   out)
     token_maps = write_token_maps(cfg.token_maps, prep.counts, forced, out)
 
     device = engine.device
     ttt = cfg.resolved_ttt_steps(device.type)
     head = build_head(engine.target, config, cfg.algorithm, vocab.draft_to_target, device, cfg.seed,
-                      cfg.share_lm_head)
+                      share)
+    if init is not None:
+        load_init_weights(head, init)
     loss_vocab = None
     if vocab.draft_to_target is not None and vocab.t2d is not None:
         rows = engine.target.lm_head.weight[vocab.draft_to_target.to(device)]
         loss_vocab = Vocab(rows, vocab.t2d.to(device))
-    elif cfg.share_lm_head:  # the whole vocabulary: every target token is a draft token
+    elif share:  # the whole vocabulary: every target token is a draft token
         loss_vocab = Vocab(engine.target.lm_head.weight,
                            torch.ones(vocab_size, dtype=torch.bool, device=device))
     meta = {"arch": cfg.arch, "draft_vocab": n_draft, "lr": cfg.lr, "seed": cfg.seed,
-            **({"share_lm_head": True} if cfg.share_lm_head else {}),
+            **({"share_lm_head": True} if share else {}),
+            **({"init": str(cfg.init)} if cfg.init is not None else {}),
             **_width_meta(config, tcfg.intermediate_size), **prep.meta}
     trainer = Trainer(head, prep.train, cfg, ttt, loss_vocab, ckpt_dir, meta)
     if cfg.resume:
@@ -120,7 +138,7 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     t_train = time.perf_counter()
     throughput = trainer.throughput.as_dict()
 
-    export_head(head, config, out, engine.dtype, vocab.d2t, vocab.t2d, cfg.share_lm_head)
+    export_head(head, config, out, engine.dtype, vocab.d2t, vocab.t2d, share)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     dtype = str(engine.dtype).removeprefix("torch.")
     del trainer, head, loss_vocab, engine, llm, prep.train
@@ -162,6 +180,21 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
     }
     write_report(out, report)
     return report
+
+
+def _init_head(cfg: TrainConfig, target: Any, device: torch.device) -> InitHead:
+    """The head of --init, checked against the options that describe the head to train."""
+    assert cfg.init is not None
+    try:
+        init = read_init_head(cfg.init, target, cfg.algorithm, device)
+    except ValueError as e:
+        raise TrainConfigError(str(e)) from e
+    if cfg.share_lm_head and not init.shares_lm_head:
+        raise TrainConfigError(f"--init {cfg.init} has an LM head of its own "
+                               f"({init.state['lm_head.weight'].shape[0]} rows); --share-lm-head "
+                               "trains one that proposes from the target's. Fix: drop "
+                               "--share-lm-head to fine-tune the head as it is.")
+    return init
 
 
 def _recorded_data(llm: LLM, cfg: TrainConfig, aux: tuple[int, ...], data_dir: Path) -> Prepared:

@@ -87,6 +87,19 @@ def choose_draft_vocab(algorithm: str, size: int | None, counts: np.ndarray, for
                        "coverage": coverage}, token_map=token_map, kept=kept)
 
 
+def keep_draft_vocab(draft_to_target: torch.Tensor, counts: np.ndarray) -> DraftVocab:
+    """An EAGLE-3 head's own vocabulary kept as it is, row order included (fine-tuning with
+    --init), with its coverage of the counted tokens."""
+    ids = draft_to_target.long().cpu()
+    t2d = torch.zeros(counts.shape[0], dtype=torch.bool)
+    t2d[ids] = True
+    total = int(counts.sum())
+    kept = ids.tolist()
+    coverage = float(counts[kept].sum()) / total if total else 0.0
+    return DraftVocab({"size": len(kept), "kind": "EAGLE-3 d2t of --init", "coverage": coverage},
+                      ids, ids - torch.arange(ids.shape[0]), t2d, kept=kept)
+
+
 def write_token_maps(sizes: tuple[int, ...], counts: np.ndarray, forced: list[int],
                      out_dir: Path) -> list[dict[str, Any]]:
     """out_dir/freq_<N>.pt for each N in `sizes` (most frequent first, `forced` ids included);
