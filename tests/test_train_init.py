@@ -6,12 +6,15 @@ tiny target (chat_target.py) in a few CPU seconds.
   * Training goes on from where DIR's left off: the first step's loss is the trained head's, far
     below a fresh head's, and the fine-tuned head drafts losslessly in the engine.
   * A head proposing from the target's LM head stays one (nothing of it exported).
-  * Options that would set the shape again, --resume, --share-lm-head on a head with its own LM
-    head and a head of the other architecture are refused with a message naming the fix.
+  * A time-boxed fine-tuning run continues with the same command and --resume; another --init
+    is refused there.
+  * Options that would set the shape again, --share-lm-head on a head with its own LM head and a
+    head of the other architecture are refused with a message naming the fix.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +113,22 @@ def _config(target: Path, out: Path, **kw: Any) -> TrainConfig:
     return TrainConfig(**base)
 
 
+def test_a_halted_fine_tuning_run_resumes(trained: Path, target: Path, tmp_path: Path) -> None:
+    out = tmp_path / "boxed"
+    assert run_train_draft(_config(target, out, init=trained, halt_after=1)) == {"halted": 1}
+    assert run_train_draft(_config(target, out, init=trained, resume=True, halt_after=2)) == {"halted": 2}
+    ckpt = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["step"] == 2 and ckpt["meta"]["init"] == str(trained)
+    other = shutil.copytree(trained, tmp_path / "another")  # the same weights, another --init
+    with pytest.raises(TrainConfigError, match="--resume"):
+        run_train_draft(_config(target, out, init=other, resume=True))
+
+
 def test_refusals_name_the_fix(trained: Path, target: Path, tmp_path: Path) -> None:
     with pytest.raises(TrainConfigError, match="drop --draft-vocab"):
         _config(target, tmp_path / "a", init=trained, draft_vocab=40)
     with pytest.raises(TrainConfigError, match="drop --intermediate-size"):
         _config(target, tmp_path / "b", init=trained, intermediate_size=WIDE)
-    with pytest.raises(TrainConfigError, match="--resume continues"):
-        _config(target, tmp_path / "c", init=trained, resume=True)
     with pytest.raises(TrainConfigError, match="drop --share-lm-head"):
         run_train_draft(_config(target, tmp_path / "d", init=trained, share_lm_head=True))
     with pytest.raises(HotspecError, match="EAGLE-3"):

@@ -159,9 +159,6 @@ class TrainConfig:
         if clash:
             raise TrainConfigError(f"--init {self.init} starts from that head, whose config.json "
                                    f"sets its vocabulary and MLP width; drop {', '.join(clash)}.")
-        if self.resume:
-            raise TrainConfigError("--resume continues the run in --out from its checkpoint; "
-                                   "--init starts a new one from a head. Fix: pass one of them.")
 
     def _check_intermediate_size(self) -> None:
         """A width the head's Linear layers can have: a positive int (not a float or bool, which
