@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hotspec.benchmark.device import device_name
+from hotspec.benchmark.script import run_script
 from hotspec.benchmark.spec_bench import load_target, run_with_engine
 from hotspec.benchmark.stream import round_robin, serve
 from hotspec.engine.engine import Engine
@@ -167,8 +168,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except HotspecError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -29,10 +29,10 @@ from torch.profiler import ProfilerActivity, profile
 from hotspec.benchmark.device import device_name, sync
 from hotspec.benchmark.modes import RunOptions, warm_up_all
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
+from hotspec.benchmark.script import run_script
 from hotspec.benchmark.spec_bench import drive, load_target, run_with_engine
 from hotspec.engine.engine import Engine
 from hotspec.entrypoints.engine_args import add_engine_args, engine_config
-from hotspec.errors import HotspecError
 from hotspec.sampling_params import SamplingParams
 
 
@@ -160,8 +160,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except HotspecError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

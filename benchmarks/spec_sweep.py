@@ -44,6 +44,7 @@ from hotspec.benchmark.device import device_name, graph_replay_ms
 from hotspec.benchmark.modes import RunOptions, run_speculative, run_vanilla
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
 from hotspec.benchmark.report import ci95, first_mismatch, mode_summary, phase_breakdown, spec_summary
+from hotspec.benchmark.script import run_script
 from hotspec.benchmark.spec_bench import BatchRun, load_target
 from hotspec.engine.engine import Engine
 from hotspec.entrypoints.engine_args import add_engine_args, engine_config
@@ -231,8 +232,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except HotspecError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

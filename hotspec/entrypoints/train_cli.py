@@ -96,9 +96,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="seed of prompt sampling, the head's initialisation and shuffling (default: 0)")
     p.add_argument("--init", type=Path, default=None, metavar="DIR",
                    help="start from the trained head in DIR (public EAGLE/EAGLE-3 format) instead "
-                   "of random weights: fine-tune it on this run's data; its config.json sets the "
-                   "head's vocabulary and MLP width (pass its --arch and, if it has no LM head of "
-                   "its own, --share-lm-head)")
+                   "of random weights: fine-tune it on this run's data; its config.json and "
+                   "weights set the head's vocabulary (its own LM head or the target's) and MLP "
+                   "width (pass its --arch)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in DIR (its data shards and last checkpoint)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",

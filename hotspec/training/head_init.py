@@ -111,7 +111,7 @@ def build_head(target: LlamaForCausalLM, config: dict[str, Any], algorithm: str,
 @dataclasses.dataclass
 class InitHead:
     """A trained head to fine-tune: its config.json, its own weights by state-dict name, and for
-    an EAGLE-3 head with an LM head of its own, the target ids of its rows (ascending)."""
+    an EAGLE-3 head with an LM head of its own, the target id of each row, in row order."""
     folder: Path
     config: dict[str, Any]
     state: dict[str, torch.Tensor]
@@ -141,7 +141,7 @@ def load_init_weights(head: DraftHead, init: InitHead) -> None:
     extra = sorted(set(init.state) - set(head.state_dict()))
     if missing or extra:
         raise ModelLoadError(f"--init {init.folder}: the head built from its config.json does not "
-                         f"match its weights (missing: {missing[:5]}, unexpected: {extra[:5]})")
+                             f"match its weights (missing: {missing[:5]}, unexpected: {extra[:5]})")
     with torch.no_grad():
         for name, p in head.state_dict().items():
             if name in init.state:

@@ -185,10 +185,7 @@ def run_train_draft(cfg: TrainConfig) -> dict[str, Any]:
 def _init_head(cfg: TrainConfig, target: Any, device: torch.device) -> InitHead:
     """The head of --init, checked against the options that describe the head to train."""
     assert cfg.init is not None
-    try:
-        init = read_init_head(cfg.init, target, cfg.algorithm, device)
-    except ValueError as e:
-        raise TrainConfigError(str(e)) from e
+    init = read_init_head(cfg.init, target, cfg.algorithm, device)  # ModelLoadError names the fix
     if cfg.share_lm_head and not init.shares_lm_head:
         raise TrainConfigError(f"--init {cfg.init} has an LM head of its own "
                                f"({init.state['lm_head.weight'].shape[0]} rows); --share-lm-head "
