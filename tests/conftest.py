@@ -21,7 +21,7 @@ torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_job.sh on the H200)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run lab/gpu_job.sh on the H200)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -1,4 +1,4 @@
-"""scripts/serve_sweep.sh (the request-rate sweep of `hotspec serve`) end to end on the CPU with
+"""benchmarks/serve_sweep.sh (the request-rate sweep of `hotspec serve`) end to end on the CPU with
 the default model: both servers come up, the load test passes, the vanilla server really is
 vanilla (no tau; with no --model, `hotspec serve` would otherwise speculate with the shipped head,
 and the sweep would compare two speculative servers) and the speculative one speculates. A
@@ -42,7 +42,7 @@ def _sweep(tmp_path: Path, serve: str, spec: str) -> subprocess.CompletedProcess
     env = dict(os.environ, PY=sys.executable, OUT=str(tmp_path / "out"), LOGDIR=str(tmp_path / "logs"),
                PORT=str(_two_free_ports()), SERVE_ARGS=serve, SPEC_ARGS=spec, LOAD_ARGS=LOAD,
                START_S="300", OMP_NUM_THREADS="1")
-    return subprocess.run(["bash", str(ROOT / "scripts" / "serve_sweep.sh")], cwd=ROOT, env=env,
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "serve_sweep.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
 
 

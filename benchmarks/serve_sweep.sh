@@ -4,8 +4,8 @@
 # (Poisson rates, streaming clients, 10 % hang-ups, greedy spot check), write the JSON to $OUT,
 # stop the servers. Exit status: load_test's (1 when any check failed), or 2 when a server did not
 # come up. The caller sets PYTHONPATH: the repo, and on the GPU /tmp/site with the carried wheels
-# and the default model, as scripts/gpu_job.sh stages them.
-#   bash scripts/serve_sweep.sh
+# and the default model, as lab/gpu_job.sh stages them.
+#   bash benchmarks/serve_sweep.sh
 # Knobs (environment; defaults meant for one H200 and SmolLM2-135M within ~150 s, unmeasured):
 #   SERVE_ARGS  engine options for both servers (default: --kv-cache-memory-gb 8)
 #   SPEC_ARGS   the speculative server's extra options; SPEC_ARGS=none runs vanilla only.
@@ -61,7 +61,7 @@ stop_servers() {  # SIGINT (graceful), then SIGKILL whatever is left after 15 s
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
 }
 lt=""
-on_signal() {  # `timeout` (scripts/gpu_job.sh's step) or ^C: stop the load test, then the servers
+on_signal() {  # `timeout` (lab/gpu_job.sh's step) or ^C: stop the load test, then the servers
   [ -n "$lt" ] && kill -INT "$lt" 2>/dev/null
   exit 143
 }

@@ -1,21 +1,15 @@
-"""benchmarks/host_bench.py splits each decode step's wall time into the graph runner's `run`,
+"""lab/benchmarks/host_bench.py splits each decode step's wall time into the graph runner's `run`,
 the wait for the device and the host's other work; on the CPU it runs end to end on a tiny model,
 vanilla and speculative, and the parts add up to the step."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
+import host_bench
 import pytest
 import torch
 from engine_utils import save_tiny_llama
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import host_bench  # noqa: E402
 
 
 @pytest.mark.parametrize("spec", [False, True], ids=["vanilla", "eagle3"])

@@ -1,4 +1,4 @@
-"""scripts/sharegpt_prompts.py: first user turns of a ShareGPT file, filtered by length and ASCII."""
+"""lab/sharegpt_prompts.py: first user turns of a ShareGPT file, filtered by length and ASCII."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from script_utils import load_script
 
 
 def _script():  # type: ignore[no-untyped-def]
-    return load_script("scripts/sharegpt_prompts.py")
+    return load_script("lab/sharegpt_prompts.py")
 
 
 def test_filters_and_writes_jsonl(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The Linears of a few token rows (verify, draft_extend): hotspec's kernels against the kernels
 they replace, CUDA only.
 
-    python benchmarks/rows_bench.py --shapes 8b,smol --m 4,8,16
+    python lab/benchmarks/rows_bench.py --shapes 8b,smol --m 4,8,16
 
 Per (shape, M):
 - the pre-norm projections (qkv; gate_up with silu * up): fused_kernels.rms_norm, then
@@ -11,7 +11,7 @@ Per (shape, M):
   and layers/gemv_kernels.gemv at the GEMV table's row (--gemv-grid: gemv_bench's config grid)
   against cuBLAS.
 Every candidate's output is checked against the fp32 reference before it is timed. Timing as in
-benchmarks/gemv_bench.py: one call per distinct weight copy (>= ~1 GB of them) in one CUDA graph,
+lab/benchmarks/gemv_bench.py: one call per distinct weight copy (>= ~1 GB of them) in one CUDA graph,
 the median replay over the copies; per-call microseconds include the in-graph launch gap.
 """
 

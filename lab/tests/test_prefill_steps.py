@@ -1,22 +1,19 @@
-"""benchmarks/prefill_steps.py times every prefill step of a pass, vanilla and speculative, on a
+"""lab/benchmarks/prefill_steps.py times every prefill step of a pass, vanilla and speculative, on a
 tiny random target on the CPU: each prompt token is prefilled exactly once in a timed step, and
 bad options fail clearly."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import prefill_steps
 import pytest
 import torch
 from engine_utils import save_tiny_llama
 
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import prefill_steps  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 96

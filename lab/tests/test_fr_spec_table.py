@@ -1,14 +1,12 @@
-"""benchmarks/fr_spec_table.py: spec_sweep outputs become the FR-Spec table, one row per draft
+"""lab/benchmarks/fr_spec_table.py: spec_sweep outputs become the FR-Spec table, one row per draft
 vocabulary, maps of different folders kept apart, a failed variant reported in its row."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import fr_spec_table  # noqa: E402
+import fr_spec_table
 
 
 def _row(variant: str, tmap: str | None, tau: float, cov: float, draft_ms: float | None) -> dict:

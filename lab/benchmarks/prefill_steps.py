@@ -1,7 +1,7 @@
 """What each prefill step of a benchmark pass costs: requests, prompt tokens and wall time, for
 vanilla and for speculative decoding on the same prompts, side by side in one process.
 
-    python benchmarks/prefill_steps.py [engine options] --speculative-algorithm EAGLE3 \\
+    python lab/benchmarks/prefill_steps.py [engine options] --speculative-algorithm EAGLE3 \\
         --prompts ../shared/data/spec_bench_dev.jsonl --num-prompts 32 --batch-size 8
 
 The prompts run greedy to --max-tokens as `hotspec bench` and spec_sweep run them (at a batch
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{results['speculative']['prefill_ms'] / results['vanilla']['prefill_ms']:.2f}x")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"benchmark": "benchmarks/prefill_steps.py",
+        args.out.write_text(json.dumps({"benchmark": "lab/benchmarks/prefill_steps.py",
                                         "argv": sys.argv[1:] if argv is None else argv,
                                         "device": device, "modes": results}, indent=1))
     print("\n".join(lines))

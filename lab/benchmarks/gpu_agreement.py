@@ -5,7 +5,7 @@ tokens per request with different GEMM shapes than 1-token decode, so accumulati
 and a near-tie between the top two logits can flip. For every divergence this prints the
 position and the top-2 logit gap of the target at that point (prefill over the common prefix).
 
-    python benchmarks/gpu_agreement.py --tokens 64 [--head DIR]   (DIR: a trained EAGLE-3 head;
+    python lab/benchmarks/gpu_agreement.py --tokens 64 [--head DIR]   (DIR: a trained EAGLE-3 head;
                                                                    default: a random EAGLE head)
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from engine_utils import prefill_logits  # noqa: E402
 
 from hotspec import LLM, SamplingParams  # noqa: E402

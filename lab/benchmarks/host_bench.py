@@ -1,7 +1,7 @@
 """Where an engine decode step's wall time goes on the host: launching, waiting, everything else.
 
-    python benchmarks/host_bench.py [engine options] --batch-size 8 --max-tokens 64
-    python benchmarks/host_bench.py --speculative-algorithm EAGLE3 --batch-size 8
+    python lab/benchmarks/host_bench.py [engine options] --batch-size 8 --max-tokens 64
+    python lab/benchmarks/host_bench.py --speculative-algorithm EAGLE3 --batch-size 8
 
 B requests of random token ids run greedy to --max-tokens (EOS ignored). Every decode step
 (`Engine.step()` after the prefill) is timed, and inside it:

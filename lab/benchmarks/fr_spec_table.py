@@ -3,7 +3,7 @@ size, shape, draft vocabulary), with tau, the hot set's coverage of the served t
 phase's ms a call, ms a speculative step, tokens/s, the speedup over vanilla end to end and in
 decode alone (prefill excluded: steadier on few prompts) and whether greedy outputs equal vanilla's.
 
-    python benchmarks/fr_spec_table.py qsweep_humaneval_b1 qsweep_humaneval_b8 ...
+    python lab/benchmarks/fr_spec_table.py qsweep_humaneval_b1 qsweep_humaneval_b8 ...
 
 A variant's vocabulary is `full` without a token map, else the map's size and the folder it came
 from (`freq_32768.pt` in qhead: "32,768 (qhead)"), so maps of the training answers and of a

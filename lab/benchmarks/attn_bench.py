@@ -18,7 +18,7 @@ kv-tile rows (`n32`, `n128`), query-tile rows (`m16`, `m32`, `m64`) and kv split
 length (`--context`); `real-kv` rows plan with the real length. Every variant is checked against
 the torch reference backend (max abs error) before it is timed.
 
-    python benchmarks/attn_bench.py --model default --context 512 [--batch-sizes 1,8]
+    python lab/benchmarks/attn_bench.py --model default --context 512 [--batch-sizes 1,8]
 
 On the CPU (Triton's interpreter, TRITON_INTERPRET=1) it runs the same checks at `--model tiny`
 with host timings that mean nothing: a smoke test of the script.

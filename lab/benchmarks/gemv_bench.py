@@ -1,7 +1,7 @@
 """Decode GEMV: hotspec's Triton kernel (layers/gemv_kernels.py) against cuBLAS (F.linear), CUDA only.
 
-    python benchmarks/gemv_bench.py --shapes 8b,smol --m 1,8,16 --out gemv_h200.json
-    python benchmarks/gemv_bench.py --quick          # small config grid, a first look
+    python lab/benchmarks/gemv_bench.py --shapes 8b,smol --m 1,8,16 --out gemv_h200.json
+    python lab/benchmarks/gemv_bench.py --quick          # small config grid, a first look
 
 Per (shape, M) it times F.linear (for the silu_mul down projections: fused_kernels.silu_mul then
 F.linear, the engine's two kernels, and F.linear alone) and every Triton config of a pruned sweep

