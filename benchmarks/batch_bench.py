@@ -30,9 +30,9 @@ from hotspec.benchmark.device import device_name
 from hotspec.benchmark.script import run_script
 from hotspec.benchmark.spec_bench import drive, load_target, run_with_engine
 from hotspec.benchmark.stream import round_robin
+from hotspec.cli.engine_args import add_engine_args, engine_config
 from hotspec.config import EngineConfig
 from hotspec.engine.engine import Engine
-from hotspec.entrypoints.engine_args import add_engine_args, engine_config
 from hotspec.errors import HotspecError
 from hotspec.sampling_params import SamplingParams
 from hotspec.speculative.adaptive import SpecShape

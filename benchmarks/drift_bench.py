@@ -30,8 +30,8 @@ from hotspec.benchmark.device import device_name
 from hotspec.benchmark.script import run_script
 from hotspec.benchmark.spec_bench import load_target, run_with_engine
 from hotspec.benchmark.stream import round_robin, serve
+from hotspec.cli.engine_args import add_engine_args, engine_config
 from hotspec.engine.engine import Engine
-from hotspec.entrypoints.engine_args import add_engine_args, engine_config
 from hotspec.errors import HotspecError
 
 

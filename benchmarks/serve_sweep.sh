@@ -75,7 +75,7 @@ for i in "${!names[@]}"; do
   extra="--no-default-head"
   [ "${names[$i]}" = spec ] && extra=$SPEC_ARGS
   # shellcheck disable=SC2086  # option strings split into words on purpose
-  $PY -m hotspec.entrypoints.cli serve $SERVE_ARGS $extra --port "${ports[$i]}" \
+  $PY -m hotspec.cli.main serve $SERVE_ARGS $extra --port "${ports[$i]}" \
     >"$LOGDIR/serve_${names[$i]}.log" 2>&1 &
   pids+=($!)
   echo "serve_sweep: ${names[$i]} server pid $! on port ${ports[$i]}: serve $SERVE_ARGS $extra"

@@ -137,9 +137,9 @@ def phase_rows(engine: Engine, bs: int, args) -> dict[str, tuple[float, float | 
 
     worker = engine.worker
     engine.graphs.run = spy  # type: ignore[method-assign]
-    worker.profile = False  # type: ignore[attr-defined]
+    worker.profile = False
     engine.step()  # a fused step (and any launched step read)
-    worker.profile = True  # type: ignore[attr-defined]
+    worker.profile = True
     engine.step()  # a phased step: draft, verify, draft_extend
     engine.graphs.run = real  # type: ignore[method-assign]
     out = {}

@@ -40,15 +40,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hotspec.benchmark.device import device_name, graph_replay_ms
+from hotspec.benchmark.device import device_name
 from hotspec.benchmark.modes import RunOptions, run_speculative, run_vanilla
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
 from hotspec.benchmark.report import ci95, first_mismatch, mode_summary, phase_breakdown, spec_summary
 from hotspec.benchmark.script import run_script
 from hotspec.benchmark.spec_bench import BatchRun, load_target
+from hotspec.cli.engine_args import add_engine_args, engine_config
 from hotspec.engine.engine import Engine
-from hotspec.entrypoints.engine_args import add_engine_args, engine_config
 from hotspec.errors import HotspecError
+from hotspec.runtime.timing import graph_replay_ms
 
 PROFILE_ALL = sys.maxsize  # `profile`: the profiled pass runs every prompt
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from hotspec.entrypoints.cli import main
+from hotspec.cli.main import main
 
 sys.exit(main())

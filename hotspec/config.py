@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from hotspec.core.spec_shape import DEFAULT_CANDIDATES, SpecShape
 from hotspec.errors import HotspecError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -105,7 +106,7 @@ class EngineConfig:
         "shape is given (and the step is fused and its phases not profiled), else off: a given "
         "shape is pinned")
     speculative_candidates: tuple[str, ...] = _option(
-        ("off", "2/1/3", "3/1/4", "5/1/6", "4/8/12", "6/8/16"), "the shapes --speculative-adaptive "
+        DEFAULT_CANDIDATES, "the shapes --speculative-adaptive "
         "chooses from: STEPS/TOPK/TOKENS each (e.g. 3/1/4 a chain, 4/8/12 a tree), each captured "
         "as its own step graphs, and `off`, plain decoding (the draft catches up on its tokens "
         "before the next speculative step)")
@@ -149,34 +150,22 @@ class EngineConfig:
             return
         if algo not in SPEC_ALGORITHMS:
             raise ConfigError(f"speculative_algorithm={algo!r}; choose one of {SPEC_ALGORITHMS}")
-        if self.adaptive:
-            if not self.fuse_spec_step:
-                raise ConfigError("speculative_adaptive runs each shape as a fused step graph: drop "
-                                  "--no-fuse-spec-step")
-            from hotspec.speculative.adaptive import SpecShape
-
-            for c in self.speculative_candidates:
-                try:
-                    SpecShape.parse(c)
-                except ValueError as e:
-                    raise ConfigError(f"speculative_candidates: {e}") from None
-            if not self.shape_given and all(SpecShape.parse(c).off for c in self.speculative_candidates):
-                raise ConfigError("speculative_candidates: name at least one speculation shape "
-                                  "(e.g. 3/1/4) beside off")
-        steps, topk, ntok = self.spec_shape
-        if steps < 1:
-            raise ConfigError(f"speculative_num_steps must be >= 1, got {steps}")
-        if topk < 1:
-            raise ConfigError(f"speculative_eagle_topk must be >= 1, got {topk}")
-        if topk == 1 and ntok != steps + 1:
-            raise ConfigError(
-                f"chain drafting (speculative_eagle_topk=1) verifies exactly num_steps + 1 tokens: "
-                f"set speculative_num_draft_tokens={steps + 1} (got {ntok})")
-        max_nodes = topk + (steps - 1) * topk * topk
-        if not 2 <= ntok <= max_nodes + 1:
-            raise ConfigError(
-                f"speculative_num_draft_tokens={ntok} must be in [2, {max_nodes + 1}] for "
-                f"num_steps={steps}, topk={topk} (the root plus at most {max_nodes} drafted nodes)")
+        try:
+            self.spec_shape  # noqa: B018 (validated on construction)
+        except ValueError as e:
+            raise ConfigError(f"speculative shape: {e}") from None
+        if not self.adaptive:
+            return
+        if not self.fuse_spec_step:
+            raise ConfigError("speculative_adaptive runs each shape as a fused step graph: drop "
+                              "--no-fuse-spec-step")
+        try:
+            candidates = [SpecShape.parse(c) for c in self.speculative_candidates]
+        except ValueError as e:
+            raise ConfigError(f"speculative_candidates: {e}") from None
+        if not self.shape_given and all(c.off for c in candidates):
+            raise ConfigError("speculative_candidates: name at least one speculation shape "
+                              "(e.g. 3/1/4) beside off")
 
     @property
     def adaptive(self) -> bool:
@@ -193,14 +182,11 @@ class EngineConfig:
                                            self.speculative_num_draft_tokens))
 
     @property
-    def spec_shape(self) -> tuple[int, int, int]:
-        """(num_steps, topk, num_draft_tokens) with SGLang's defaults filled in."""
-        steps = self.speculative_num_steps if self.speculative_num_steps is not None else 3
-        topk = self.speculative_eagle_topk if self.speculative_eagle_topk is not None else 1
-        ntok = self.speculative_num_draft_tokens
-        if ntok is None:
-            ntok = steps + 1 if topk == 1 else min(8, topk + (steps - 1) * topk * topk + 1)
-        return steps, topk, ntok
+    def spec_shape(self) -> SpecShape:
+        """The shape of --speculative-num-steps/-eagle-topk/-num-draft-tokens, SGLang's defaults
+        filled in (SpecShape.of)."""
+        return SpecShape.of(self.speculative_num_steps, self.speculative_eagle_topk,
+                            self.speculative_num_draft_tokens)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hotspec.core.request import Request
 from hotspec.engine.engine import Engine
-from hotspec.engine.request import Request
 from hotspec.runtime.batch_builder import last_token_index, prefill_batch
 from hotspec.sampling_params import SamplingParams
 
@@ -23,7 +23,7 @@ def prefill_logits(engine: Engine, prompts: list[list[int]]) -> torch.Tensor:
     try:
         fb = prefill_batch(reqs, [r.prompt_token_ids for r in reqs], engine.block_size, engine.device)
         worker = engine.worker
-        runner = worker.runner if hasattr(worker, "runner") else worker.phases.target_runner
+        runner = worker.target_runner
         hidden, _ = runner.forward(fb)
         return engine.target.compute_logits(hidden[last_token_index(fb)])
     finally:

@@ -10,10 +10,11 @@ import torch
 
 from hotspec import LLM, SamplingParams
 from hotspec.config import ConfigError, EngineConfig
+from hotspec.core.spec_shape import SpecShape
 from hotspec.models.default_model import default_model_path
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint
-from hotspec.speculative.adaptive import AdaptivePolicy, Choice, SpecShape
+from hotspec.speculative.adaptive import AdaptivePolicy, Choice
 
 PROMPTS = ["The capital of France is", "def quicksort(arr):", "List three colours:",
            "Write a haiku about the sea.", "In 1969, the first humans landed on"]
@@ -56,7 +57,7 @@ class RandomShapes(AdaptivePolicy):
 
 def test_switching_shapes_every_step_is_lossless(adaptive_llm, smol_llm):
     worker = adaptive_llm.engine.worker
-    assert [SpecShape(*s).label for s in worker.shapes] == ["2/1/3", "3/1/4", "4/8/12", "3/4/8", "off"]
+    assert [s.label for s in worker.shapes] == ["2/1/3", "3/1/4", "4/8/12", "3/4/8", "off"]
     p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     want = [o.token_ids for o in smol_llm.generate(PROMPTS, p)]
     policy, worker.policy = worker.policy, RandomShapes([SpecShape.parse(c) for c in CANDIDATES], 0)
@@ -163,8 +164,8 @@ def test_catch_up_warm_up_writes_nothing_a_request_reads(adaptive_llm, smol_llm)
     worker = adaptive_llm.engine.worker
     p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     want = [o.token_ids for o in smol_llm.generate(PROMPTS[:2], p)]
-    assert worker.warm_catch_up((1, 3)) == 3 * 2 * len(worker.graphs.batch_sizes)
+    assert worker.catch_up.warm((1, 3)) == 3 * 2 * len(worker.executor.graphs.batch_sizes)
     policy = worker.policy
-    assert set(policy.catch_up_ms) == set(worker.graphs.batch_sizes)
+    assert set(policy.catch_up_ms) == set(worker.executor.graphs.batch_sizes)
     assert all(ms > 0 for ms in policy.catch_up_ms.values())
     assert [o.token_ids for o in adaptive_llm.generate(PROMPTS[:2], p)] == want

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hotspec.speculative.adaptive import (
-    OFF,
-    AcceptanceProfile,
-    AdaptivePolicy,
-    SpecShape,
-    StepCosts,
-)
+from hotspec.core.spec_shape import OFF, SpecShape
+from hotspec.speculative.adaptive import AcceptanceProfile, AdaptivePolicy, StepCosts
 
 CHAIN3, CHAIN5 = SpecShape.parse("3/1/4"), SpecShape.parse("5/1/6")
 TREE = SpecShape.parse("4/8/12")
@@ -20,7 +15,7 @@ def test_parse_shapes_and_errors():
     assert SpecShape.parse("off") is OFF and OFF.label == "off"
     assert SpecShape.parse("4/8/12") == SpecShape(4, 8, 12) and TREE.label == "4/8/12"
     for bad, msg in [("3-1-4", "STEPS/TOPK/TOKENS"), ("3/1/5", "verifies 4 tokens"),
-                     ("2/2/9", "at most 6 nodes"), ("0/1/1", ">= 1")]:
+                     ("2/2/9", "at most 6 drafted nodes"), ("0/1/1", ">= 1")]:
         with pytest.raises(ValueError, match=msg):
             SpecShape.parse(bad)
 
@@ -181,12 +176,11 @@ def test_unmeasured_shapes_run_first_and_buckets():
 def test_speculative_metrics_report_counters_and_the_chosen_shapes():
     """/metrics of a speculative engine: draft and accepted token counters, acceptance per
     position, steps per shape, and the adaptive policy's choice per batch size."""
-    from types import SimpleNamespace
 
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from hotspec.core.spec_stats import SpecStats
     from hotspec.entrypoints.metrics import _SpecMetrics
-    from hotspec.speculative.stats import SpecStats
 
     stats = SpecStats()
     stats.accept_hist.update({1: 3, 2: 2, 4: 1})  # 6 passes, accepted 0+0+0+1+1+3 = 5
@@ -196,9 +190,8 @@ def test_speculative_metrics_report_counters_and_the_chosen_shapes():
     policy.chosen = {1: "3/1/4", 8: "off"}
     reg = CollectorRegistry()
     m = _SpecMetrics(reg)
-    worker = SimpleNamespace(stats=stats, policy=policy)
-    m.update(worker)
-    m.update(worker)  # counters advance by what is new only
+    m.update(stats, policy.chosen)
+    m.update(stats, policy.chosen)  # counters advance by what is new only
     text = generate_latest(reg).decode()
     assert "hotspec_spec_draft_tokens_total 18.0" in text
     assert "hotspec_spec_accepted_tokens_total 5.0" in text

@@ -12,7 +12,7 @@ import pytest
 from engine_utils import save_tiny_llama, write_gemma_gguf
 
 from hotspec import LLM, SamplingParams
-from hotspec.entrypoints.cli import main
+from hotspec.cli.main import main
 from hotspec.errors import HotspecError, InvalidRequestError, ModelLoadError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)

@@ -20,7 +20,7 @@ from engine_utils import save_tiny_llama
 from script_utils import load_script
 
 from hotspec.benchmark.prompts import read_bench_prompts
-from hotspec.entrypoints.cli import main
+from hotspec.cli.main import main
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint
 

@@ -10,9 +10,9 @@ import pytest
 from engine_utils import save_tiny_llama
 
 from hotspec import LLM, SamplingParams
+from hotspec.core.request import Request
 from hotspec.engine.block_allocator import BlockAllocator, OutOfBlocks
 from hotspec.engine.engine import Engine
-from hotspec.engine.request import Request
 from hotspec.errors import HotspecError
 
 

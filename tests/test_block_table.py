@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from hotspec.engine.request import Request
+from hotspec.core.request import Request
 from hotspec.runtime.batch_builder import block_table_tensor
 from hotspec.sampling_params import SamplingParams
 

@@ -1,4 +1,4 @@
-"""runtime/carry_kernels through engine/launches.from_carry and to_carry: the one-kernel pick
+"""runtime/carry_kernels through engine/carrying.from_carry and to_carry: the one-kernel pick
 gives the torch spelling's values for every carried input (int64 vectors in groups of up to four;
 anything else through torch), rows with `src` -1 keep the host's value; the one-kernel put
 stores values (plus their addends) into the carry's first rows, the rest untouched. On the CPU
@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from hotspec.engine import launches  # noqa: E402
+import hotspec.runtime.carry as carrying  # noqa: E402
 from hotspec.runtime import carry_kernels as cp  # noqa: E402
 
 
@@ -44,9 +44,9 @@ def test_from_carry_kernel_matches_torch(b, keys, monkeypatch) -> None:
     assert (x["src"] >= 0).any() or b == 1
     calls = []
     real = cp.carry_pick
-    monkeypatch.setattr(launches.fused, "enabled", lambda *t: True)
+    monkeypatch.setattr(carrying.fused, "enabled", lambda *t: True)
     monkeypatch.setattr(cp, "carry_pick", lambda *a: calls.append(len(a[1])) or real(*a))
-    got = launches.from_carry(x, carry)
+    got = carrying.from_carry(x, carry)
     want = _torch_from_carry(x, carry)
     assert got.keys() == want.keys() and "unused" not in got
     for k in want:
@@ -56,9 +56,9 @@ def test_from_carry_kernel_matches_torch(b, keys, monkeypatch) -> None:
 
 def test_from_carry_without_fused_kernels_is_torch(monkeypatch) -> None:
     x, carry = _case(5, 2, seed=1)
-    monkeypatch.setattr(launches.fused, "enabled", lambda *t: False)
+    monkeypatch.setattr(carrying.fused, "enabled", lambda *t: False)
     monkeypatch.setattr(cp, "carry_pick", lambda *a: pytest.fail("kernel used"))
-    got, want = launches.from_carry(x, carry), _torch_from_carry(x, carry)
+    got, want = carrying.from_carry(x, carry), _torch_from_carry(x, carry)
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
@@ -90,9 +90,9 @@ def test_to_carry_stores_values_plus_addends(kernel, monkeypatch) -> None:
     carry, values, plus = _put_case(5, seed=3)
     calls = []
     real = cp.carry_put
-    monkeypatch.setattr(launches.fused, "enabled", lambda *t: kernel)
+    monkeypatch.setattr(carrying.fused, "enabled", lambda *t: kernel)
     monkeypatch.setattr(cp, "carry_put", lambda items: calls.append(len(items)) or real(items))
-    launches.to_carry(carry, values, plus=plus)
+    carrying.to_carry(carry, values, plus=plus)
     for k, v in values.items():
         want = v + plus[k] if k in plus else v
         assert torch.equal(carry[k][:5], want.to(carry[k].dtype)), k
@@ -103,14 +103,14 @@ def test_to_carry_stores_values_plus_addends(kernel, monkeypatch) -> None:
 def test_to_carry_rejects_addends_without_values() -> None:
     carry, values, _ = _put_case(2, seed=4)
     with pytest.raises(ValueError, match=r"addends without values: \['x'\]"):
-        launches.to_carry(carry, values, plus={"x": torch.zeros(2, dtype=torch.int64)})
+        carrying.to_carry(carry, values, plus={"x": torch.zeros(2, dtype=torch.int64)})
 
 
 def test_to_carry_rejects_a_carry_shorter_than_its_values() -> None:
     carry, values, _ = _put_case(4, seed=6)
     carry["e"] = carry["e"][:3]
     with pytest.raises(ValueError, match=r"carry\['e'\] holds 3 rows, the values 4"):
-        launches.to_carry(carry, values)
+        carrying.to_carry(carry, values)
 
 
 def test_carry_put_rejects_what_it_cannot_take() -> None:
@@ -130,7 +130,7 @@ def test_gpu_carry_put_matches_torch() -> None:
     ref = {k: t.clone() for k, t in carry.items()}
     values = {k: t.cuda() for k, t in values.items()}
     plus = {k: t.cuda() for k, t in plus.items()}
-    launches.to_carry(carry, values, plus=plus)
+    carrying.to_carry(carry, values, plus=plus)
     for k, v in values.items():
         ref[k][:200].copy_(v + plus[k] if k in plus else v)
         assert torch.equal(carry[k], ref[k]), k
@@ -141,5 +141,5 @@ def test_gpu_carry_pick_matches_torch() -> None:
     x, carry = _case(200, 3, seed=2)
     x = {k: v.cuda() for k, v in x.items()}
     carry = {k: v.cuda() for k, v in carry.items()}
-    got, want = launches.from_carry(x, carry), _torch_from_carry(x, carry)
+    got, want = carrying.from_carry(x, carry), _torch_from_carry(x, carry)
     assert all(torch.equal(got[k], want[k]) for k in want)

@@ -13,7 +13,7 @@ import torch
 
 from hotspec import LLM, SamplingParams
 from hotspec.config import ConfigError, EngineConfig
-from hotspec.engine.request import Request
+from hotspec.core.request import Request
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint
 
@@ -115,7 +115,7 @@ def test_chunked_draft_prefill_writes_the_same_caches(models: dict[str, Path], s
         phases = engine.worker.phases
         kv = [c[:, slots].clone() for runner in (phases.target_runner, phases.draft_runner)
               for c in (runner.kv.k, runner.kv.v)]
-        states.append((req.output_token_ids, req.spec_state, kv))
+        states.append((req.output_token_ids, req.spec.draft, kv))
         engine.abort(req)
         assert engine.allocator.num_free == engine.allocator.num_blocks
     (tok_a, st_a, kv_a), (tok_b, st_b, kv_b) = states

@@ -9,8 +9,8 @@ from dataclasses import fields
 
 import pytest
 
+from hotspec.cli.main import build_parser, main
 from hotspec.config import EngineConfig
-from hotspec.entrypoints.cli import build_parser, main
 
 COMMANDS = ("generate", "serve", "bench", "distill", "train-draft", "token-map", "prune-draft",
             "assemble-model")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from hotspec.entrypoints.cli import build_parser, setup_logging
+from hotspec.cli.main import build_parser, setup_logging
 
 
 def test_info_messages_reach_stderr(capsys):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from hotspec.cli.main import build_parser, engine_config
 from hotspec.config import ConfigError, EngineConfig
-from hotspec.entrypoints.cli import build_parser, engine_config
+from hotspec.core.spec_shape import SpecShape
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -36,7 +37,7 @@ def test_unknown_option_is_named():
 
 def test_sglang_defaults_and_cli_names():
     cfg = EngineConfig(speculative_algorithm="EAGLE3", speculative_eagle_topk=4, speculative_num_steps=5)
-    assert cfg.spec_shape == (5, 4, 8)
+    assert cfg.spec_shape == SpecShape(5, 4, 8)
     args = build_parser().parse_args([
         "generate", "hi", "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/h",
         "--speculative-num-steps", "6", "--speculative-eagle-topk", "8",
@@ -44,7 +45,7 @@ def test_sglang_defaults_and_cli_names():
         "--allow-eager-fallback", "--dtype", "float32"])
     cfg = engine_config(args)
     assert cfg.allow_eager_fallback is True and cfg.disable_cuda_graph is False
-    assert cfg.spec_shape == (6, 8, 16)
+    assert cfg.spec_shape == SpecShape(6, 8, 16)
     assert cfg.speculative_token_map == "freq.pt" and cfg.speculative_draft_model_path == "/h"
     off = engine_config(build_parser().parse_args(["generate", "hi", "--disable-cuda-graph"]))
     assert off.disable_cuda_graph is True and off.allow_eager_fallback is False

@@ -1,5 +1,5 @@
 """runtime/decode_inputs: the one-kernel head of a vanilla decode step gives the torch answer
-(the carry pick of engine/launches.from_carry, batch_builder's slots, q_lens 1, kv_lens seq + 1)
+(the carry pick of runtime/carry.from_carry, batch_builder's slots, q_lens 1, kv_lens seq + 1)
 with and without the overlap schedule's carry. On the CPU the kernel runs in Triton's
 interpreter (TRITON_INTERPRET=1, set by conftest.py)."""
 
@@ -10,9 +10,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from hotspec.engine.launches import from_carry  # noqa: E402
 from hotspec.runtime import batch_builder  # noqa: E402
 from hotspec.runtime import decode_inputs as di
+from hotspec.runtime.carry import from_carry  # noqa: E402
 
 PAGE = 16
 
@@ -90,7 +90,7 @@ def test_gpu_engine_tokens_equal_with_the_torch_head(monkeypatch) -> None:
     with the kernel as with the torch spelling of the step's head."""
     from engine_utils import greedy_tokens, random_engine
 
-    from hotspec.engine import vanilla_worker
+    from hotspec.runtime import decode
     from hotspec.sampling_params import SamplingParams
 
     gen = torch.Generator().manual_seed(9)
@@ -106,5 +106,5 @@ def test_gpu_engine_tokens_equal_with_the_torch_head(monkeypatch) -> None:
 
     want = run()
     assert all(len(t) == 40 for t in want)
-    monkeypatch.setattr(vanilla_worker, "decode_inputs", di.decode_inputs_torch)
+    monkeypatch.setattr(decode, "decode_inputs", di.decode_inputs_torch)
     assert run() == want

@@ -17,7 +17,7 @@ import torch
 from engine_utils import save_tiny_llama
 
 from hotspec import LLM, SamplingParams
-from hotspec.config import ConfigError
+from hotspec.config import ConfigError, EngineConfig
 from hotspec.errors import ModelLoadError
 from hotspec.models import default_model, loader
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
@@ -123,31 +123,38 @@ def test_generate_and_serve_speculate_with_the_shipped_head_by_default(
         tiny: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     """`hotspec generate` and `hotspec serve` with no model (or the default model's own path) and
-    no speculative option run the default model with its shipped head; --no-default-head, another
-    model or a chosen algorithm are left alone; without the head a warning says so and the engine
-    runs without speculation."""
-    from hotspec.config import EngineConfig
-    from hotspec.entrypoints.cli import build_parser
-    from hotspec.entrypoints.engine_args import engine_config, with_default_head
+    no speculative option run the default model with its shipped head; shape flags alone shape
+    that head's speculation; --no-default-head, another model or a chosen algorithm are left
+    alone; without the head a warning says so and the engine runs without speculation."""
+    from hotspec.cli.engine_args import engine_config
+    from hotspec.cli.main import build_parser
 
     target, head = tiny
     monkeypatch.setattr(default_model, "default_model_path", lambda: target)
     monkeypatch.setattr(default_model, "DEFAULT_DRAFT_HEAD", head)
+
+    def config(*words: str) -> EngineConfig:
+        args = build_parser().parse_args(list(words))
+        return engine_config(args, args.default_head)
+
+    shape = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "4"]
     for command in ("generate", "serve"):
         words = [command, "hi"] if command == "generate" else [command]
         for model in ([], ["--model", str(target)]):
-            args = build_parser().parse_args([*words, *model])
-            cfg = with_default_head(engine_config(args), args.default_head)
+            cfg = config(*words, *model)
             assert (cfg.speculative_algorithm, cfg.speculative_draft_model_path) == ("EAGLE3", str(head))
-        args = build_parser().parse_args([*words, "--no-default-head"])
-        assert with_default_head(engine_config(args), args.default_head).speculative_algorithm is None
-    other = EngineConfig(model=str(tmp_path))
-    assert with_default_head(other, default_head=True) == other
-    chosen = EngineConfig(speculative_algorithm="EAGLE", speculative_draft_model_path="h")
-    assert with_default_head(chosen, default_head=True) == chosen
+        cfg = config(*words, *shape)
+        assert (cfg.speculative_algorithm, cfg.spec_shape.label, cfg.adaptive) == ("EAGLE3", "3/1/4", False)
+        assert config(*words, "--no-default-head").speculative_algorithm is None
+        with pytest.raises(ConfigError, match="given without speculative_algorithm"):
+            config(*words, "--no-default-head", *shape)
+        assert config(*words, "--model", str(tmp_path)).speculative_algorithm is None
+        chosen = config(*words, "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "h")
+        assert chosen.speculative_draft_model_path == "h"
     monkeypatch.setattr(default_model, "DEFAULT_DRAFT_HEAD", tmp_path / "missing")
     with caplog.at_level(logging.WARNING, logger="hotspec"):
-        cfg = with_default_head(EngineConfig(), default_head=True)
+        cfg = config("generate", "hi")
     assert cfg.speculative_algorithm is None
     assert "running WITHOUT speculative decoding" in caplog.text and "missing" in caplog.text
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hotspec.entrypoints.cli import main as cli_main
+from hotspec.cli.main import main as cli_main
 from hotspec.models.loader import load_tokenizer, resolve_model_path
 from hotspec.training import sources
 from hotspec.training.conversations import ChatIds, Conversation

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from hotspec.engine.kv_pool import KVPool
+from hotspec.core.forward_batch import ForwardBatch
+from hotspec.core.kv_pool import KVPool
 from hotspec.errors import ModelLoadError
 from hotspec.layers.attention.torch_ref import TorchRefBackend
 from hotspec.models.build import build_target
@@ -27,7 +28,6 @@ from hotspec.models.eagle import EagleHead
 from hotspec.models.eagle3 import Eagle3Head, eagle3_capture_layers
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.batch_builder import prefill_batch
-from hotspec.runtime.forward_batch import ForwardBatch
 
 CFG = ModelConfig(architecture="llama", vocab_size=128, hidden_size=64, intermediate_size=128,
                   num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -94,14 +94,14 @@ def test_draft_buffers_sized_from_head_and_static_pass_matches_eager(eagle_head,
     worker = llm.engine.worker
     assert llm.engine.draft.lm_head.out_features == len(hot)
     seen: dict[str, dict[str, torch.Tensor]] = {}
-    real_run = worker.graphs.run
+    real_run = worker.executor.graphs.run
 
     def spy(name, inputs, **kw):
         out = real_run(name, inputs, **kw)
         seen[name] = ({k: v.clone() for k, v in inputs.items()}, out)
         return out
 
-    worker.graphs.run = spy
+    worker.executor.graphs.run = spy
     llm.generate(PROMPTS[:3], SamplingParams(temperature=0, max_tokens=6))
     ext_in, ext_out = seen["draft_extend"]
     assert ext_out["logits"].shape == (3, len(hot))  # written by the 777-row head, nothing else
@@ -114,7 +114,7 @@ def test_draft_buffers_sized_from_head_and_static_pass_matches_eager(eagle_head,
     draft = static.register("draft", phases.draft_tree, lambda bs: DraftIn.example(shapes, bs), DraftTree)
     static.capture_all()
     assert "S" in static.report()
-    phases.max_kv = shapes.max_blocks_per_seq * worker.block_size  # the static bound
+    phases.max_kv = shapes.max_blocks_per_seq * worker.executor.block_size  # the static bound
     out = extend.run(ExtendIn.of(ext_in))
     assert out.logits.shape == (3, len(hot))
     for k in ("topk_logp", "feature", "logits"):

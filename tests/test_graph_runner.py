@@ -108,7 +108,7 @@ def test_launch_and_read_back_do_not_wait_for_later_device_work(published):
     is read without waiting for that work."""
     import time
 
-    from hotspec.engine.launches import HostCopy
+    from hotspec.core.launches import HostCopy
 
     dev = torch.device("cuda")
     r = GraphRunner(dev, "cuda", [1, 2])
@@ -258,7 +258,7 @@ def test_benchmark_replays_keep_the_runner_and_device_counts_together():
 
 
 def test_host_copy_on_the_cpu_is_a_snapshot():
-    from hotspec.engine.launches import HostCopy
+    from hotspec.core.launches import HostCopy
 
     t = torch.tensor([1, 2, 3])
     c = HostCopy(t)

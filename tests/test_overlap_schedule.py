@@ -92,7 +92,7 @@ def test_same_tokens_as_the_plain_schedule(target, head, monkeypatch, spec, mode
     engine = llm.engine
     assert engine.allocator.num_free == engine.allocator.num_blocks
     assert not engine.has_unfinished()
-    assert not engine.worker.launches  # the steps launched after a stop are read before generate returns
+    assert not engine.worker.unread()  # the steps launched after a stop are read before generate returns
 
 
 def test_steps_overlap_and_foreseen_finishes_launch_nothing(target):
@@ -109,7 +109,7 @@ def test_steps_overlap_and_foreseen_finishes_launch_nothing(target):
     while engine.has_unfinished():
         outs = engine.step()
         counts.append(sum(len(o.new_token_ids) for o in outs))
-        assert len(worker.launches) <= 1
+        assert worker.unread() <= 1
     # prefill gives one token each; then 3 + 5 + 7 tokens come from exactly that many launched rows
     assert counts[0] == 3 and sum(counts) == 4 + 6 + 8
     assert sum(launched) == 3 + 5 + 7
@@ -160,7 +160,7 @@ def test_abort_with_a_step_in_flight(target, head, spec):
     engine.step()  # prefill
     engine.step()  # launch step 1
     engine.step()  # launch step 2, emit step 1
-    assert engine.worker.launches.ahead(a) == 1
+    assert engine.worker.ahead(a) == 1
     n = len(a.output_token_ids)
     engine.abort(a)
     while engine.has_unfinished():
@@ -223,7 +223,7 @@ def test_profiling_phases_reads_every_step_first(target, head):
     reqs = [engine.add_request(p, params) for p in _prompts(3)]
     for _ in range(3):
         engine.step()
-    assert len(engine.worker.launches) == 1
+    assert engine.worker.unread() == 1
     engine.worker.profile = True
     while engine.has_unfinished():
         engine.step()

@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from hotspec.entrypoints.cli import main as cli_main
+from hotspec.cli.main import main as cli_main
 from hotspec.errors import ModelLoadError
 from hotspec.models import packaged
 from hotspec.models.loader import resolve_model_path

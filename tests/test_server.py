@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from hotspec import LLM, RequestOutput, SamplingParams
-from hotspec.entrypoints.cli import build_parser, engine_config
-from hotspec.entrypoints.serve_cli import served_model_name
+from hotspec.cli.main import build_parser, engine_config
+from hotspec.cli.serve import served_model_name
 from hotspec.entrypoints.server import BackgroundServer, ServerSettings, create_app
 
 KEY = "sk-test"
@@ -277,7 +277,7 @@ def test_serve_cli_options() -> None:
     assert served_model_name(args) == "m"
     cfg = engine_config(args)
     assert (cfg.max_num_seqs, cfg.max_prefill_tokens, cfg.speculative_algorithm) == (8, 512, "EAGLE3")
-    assert cfg.spec_shape == (4, 1, 5)
+    assert cfg.spec_shape == SpecShape(4, 1, 5)
     defaults = build_parser().parse_args(["serve"])
     assert (defaults.host, defaults.port, defaults.api_key) == ("127.0.0.1", 30000, None)
     assert served_model_name(defaults) == "SmolLM2-135M-Instruct"
@@ -295,8 +295,8 @@ def test_serve_default_speculates_with_the_shipped_head(offline: Any) -> None:
     """The engine `hotspec serve` builds with no model and no option: the default model with its
     shipped EAGLE-3 head. Greedy chat and completions over HTTP equal the offline vanilla API's,
     and /metrics shows speculative requests and the head's hot-set coverage."""
+    from hotspec.cli.engine_args import with_default_head
     from hotspec.engine.engine import Engine
-    from hotspec.entrypoints.engine_args import with_default_head
 
     args = build_parser().parse_args(["serve", "--dtype", "float32", "--device", "cpu"])
     cfg = with_default_head(engine_config(args), args.default_head)

@@ -532,7 +532,7 @@ def test_hotspec_serve_process(tiny_dir: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "hotspec.entrypoints.cli", "serve", "--model", str(tiny_dir / "target"),
+    cmd = [sys.executable, "-m", "hotspec.cli.main", "serve", "--model", str(tiny_dir / "target"),
            "--port", str(port), "--api-key", "k", "--served-model-name", NAME, "--dtype", "float32",
            "--device", "cpu", "--num-kv-blocks", "32", "--max-model-len", "128"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

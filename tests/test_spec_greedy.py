@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from hotspec import LLM, SamplingParams
+from hotspec.core.kv_pool import KVPool
 from hotspec.engine.builder import EngineBuilder
-from hotspec.engine.kv_pool import KVPool
 from hotspec.models.default_model import default_model_path
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint

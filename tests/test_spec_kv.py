@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 import torch
 
+import hotspec.runtime.worker as worker_base
 import hotspec.speculative.worker as eagle_worker
 from hotspec import LLM, SamplingParams
+from hotspec.core.request import Request, Status
 from hotspec.engine.engine import Engine
-from hotspec.engine.request import Request, Status
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.loader import load_checkpoint
 
@@ -202,10 +203,10 @@ def check_against_fresh_prefill(engine: Engine, req: Request, monkeypatch: pytes
     try:
         # EagleWorker.prefill as is, except that its sampled token is the request's real root.
         with monkeypatch.context() as m:
-            m.setattr(eagle_worker, "sample_for",
+            m.setattr(worker_base, "sample_for",
                       lambda reqs, logits: torch.tensor([req.last_token], device=logits.device))
             assert worker.prefill([fresh]) == [[req.last_token]]
-        got, ref = req.spec_state, fresh.spec_state
+        got, ref = req.spec.draft, fresh.spec.draft
         assert max_rel_err(got.feature.unsqueeze(0), ref.feature.unsqueeze(0), 0) < REL_TOL
         assert torch.equal(got.topk_ids, ref.topk_ids)
         # Absolute on log-probabilities = relative on probabilities (relative on a log-probability

@@ -277,7 +277,8 @@ def test_speculative_sampling_with_token_map_is_lossless(models: Models, shape: 
 def test_sampling_stays_exact_across_shape_switches(models: Models) -> None:
     """--speculative-adaptive switching at random before every step between plain decoding, a
     chain and a tree (the draft catching up after plain steps): still the exact distribution."""
-    from hotspec.speculative.adaptive import Choice, SpecShape
+    from hotspec.core.spec_shape import SpecShape
+    from hotspec.speculative.adaptive import Choice
 
     shapes = [SpecShape.parse(c) for c in ("off", "2/1/3", "3/4/8")]
     rng = random.Random(0)

@@ -45,7 +45,7 @@ def test_acceptance_by_depth_from_the_histogram():
     accepted by two; depth 2 reached by two and accepted by one; depth 3 by one and one."""
     from collections import Counter
 
-    from hotspec.speculative.stats import SpecStats
+    from hotspec.core.spec_stats import SpecStats
 
     stats = SpecStats(accept_hist=Counter({1: 3, 2: 1, 4: 1}))
     assert stats.acceptance_by_depth() == [(1, 5, 2), (2, 2, 1), (3, 1, 1)]

@@ -64,7 +64,7 @@ def test_static_buffer_path_matches_eager(spec, fused, tiny, monkeypatch):
         assert (calls["step"] > 0, calls["verify"] > 0) == (fused, not fused)
         # steps whose batch is the last step's reuse its state tensors; the others restack
         steps = calls["step"] + calls["verify"]
-        assert 0 < llm.engine.worker.restacks < steps
+        assert 0 < llm.engine.worker.states.restacks < steps
 
 
 class HostSync(AssertionError):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hotspec.entrypoints.cli import main
+from hotspec.cli.main import main
 from hotspec.errors import ModelLoadError
 from hotspec.speculative import corpus
 from hotspec.speculative.token_map import load_token_map

@@ -26,8 +26,8 @@ from chat_target import save_chat_target
 from safetensors import safe_open
 
 from hotspec import LLM, SamplingParams
-from hotspec.engine.request import Request
-from hotspec.entrypoints.cli import main
+from hotspec.cli.main import main
+from hotspec.core.request import Request
 from hotspec.models.draft_checkpoint import random_draft_checkpoint
 from hotspec.models.draft_loader import load_draft_head
 from hotspec.models.eagle import EagleHead

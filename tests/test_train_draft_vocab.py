@@ -21,7 +21,7 @@ from chat_target import EOS, save_chat_target
 from safetensors import safe_open
 
 from hotspec import LLM, SamplingParams
-from hotspec.entrypoints.cli import main
+from hotspec.cli.main import main
 from hotspec.training import pipeline, report
 from hotspec.training.config import TrainConfig, TrainConfigError
 from hotspec.training.data import load_dataset

@@ -20,7 +20,7 @@ from chat_target import EOS, save_chat_target
 from safetensors import safe_open
 
 from hotspec import LLM, SamplingParams
-from hotspec.entrypoints.cli import main
+from hotspec.cli.main import main
 from hotspec.models.eagle3 import Eagle3Head
 from hotspec.training.config import TrainConfig, TrainConfigError
 from hotspec.training.pipeline import run_train_draft

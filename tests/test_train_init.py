@@ -24,7 +24,7 @@ from chat_target import EOS, save_chat_target
 from safetensors.torch import load_file
 
 from hotspec import LLM, SamplingParams
-from hotspec.entrypoints.cli import main
+from hotspec.cli.main import main
 from hotspec.errors import HotspecError
 from hotspec.training.config import TrainConfig, TrainConfigError
 from hotspec.training.pipeline import run_train_draft

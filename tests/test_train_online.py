@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 
 from hotspec import LLM, SamplingParams
-from hotspec.entrypoints.cli import main
+from hotspec.cli.main import main
 from hotspec.training.config import TrainConfig, TrainConfigError
 from hotspec.training.losses import counted_rows, label_mask, prompt_label_mask
 from hotspec.training.online import cut_records, eval_prefix

@@ -96,7 +96,7 @@ def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opt
         warm_up_all(engine, groups, opts)
         on_cpu = engine.device.type != "cuda"
         # (the adaptive policy's steps are not split into phases: their breakdown is the step's)
-        worker.profile = on_cpu  # type: ignore[attr-defined]
+        worker.profile = on_cpu
         _log("speculative: timed pass" + (" (phases profiled)" if on_cpu else ""))
         runs = run_categories(engine, groups, opts.params)
         if after_timed is not None:
@@ -105,7 +105,7 @@ def run_speculative(cfg: EngineConfig, target: LoadedTarget, groups: Groups, opt
             return runs, runs, PROFILED_IN_TIMED
         if not profile_pass:
             return runs, runs, NOT_PROFILED
-        worker.profile = True  # type: ignore[attr-defined]
+        worker.profile = True
         _log("speculative: profiled pass (phase times)")
         profiled = run_categories(engine, groups if profile_groups is None else profile_groups,
                                   opts.params)

@@ -13,7 +13,7 @@ from hotspec.benchmark.hf_baseline import HFRun
 from hotspec.benchmark.modes import NOT_PROFILED
 from hotspec.benchmark.prompts import BenchPrompt
 from hotspec.benchmark.spec_bench import BatchRun
-from hotspec.speculative.stats import SpecStats
+from hotspec.core.spec_stats import SpecStats
 
 OVERALL = "overall"
 

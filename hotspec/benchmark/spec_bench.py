@@ -20,12 +20,12 @@ import torch
 
 from hotspec.benchmark.device import sync
 from hotspec.config import EngineConfig
+from hotspec.core.spec_stats import SpecStats
 from hotspec.engine.builder import load_target as load_target_parts
 from hotspec.engine.engine import Engine
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.sampling_params import SamplingParams
-from hotspec.speculative.stats import SpecStats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -91,7 +91,7 @@ def _stats_delta(before: SpecStats, after: SpecStats) -> SpecStats:
 
 def drive(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> BatchRun:
     """Submit `prompts` together and step the engine until every one has finished."""
-    worker_stats: SpecStats | None = getattr(engine.worker, "stats", None)
+    worker_stats: SpecStats | None = engine.worker.spec_stats
     before = copy.deepcopy(worker_stats) if worker_stats is not None else None
     dev = engine.device
     prefill_s, prefill_tokens, decode_steps = 0.0, 0, 0
@@ -122,7 +122,7 @@ def drive(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> B
     wall = time.perf_counter() - start
     stats = None
     if worker_stats is not None and before is not None:
-        stats = _stats_delta(before, engine.worker.stats)  # type: ignore[attr-defined]
+        stats = _stats_delta(before, worker_stats)
     return BatchRun(wall, prefill_s, prefill_tokens, [list(r.output_token_ids) for r in reqs],
                     [r.stats.spec_steps for r in reqs], [r.stats.tau for r in reqs], stats, decode_steps)
 

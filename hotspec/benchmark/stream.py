@@ -10,8 +10,8 @@ from typing import Any
 
 from hotspec.benchmark.device import sync
 from hotspec.benchmark.prompts import BenchPrompt, prompt_ids, read_bench_prompts
+from hotspec.core.request import Request, Status
 from hotspec.engine.engine import Engine
-from hotspec.engine.request import Request, Status
 from hotspec.errors import HotspecError
 from hotspec.sampling_params import SamplingParams
 
@@ -45,7 +45,7 @@ def serve(engine: Engine, prompts: list[list[int]], batch: int, max_tokens: int,
     and vanilla), `mark_step`: the step at which prompt `mark` joined, and every request's output
     token ids in stream order."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    stats = getattr(engine.worker, "stats", None)
+    stats = engine.worker.spec_stats
     next_i = 0
     events: list[tuple[float, int, str | None]] = []
     reqs: list[Request] = []

@@ -6,54 +6,34 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from hotspec import envs
 from hotspec.config import ConfigError, EngineConfig
+from hotspec.core.kv_pool import KVPool
+from hotspec.core.spec_shape import SpecShape
 from hotspec.engine.block_allocator import BlockAllocator
-from hotspec.engine.kv_pool import KVPool
-from hotspec.engine.launches import Launches
-from hotspec.engine.request import Request
 from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.attention.torch_ref import TorchRefBackend
 from hotspec.models.draft_head import DraftHead
 from hotspec.runtime.graph_runner import GraphRunner, default_batch_sizes
 from hotspec.runtime.model_runner import ModelRunner
+from hotspec.runtime.step_executor import StepExecutor
+from hotspec.runtime.worker import Worker
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from hotspec.models.config import ModelConfig
     from hotspec.models.llama import LlamaForCausalLM
+    from hotspec.speculative.adaptive import AdaptivePolicy
 
 log = logging.getLogger("hotspec")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class Worker(Protocol):
-    """What the engine drives: prefill, then either `step` (launch and read one step) or, with
-    the overlap schedule, `launch` and a later `collect` (engine/launches.py)."""
-
-    reserve: int  # KV slots a step writes beyond seq_len
-    max_advance: int  # positions a step advances a request by, at most
-    launches: Launches  # launched steps the host has not read (engine/launches.py)
-
-    def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]: ...
-
-    def step(self, reqs: list[Request]) -> list[list[int]]: ...
-
-    @property
-    def overlapping(self) -> bool: ...
-
-    def launch(self, reqs: list[Request]) -> None: ...
-
-    def collect(self) -> tuple[list[Request], list[list[int]]]: ...
-
 
 
 def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
@@ -128,7 +108,8 @@ class EngineBuilder:
         return GraphRunner(self.device, mode, sizes, self.cfg.allow_eager_fallback)
 
     def build(self) -> EngineParts:
-        from hotspec.engine.vanilla_worker import VanillaWorker
+        from hotspec.runtime.vanilla_worker import VanillaWorker
+        from hotspec.speculative.phases import EagleModels
         from hotspec.speculative.worker import EagleWorker
 
         # The environment switches, read (and checked) once, before any layer asks for them.
@@ -141,44 +122,35 @@ class EngineBuilder:
                                          self.dtype)
         backend = self._backend()
         self.graphs = self._graph_runner()
-        max_blocks = self._blocks_for(self.max_model_len)
+        executor = StepExecutor(self.graphs, self.block_size, self._blocks_for(self.max_model_len),
+                                self._overlap(), self.cfg.max_num_seqs)
         worker: Worker
         if self.cfg.speculative_algorithm is None:
             num_blocks = self._kv_blocks(per_slot)
             allocator = BlockAllocator(num_blocks, first_block=1)
             runner = ModelRunner(self.target, self._target_pool(num_blocks), backend)
-            worker = VanillaWorker(self.target, runner, self.graphs, self.block_size, self.device,
-                                   max_blocks, overlap=self._overlap(),
-                                   max_rows=self.cfg.max_num_seqs)
+            worker = VanillaWorker(executor, self.target, runner)
         else:
             draft = self.draft = self._load_draft()
             d = draft.config
             per_slot += KVPool.bytes_per_slot(1, d.num_key_value_heads, d.head_dim, self.dtype)
             num_blocks = self._kv_blocks(per_slot)
             allocator = BlockAllocator(num_blocks, first_block=1)
-            adaptive = self._adaptive()
-            steps, topk, ntok = adaptive.pop("primary", self.cfg.spec_shape)
             draft_pool = draft.make_kv_pool(num_blocks + 1, self.block_size, self.dtype, self.device)
-            worker = EagleWorker(
-                self.target, draft, ModelRunner(self.target, self._target_pool(num_blocks), backend),
-                ModelRunner(draft, draft_pool, backend), self.graphs, self.block_size, self.device,
-                steps, topk, ntok, max_blocks, profile=self.cfg.profile_phases,
-                fuse_step=self.cfg.fuse_spec_step, overlap=self._overlap(),
-                max_rows=self.cfg.max_num_seqs, **adaptive)
+            models = EagleModels(self.target, draft,
+                                 ModelRunner(self.target, self._target_pool(num_blocks), backend),
+                                 ModelRunner(draft, draft_pool, backend))
+            shapes, policy = self._shapes()
+            worker = EagleWorker(models, executor, shapes, policy, fuse_step=self.cfg.fuse_spec_step,
+                                 profile=self.cfg.profile_phases)
         reserved = torch.cuda.memory_reserved(self.device) if self.graphs.mode == "cuda" else 0
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
             graph_gb = (torch.cuda.memory_reserved(self.device) - reserved) / 1e9
             log.info("CUDA graphs (phase x batch size), %.2f GB:\n%s", graph_gb, self.graphs.report())
             log.info("layer kernels: %s", fused.describe(self.device))
-        costs = getattr(worker, "measure_costs", None)
-        if costs is not None and self.cfg.adaptive:
-            log.info("speculative-adaptive step times, ms (shape x batch size):\n%s", costs())
-            if self.graphs.mode == "cuda":
-                t0 = time.perf_counter()
-                runs = worker.warm_catch_up()  # type: ignore[union-attr]
-                log.info("speculative-adaptive: the draft's catch-up after plain decode steps "
-                         "warmed in %d passes (%.1f s)", runs, time.perf_counter() - t0)
+        for line in worker.start_up():
+            log.info("%s", line)
         if self._overlap():
             log.info("overlap schedule: step N+1 is launched before step N is read%s",
                      "" if self.cfg.overlap_schedule else " (the default with CUDA graphs; "
@@ -197,21 +169,18 @@ class EngineBuilder:
         return self.graphs.mode == "cuda" and (self.cfg.speculative_algorithm is None
                                                or self.cfg.fuse_spec_step)
 
-    def _adaptive(self) -> dict[str, Any]:
-        """EagleWorker's shapes and policy under --speculative-adaptive: the candidates, the
-        shape given by --speculative-num-steps/-eagle-topk/-num-draft-tokens among them when one
-        is given; the first speculative one is the primary (the worker's phase graphs)."""
+    def _shapes(self) -> tuple[list[SpecShape], AdaptivePolicy | None]:
+        """The EAGLE worker's shapes, and the adaptive policy that chooses among them: under
+        --speculative-adaptive the candidates (the shape given by --speculative-num-steps/
+        -eagle-topk/-num-draft-tokens first when one is given, `off` last), else the one shape."""
         if not self.cfg.adaptive:
-            return {}
-        from hotspec.speculative.adaptive import AdaptivePolicy, SpecShape, StepCosts
+            return [self.cfg.spec_shape], None
+        from hotspec.speculative.adaptive import AdaptivePolicy, StepCosts
 
-        given = [SpecShape(*self.cfg.spec_shape)] if self.cfg.shape_given else []
+        given = [self.cfg.spec_shape] if self.cfg.shape_given else []
         cands = [SpecShape.parse(c) for c in self.cfg.speculative_candidates]
         shapes = list(dict.fromkeys(given + [s for s in cands if not s.off] + [s for s in cands if s.off]))
-        policy = AdaptivePolicy(shapes, StepCosts(self.graphs.batch_sizes))
-        return {"primary": (shapes[0].num_steps, shapes[0].topk, shapes[0].num_draft_tokens),
-                "extra_shapes": tuple((s.num_steps, s.topk, s.num_draft_tokens) for s in shapes[1:]),
-                "policy": policy}
+        return shapes, AdaptivePolicy(shapes, StepCosts(self.graphs.batch_sizes))
 
     def _load_draft(self) -> DraftHead:
         from hotspec.models.draft_loader import load_draft_head

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from hotspec.config import ConfigError, EngineConfig
+from hotspec.core.request import Request, Status
 from hotspec.engine.block_allocator import OutOfBlocks
-from hotspec.engine.builder import DTYPES, EngineBuilder, Worker, load_target, resolve_device_dtype
-from hotspec.engine.request import Request, Status
+from hotspec.engine.builder import DTYPES, EngineBuilder, load_target, resolve_device_dtype
 from hotspec.engine.stop_checker import StopChecker
 from hotspec.errors import InvalidRequestError
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
+from hotspec.runtime.worker import Worker
 from hotspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class Engine:
         `step()` collects it, so that nothing on the device outlives the work (a replay of the
         graphs between two `generate` calls, as the benchmarks' timing does, would otherwise
         overwrite its pinned outputs before they are read)."""
-        return bool(self.waiting or self.prefilling or self.running or self.worker.launches)
+        return bool(self.waiting or self.prefilling or self.running or self.worker.unread())
 
     def fail_in_flight(self, error: str) -> list[Request]:
         """After step() raised: finish the requests that step was computing (reason "error", blocks
@@ -149,7 +150,7 @@ class Engine:
         too: the step's outputs, their last tokens included, were lost."""
         victims = self.in_flight or [*self.waiting, *self.prefilling, *self.running]
         self.in_flight = []
-        self.worker.launches.clear()  # uncollected steps (overlap) die with the step that failed
+        self.worker.drop_unread()  # uncollected steps (overlap) die with the step that failed
         for req in victims:
             if req.status is not Status.FINISHED:
                 req.error = error
@@ -188,30 +189,27 @@ class Engine:
 
     def _served(self, outs: list[StepOutput]) -> list[StepOutput]:
         """Hand the decode steps' kept tokens to the worker's statistics (EAGLE: hot-set hits)."""
-        record = getattr(self.worker, "record_served", None)
-        if record is not None:
-            record([t for o in outs for t in o.new_token_ids])
+        self.worker.record_served([t for o in outs for t in o.new_token_ids])
         return outs
 
-    # -- the overlap schedule (engine/launches.py) ---------------------------------------------
+    # -- the overlap schedule (core/launches.py) ---------------------------------------------
     def _overlap_step(self) -> list[StepOutput]:
         """Launch the next step, then collect the one before it: the host emits step N's tokens
-        while the device computes step N+1 (engine/launches.py)."""
+        while the device computes step N+1 (core/launches.py)."""
         worker = self.worker
         reqs = [r for r in self.running if not self._finishes_by_then(r)]
         outs: list[StepOutput] = []
-        drains = getattr(worker, "drains_before", None)  # (the adaptive speculative worker)
-        if reqs and drains is not None and drains(reqs):
+        if reqs and worker.drains_before(reqs):
             outs = self._drain()
             reqs = [r for r in self.running if not self._finishes_by_then(r)]
         if not self._grow(reqs):  # out of blocks: preemption needs every step read first
             outs += self._drain()
             reqs = self._reserve_step_slots()
         launched = set(reqs)
-        self.in_flight = reqs + [r for r in self.running if worker.launches.ahead(r) and r not in launched]
+        self.in_flight = reqs + [r for r in self.running if worker.ahead(r) and r not in launched]
         if reqs:
             worker.launch(reqs)
-        while len(worker.launches) > (1 if reqs else 0):
+        while worker.unread() > (1 if reqs else 0):
             outs += self._emit(*worker.collect())
         self.in_flight = []
         return self._served(outs)
@@ -219,7 +217,7 @@ class Engine:
     def _room(self, req: Request) -> int:
         """KV slots `req` may need for its next step: its unread steps may each advance it by the
         worker's most, then the step writes `reserve` slots."""
-        return req.seq_len + self.worker.launches.ahead(req) * self.worker.max_advance + self.worker.reserve
+        return req.seq_len + self.worker.ahead(req) * self.worker.max_advance + self.worker.reserve
 
     def _grow(self, reqs: list[Request]) -> bool:
         """Room for the next step of `reqs`, without preempting; False if the blocks ran out."""
@@ -234,14 +232,14 @@ class Engine:
         """Whether `req` is not launched now, because its unread steps end it (max_tokens: each
         step emits at least one token) or may (the context limit, at each step's largest
         advance); it is launched again once they are read, if it goes on."""
-        ahead = self.worker.launches.ahead(req)
+        ahead = self.worker.ahead(req)
         return ahead > 0 and (len(req.output_token_ids) + ahead >= req.params.max_tokens
                               or self._room(req) + 1 >= self.max_model_len)
 
     def _drain(self) -> list[StepOutput]:
         """Collect every launched step (the overlap schedule's; none otherwise)."""
         outs: list[StepOutput] = []
-        while self.worker.launches:
+        while self.worker.unread():
             outs += self._emit(*self.worker.collect())
         return outs
 

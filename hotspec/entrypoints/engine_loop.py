@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
+from hotspec.core.request import Request
 from hotspec.engine.engine import Engine, StepOutput
-from hotspec.engine.request import Request
 from hotspec.entrypoints.request_handle import (
     EngineDeadError,
     RequestEvent,

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from hotspec.config import EngineConfig
+from hotspec.core.request import Request, RequestStats
 from hotspec.engine.engine import Engine, StepOutput
-from hotspec.engine.request import Request, RequestStats
 from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import SamplingParams
 

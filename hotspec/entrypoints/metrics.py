@@ -7,12 +7,12 @@ prometheus-client's metric objects are thread-safe: the engine thread writes, /m
 from __future__ import annotations
 
 from collections import Counter as CountOf
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from hotspec.core.request import Request
+from hotspec.core.spec_stats import SpecStats
 from hotspec.engine.engine import Engine, StepOutput
-from hotspec.engine.request import Request
 
 # tau = tokens per verify pass, in [1, num_steps + 1]; quarter steps resolve a typical 2-4.
 TAU_BUCKETS = tuple(1.0 + 0.25 * i for i in range(1, 37))
@@ -50,10 +50,9 @@ class EngineMetrics:
     def describe_engine(self, engine: Engine) -> None:
         """Values fixed at start-up (call before the engine thread starts)."""
         self.kv_total.set(engine.allocator.num_blocks)
-        if hasattr(getattr(engine.worker, "stats", None), "hot_coverage"):
+        if engine.worker.spec_stats is not None:
             self.hot_coverage = Gauge("hotspec_hot_set_coverage", "FR-Spec: fraction of served "
                                       "tokens inside the draft head's vocabulary", registry=self.registry)
-        if hasattr(getattr(engine.worker, "stats", None), "accept_hist"):
             self.spec = _SpecMetrics(self.registry)
         per_phase = CountOf((phase, status) for (phase, _bs), status in engine.graphs.status.items())
         for (phase, status), n in per_phase.items():
@@ -68,10 +67,11 @@ class EngineMetrics:
         self.kv_used.set(engine.allocator.num_blocks - engine.allocator.num_free)
         self.dropped_rows.inc(engine.dropped_rows - self._dropped_seen)
         self._dropped_seen = engine.dropped_rows
-        if self.hot_coverage is not None:
-            self.hot_coverage.set(engine.worker.stats.hot_coverage)  # type: ignore[attr-defined]
-        if self.spec is not None:
-            self.spec.update(engine.worker)
+        stats = engine.worker.spec_stats
+        if self.hot_coverage is not None and stats is not None:
+            self.hot_coverage.set(stats.hot_coverage)
+        if self.spec is not None and stats is not None:
+            self.spec.update(stats, engine.worker.chosen_shapes())
 
     def on_finished(self, engine: Engine, req: Request) -> None:
         self.requests.labels(finish_reason=req.finish_reason or "unknown").inc()
@@ -109,16 +109,14 @@ class _SpecMetrics:
             (counter.labels(**labels) if labels else counter).inc(delta)
             self._seen[key] = value
 
-    def update(self, worker: Any) -> None:
-        stats = worker.stats
+    def update(self, stats: SpecStats, chosen: dict[int, str]) -> None:
         self._inc(self.drafted, ("drafted", ""), stats.drafted)
         self._inc(self.accepted, ("accepted", ""), stats.accepted)
         for depth, _reached, accepted in stats.acceptance_by_depth():
             self._inc(self.per_pos, ("pos", str(depth - 1)), accepted, position=str(depth - 1))
         for shape, n in stats.shape_steps.items():
             self._inc(self.steps, ("steps", shape), n, shape=shape)
-        policy = getattr(worker, "policy", None)
-        if policy is not None:
+        if chosen:
             self.chosen.clear()
-            for bs, label in policy.chosen.items():
+            for bs, label in chosen.items():
                 self.chosen.labels(batch_size=str(bs), shape=label).set(1)

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from hotspec.engine.request import Request
+from hotspec.core.request import Request
 from hotspec.errors import HotspecError
 
 

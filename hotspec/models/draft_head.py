@@ -19,12 +19,12 @@ import abc
 import torch
 from torch import nn
 
-from hotspec.engine.kv_pool import KVPool
+from hotspec.core.forward_batch import ForwardBatch
+from hotspec.core.kv_pool import KVPool
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import MLP, Attention
-from hotspec.runtime.forward_batch import ForwardBatch
 
 
 class DraftHead(nn.Module, abc.ABC):

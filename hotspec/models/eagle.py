@@ -16,14 +16,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hotspec.engine.kv_pool import KVPool
+from hotspec.core.forward_batch import ForwardBatch
+from hotspec.core.kv_pool import KVPool
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
 from hotspec.models.draft_head import DraftHead, require_hidden_in
 from hotspec.models.llama import MLP, Attention
-from hotspec.runtime.forward_batch import ForwardBatch
 
 
 class EagleLayer(nn.Module):

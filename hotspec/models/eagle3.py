@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hotspec.engine.kv_pool import KVPool
+from hotspec.core.forward_batch import ForwardBatch
+from hotspec.core.kv_pool import KVPool
 from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.linear import norm_mlp
@@ -34,7 +35,6 @@ from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
 from hotspec.models.draft_head import DraftHead, require_hidden_in
 from hotspec.models.llama import MLP, Attention
-from hotspec.runtime.forward_batch import ForwardBatch
 
 
 def eagle3_capture_layers(config: dict[str, Any], num_target_layers: int) -> tuple[int, ...]:

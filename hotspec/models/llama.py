@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hotspec.engine.kv_pool import KVPool
+from hotspec.core.forward_batch import ForwardBatch
+from hotspec.core.kv_pool import KVPool
 from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend, RopeFold, store_kv
 from hotspec.layers.linear import linear, merge_linears, norm_linear, norm_mlp, silu_mul_linear
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
-from hotspec.runtime.forward_batch import ForwardBatch
 
 
 class Attention(nn.Module):

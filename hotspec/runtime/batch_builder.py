@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hotspec.engine.request import Request
+from hotspec.core.forward_batch import ForwardBatch, ForwardMode
+from hotspec.core.request import Request
 from hotspec.layers import fused
-from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
 
 
 def block_table_tensor(reqs: list[Request], device: torch.device) -> torch.Tensor:

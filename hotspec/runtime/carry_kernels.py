@@ -1,4 +1,4 @@
-"""The overlap schedule's carry (engine/launches.py) in one Triton kernel per direction.
+"""The overlap schedule's carry (core/launches.py) in one Triton kernel per direction.
 
 Inside a step graph, each input the last launched step left in the `carry` is taken from carry
 row `src[b]` where `src[b] >= 0`, else from the host's value (`carry_pick`); and the step leaves,

@@ -1,6 +1,6 @@
 """A vanilla decode step's per-row inputs, computed inside its graph, in one Triton kernel.
 
-Each row's input token (with the overlap schedule, engine/launches.py: the carry row `src` where
+Each row's input token (with the overlap schedule, core/launches.py: the carry row `src` where
 `src >= 0`, else the host's), its new token's KV slot through the block table, its query length
 (1) and its kv length (seq + 1). In torch that is seven small launches at the head of a graph
 whose time is otherwise the weights' stream (the carry pick's compare, clamp, gather and where,

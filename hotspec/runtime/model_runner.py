@@ -7,9 +7,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hotspec.engine.kv_pool import KVPool
+from hotspec.core.forward_batch import ForwardBatch
+from hotspec.core.kv_pool import KVPool
 from hotspec.layers.attention.base import AttentionBackend
-from hotspec.runtime.forward_batch import ForwardBatch
 
 
 class ModelRunner:

@@ -18,7 +18,7 @@ import torch
 from hotspec.layers.sampler import SamplingTensors
 
 if TYPE_CHECKING:
-    from hotspec.engine.request import Request
+    from hotspec.core.request import Request
 
 Tensors = dict[str, torch.Tensor]
 T = TypeVar("T", bound="PhaseIO")

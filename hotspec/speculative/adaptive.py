@@ -40,50 +40,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True, order=True)
-class SpecShape:
-    """num_steps/topk/num_draft_tokens, as --speculative-num-steps/-eagle-topk/-num-draft-tokens;
-    OFF (0/0/1) is plain decode."""
-
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
-
-    @property
-    def off(self) -> bool:
-        return self.num_steps == 0
-
-    @property
-    def chain(self) -> bool:
-        return self.topk == 1
-
-    @property
-    def label(self) -> str:
-        return "off" if self.off else f"{self.num_steps}/{self.topk}/{self.num_draft_tokens}"
-
-    @classmethod
-    def parse(cls, text: str) -> SpecShape:
-        """"off" or "STEPS/TOPK/TOKENS" (e.g. 3/1/4, 4/8/12); ValueError says what is wrong."""
-        if text.strip().lower() == "off":
-            return OFF
-        try:
-            s, k, n = (int(v) for v in text.split("/"))
-        except ValueError:
-            raise ValueError(f"a speculation shape is 'off' or STEPS/TOPK/TOKENS (e.g. 3/1/4), "
-                             f"got {text!r}") from None
-        if s < 1 or k < 1 or n < 2:
-            raise ValueError(f"shape {text!r}: steps and topk >= 1, tokens >= 2")
-        if k == 1 and n != s + 1:
-            raise ValueError(f"shape {text!r}: a chain (topk 1) of {s} steps verifies {s + 1} tokens")
-        nodes = k + (s - 1) * k * k  # as EngineConfig's check: the root plus the drafted nodes
-        if n > nodes + 1:
-            raise ValueError(f"shape {text!r}: {s} steps of topk {k} draft at most {nodes} nodes")
-        return cls(s, k, n)
-
-
-OFF = SpecShape(0, 0, 1)
-DEFAULT_CANDIDATES = ("off", "2/1/3", "3/1/4", "5/1/6", "4/8/12", "6/8/16")
+from hotspec.core.spec_shape import SpecShape
 
 
 @dataclass

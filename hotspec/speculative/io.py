@@ -135,26 +135,6 @@ class StepOut(DraftState):
     emitted: torch.Tensor  # [B, 2 + W] long
 
 
-@dataclass(kw_only=True)
-class OffIn(Rows, Sampled):
-    """A plain decode step of the speculative engine (the adaptive policy's "off")."""
-
-    root: torch.Tensor  # [B] long: the last committed token
-    src: torch.Tensor | None = None  # [B] long: as StepIn's (overlap schedule)
-
-    @classmethod
-    def example(cls, s: SpecShapes, bs: int, sampled: bool = False, carried: bool = False) -> OffIn:
-        return cls(seq=s._long(bs, fill=1), tables=s._tables(bs), root=s._long(bs),
-                   src=s._long(bs, fill=-1) if carried else None,
-                   **(example_sampling(bs, s.device) if sampled else {}))
-
-
-@dataclass(kw_only=True)
-class OffOut(PhaseIO):
-    emitted: torch.Tensor  # [B, 3] long: emitted_rows' layout with W = 1: 1, the root, the next token
-    feature: torch.Tensor  # [B, F]: the target feature at the root, which the draft catches up on
-
-
 def emitted_rows(acc: Accepted) -> torch.Tensor:
     """What the host reads after a step, as one [B, 2 + W] tensor (one copy, one sync)."""
     return torch.cat([acc.accept_len.unsqueeze(1), acc.acc_tokens, acc.bonus.unsqueeze(1)], 1)

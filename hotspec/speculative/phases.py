@@ -5,24 +5,24 @@
 speculative/io.py, which also declare the static shapes the graph runner allocates. No phase
 syncs with the host, so the GraphRunner serves each as a CUDA graph, from static buffers, or
 eagerly. A phase samples (tree rejection sampling) when its input carries sampling fields, else it
-is greedy. KV regions are described in runtime/forward_batch.py; target and draft pools share one
+is greedy. KV regions are described in core/forward_batch.py; target and draft pools share one
 block table. The host side that chains the phases is speculative/worker.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from hotspec.engine.launches import from_carry, to_carry
+from hotspec.core.forward_batch import ForwardBatch, ForwardMode
 from hotspec.layers.argmax import argmax
 from hotspec.layers.sampler import shape_logits_to_probs
 from hotspec.layers.topk_logp import topk_logp
 from hotspec.models.draft_head import DraftHead
 from hotspec.models.llama import LlamaForCausalLM
-from hotspec.runtime.decode_inputs import decode_inputs
-from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode
+from hotspec.runtime.carry import from_carry, to_carry
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.phase_io import Sampled, Tensors
 from hotspec.speculative.frontier import next_frontier
@@ -31,8 +31,6 @@ from hotspec.speculative.io import (
     DraftIn,
     ExtendIn,
     ExtendOut,
-    OffIn,
-    OffOut,
     Rows,
     SpecShapes,
     StepIn,
@@ -54,16 +52,37 @@ class Verified(NamedTuple):
     slots: torch.Tensor  # [B, max(N, W)] KV slots of seq + 0, 1, ...
 
 
-class EaglePhases:
-    """The phases of one draft head over one target. `carry`: the overlap schedule's row buffers
-    ("seq", "root", "offsets"; engine/launches.py), which the fused step reads for rows with
-    `src` >= 0 and writes for the next step; None: no overlap schedule."""
+@dataclass
+class EagleModels:
+    """A target and its draft head, each with its runner (KV pool and attention backend)."""
 
-    def __init__(self, target: LlamaForCausalLM, draft: DraftHead, target_runner: ModelRunner,
-                 draft_runner: ModelRunner, block_size: int, shapes: SpecShapes,
+    target: LlamaForCausalLM
+    draft: DraftHead
+    target_runner: ModelRunner
+    draft_runner: ModelRunner
+
+    def feature(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
+        """What the draft head reads from the target: EAGLE-3's aux layers, else the final hidden."""
+        return torch.cat(aux, dim=-1) if aux else hidden
+
+    def draft_topk(self, h_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The draft LM head's top-k: log-probs, target ids, and the logits (sized by the head)."""
+        logits = self.draft.draft_logits(h_logits)  # [T, draft_vocab]
+        logp, idx = topk_logp(logits, k, MAX_LOGP)
+        return logp, self.draft.to_target_ids(idx), logits
+
+
+class EaglePhases:
+    """The phases of one draft head over one target at one shape. `carry`: the overlap
+    schedule's row buffers (runtime/step_executor.CARRY), which the fused step reads for rows
+    with `src` >= 0 and writes for the next step; None: no overlap schedule."""
+
+    def __init__(self, models: EagleModels, block_size: int, shapes: SpecShapes,
                  carry: Tensors | None = None) -> None:
-        self.target, self.draft = target, draft
-        self.target_runner, self.draft_runner = target_runner, draft_runner
+        self.models = models
+        self.target, self.draft = models.target, models.draft
+        self.target_runner, self.draft_runner = models.target_runner, models.draft_runner
+        self.feature, self.draft_topk = models.feature, models.draft_topk
         self.block_size, self.shapes, self.carry = block_size, shapes, carry
         self.num_steps, self.topk, self.state_k = shapes.num_steps, shapes.topk, shapes.state_k
         self.num_draft_tokens, self.width = shapes.num_draft_tokens, shapes.width
@@ -76,18 +95,7 @@ class EaglePhases:
         sidx = torch.arange(self.scratch, device=dev)
         self.node_ids = torch.arange(self.topk, device=dev)
         self.owns = sidx.view(-1, self.topk, 1) == sidx  # [S-1, k, M]
-        target.capture_layers = tuple(draft.aux_layer_ids)
-
-    # -- helpers -------------------------------------------------------------------------------
-    def feature(self, hidden: torch.Tensor, aux: list[torch.Tensor]) -> torch.Tensor:
-        """What the draft head reads from the target: EAGLE-3's aux layers, else the final hidden."""
-        return torch.cat(aux, dim=-1) if aux else hidden
-
-    def draft_topk(self, h_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The draft LM head's top-k: log-probs, target ids, and the logits (sized by the head)."""
-        logits = self.draft.draft_logits(h_logits)  # [T, draft_vocab]
-        logp, idx = topk_logp(logits, k, MAX_LOGP)
-        return logp, self.draft.to_target_ids(idx), logits
+        models.target.capture_layers = tuple(models.draft.aux_layer_ids)
 
     # -- phases (pure tensor functions; graph-capturable) --------------------------------------
     def draft_tree(self, x: DraftIn) -> DraftTree:
@@ -195,29 +203,6 @@ class EaglePhases:
         h_logits, h_feat = self.draft_runner.forward(fb)
         logp, ids, logits = self.draft_topk(h_logits[last], self.state_k)
         return ExtendOut(topk_logp=logp, topk_ids=ids, feature=h_feat[last], logits=logits)
-
-    def decode(self, x: OffIn) -> OffOut:
-        """`decode`: a plain target step without the draft (the adaptive policy's "off"), and the
-        target feature at the root, which the draft reads when it catches up on the tokens of such
-        steps (speculative/worker.py). Sampled when `x` has sampling fields."""
-        if self.carry is not None:
-            x = OffIn.of(from_carry(x.tensors(), self.carry))
-        ids, loc, q_lens, kv_lens = decode_inputs(x.root, x.seq, x.tables, self.block_size)
-        fb = ForwardBatch(
-            mode=ForwardMode.DECODE, input_ids=ids, positions=x.seq, out_cache_loc=loc,
-            q_lens=q_lens, kv_lens=kv_lens, block_tables=x.tables, width=1, max_q=1,
-            max_kv=self.max_kv)
-        hidden, aux = self.target_runner.forward(fb)
-        if x.temperature is None:
-            nxt = argmax(self.target.compute_logits(hidden, False))
-        else:
-            nxt = x.sampling().sample(self.target.compute_logits(hidden))
-        one = torch.ones_like(nxt)
-        if self.carry is not None:  # seq + 1, the next root, offset + 1
-            offsets = {"offsets": x.offsets} if x.offsets is not None else {}
-            to_carry(self.carry, {"seq": x.seq, "root": nxt} | offsets,
-                     plus={"seq": one} | ({"offsets": one} if offsets else {}))
-        return OffOut(emitted=torch.stack([one, x.root, nxt], 1), feature=self.feature(hidden, aux))
 
     def step(self, x: StepIn) -> StepOut:
         """`step`: draft -> verify -> accept -> draft_extend as one function (one graph per batch

@@ -77,7 +77,7 @@ def build_token_maps(
     if missing:
         raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
     forced = end_of_turn_ids(tokenizer, vocab)
-    keeps = [_map_size(size, vocab, forced) for size in sizes]
+    keeps = [map_size(size, vocab, forced) for size in sizes]
 
     counts = np.zeros(vocab, dtype=np.int64)
     out_of_vocab = 0
@@ -103,36 +103,10 @@ def build_token_maps(
     tokens_counted = int(counts.sum()) + out_of_vocab
     if tokens_counted == 0:
         raise ValueError(f"the corpus ({', '.join(map(str, files))}) holds no text to count")
-    return [_result(counts, tokens_counted, n_keep, forced, skipped) for n_keep in keeps]
+    return [map_result(counts, tokens_counted, n_keep, forced, skipped) for n_keep in keeps]
 
 
-def build_token_map_from_shards(tokenizer: PreTrainedTokenizerBase, folder: Path, size: int,
-                                vocab_size: int | None = None) -> TokenMapResult:
-    """The map of the target's own tokens in `hotspec distill`'s token shards (the response
-    tokens: what the draft has to propose), ranked as build_token_map ranks a corpus's."""
-    return build_token_maps_from_shards(tokenizer, folder, [size], vocab_size)[0]
-
-
-def build_token_maps_from_shards(tokenizer: PreTrainedTokenizerBase, folder: Path, sizes: list[int],
-                                 vocab_size: int | None = None) -> list[TokenMapResult]:
-    """build_token_map_from_shards for each of `sizes`, counting once."""
-    from hotspec.training.token_shards import load_records
-
-    vocab = len(tokenizer) if vocab_size is None else vocab_size
-    data = load_records(Path(folder))
-    forced = end_of_turn_ids(tokenizer, vocab)
-    keeps = [_map_size(size, vocab, forced) for size in sizes]
-    ids = data.tokens[data.mask].astype(np.int64)
-    if ids.size == 0:
-        raise ValueError(f"the token shards of {folder} hold no response tokens to count")
-    if int(ids.max()) >= vocab:
-        raise ValueError(f"the token shards of {folder} hold id {int(ids.max())}, outside this "
-                         f"model's vocabulary of {vocab}: they were made for another model")
-    counts = np.bincount(ids, minlength=vocab)
-    return [_result(counts, int(ids.size), n_keep, forced, 0) for n_keep in keeps]
-
-
-def _map_size(size: int, vocab: int, forced: list[int]) -> int:
+def map_size(size: int, vocab: int, forced: list[int]) -> int:
     """Ids the map keeps: `size`, at most the vocabulary, at least room for the forced ids."""
     n_keep = min(size, vocab)
     if n_keep < max(1, len(forced)):
@@ -141,7 +115,7 @@ def _map_size(size: int, vocab: int, forced: list[int]) -> int:
     return n_keep
 
 
-def _result(counts: np.ndarray, tokens_counted: int, n_keep: int, forced: list[int],
+def map_result(counts: np.ndarray, tokens_counted: int, n_keep: int, forced: list[int],
             skipped: int) -> TokenMapResult:
     ids = rank_ids(counts, n_keep, forced)
     coverage = float(counts[ids].sum()) / tokens_counted

@@ -28,7 +28,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hotspec.engine.request import Request
+from hotspec.core.request import Request
 from hotspec.entrypoints.llm import LLM
 from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import SamplingParams

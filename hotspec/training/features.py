@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hotspec.core.request import Request
 from hotspec.engine.engine import Engine
-from hotspec.engine.request import Request
 from hotspec.runtime.batch_builder import prefill_batch
 from hotspec.sampling_params import SamplingParams
 
@@ -108,7 +108,7 @@ def target_pass(engine: Engine, records: list[list[int]], aux_layer_ids: tuple[i
     """(feature [N, F], final [N, H] | None, argmax [N] | None) of the records back to back, on
     `to`, in the engine's dtype: the target runner's prefill of each batch of records (at most
     `token_budget` tokens and the free KV blocks); final and argmax for EAGLE-3 (aux layers)."""
-    runner = engine.worker.runner  # type: ignore[attr-defined]  # the vanilla worker's
+    runner = engine.worker.target_runner
     target = engine.target
     eagle3 = bool(aux_layer_ids)
     feats: list[torch.Tensor] = []

@@ -29,7 +29,8 @@ def measure_tau(cfg: TrainConfig, head_dir: Path, prompts: list[Prompt],
     outs = llm.generate(prompt_token_ids=[p.ids for p in prompts],
                         sampling_params=SamplingParams(temperature=0.0, max_tokens=cfg.max_new_tokens))
     taus = [o.stats.tau for o in outs]
-    stats = llm.engine.worker.stats  # type: ignore[attr-defined]
+    stats = llm.engine.worker.spec_stats
+    assert stats is not None, "a speculative engine keeps statistics"
     hist = stats.accept_hist
     return {"mean": sum(taus) / len(taus), "per_prompt": taus, "num_steps": steps, "topk": 1,
             "accept_hist": {str(k): v for k, v in sorted(hist.items())},

@@ -41,10 +41,11 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402
 
-from hotspec.benchmark.device import device_name, graph_replay_ms  # noqa: E402
+from hotspec.benchmark.device import device_name  # noqa: E402
+from hotspec.runtime.timing import graph_replay_ms  # noqa: E402
 from hotspec.layers.attention.torch_ref import TorchRefBackend  # noqa: E402
-from hotspec.layers.attention.triton_backend import TritonBackend  # noqa: E402
-from hotspec.runtime.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from hotspec.layers.attention.triton_backend import KernelTuning, TritonBackend  # noqa: E402
+from hotspec.core.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 
 PAGE = 16
 # (query heads, kv heads, head dim) of each model's attention
@@ -125,7 +126,7 @@ def reference(case: Case, scale: float) -> torch.Tensor:
 def run_variant(case: Case, name: str, scale: float, copies: int, iters: int,
                 ref: torch.Tensor) -> dict[str, float]:
     over = dict(VARIANTS[name])
-    backend = TritonBackend(PAGE, **over)
+    backend = TritonBackend(PAGE, KernelTuning(**over))
     fb = case.fb
     if name == "real-kv":
         fb = ForwardBatch(**{**fb.__dict__, "max_kv": int(fb.kv_lens.max()), "attn_meta": None})

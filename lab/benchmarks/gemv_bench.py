@@ -28,7 +28,7 @@ from dataclasses import asdict
 import torch
 import torch.nn.functional as F
 
-from hotspec.benchmark.device import graph_replay_ms
+from hotspec.runtime.timing import graph_replay_ms
 from hotspec.layers.fused_kernels import silu_mul
 from hotspec.layers.gemv_kernels import GemvConfig, bucket, gemv
 

@@ -32,7 +32,7 @@ from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
 from hotspec.benchmark.script import run_script
 from hotspec.benchmark.spec_bench import drive, load_target, run_with_engine
 from hotspec.engine.engine import Engine
-from hotspec.entrypoints.engine_args import add_engine_args, engine_config
+from hotspec.cli.engine_args import add_engine_args, engine_config
 from hotspec.sampling_params import SamplingParams
 
 

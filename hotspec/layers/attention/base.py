@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hotspec.runtime.forward_batch import ForwardBatch
+from hotspec.core.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)

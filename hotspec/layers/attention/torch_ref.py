@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hotspec.core.forward_batch import ForwardBatch
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
-from hotspec.runtime.forward_batch import ForwardBatch
 
 
 @dataclass

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from hotspec.core.forward_batch import ForwardBatch
 from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.merge_kernels import combine_splits
 from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
-from hotspec.runtime.forward_batch import ForwardBatch
 
 _LOG2E = 1.4426950408889634
 
@@ -88,29 +88,36 @@ def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
+@dataclass(frozen=True)
+class KernelTuning:
+    """Overrides of the kernels' automatic choices, for tests that reach each kernel path at
+    small sizes and for the attention benchmark; the engine keeps the defaults.
+
+    block_n / block_m: tile sizes (powers of two, >= 16); num_splits: the split count of uniform
+    phases (None: automatic on CUDA, never on CPU; 1: never); num_warps; num_stages: the kv loop's
+    pipeline stages (None: `_stages`' rule); mask_bits: pack custom masks of <= 64 slots into a
+    word per row (False: the byte mask wider masks use); fold_rope: decode batches pass RoPE and
+    the KV store to the kernel (`folds_rope`; False: their own kernel, as every other phase);
+    min_chunk: the fewest kv indices a split covers (None: `min_chunk`'s rule for the automatic
+    splits of several-row phases, equal shares otherwise)."""
+
+    block_n: int | None = None
+    block_m: int | None = None
+    num_splits: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    mask_bits: bool = True
+    fold_rope: bool = True
+    min_chunk: int | None = None
+
+
 class TritonBackend(AttentionBackend):
-    def __init__(self, block_size: int, *, block_n: int | None = None, block_m: int | None = None,
-                 num_splits: int | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None, mask_bits: bool = True,
-                 fold_rope: bool = True, min_chunk: int | None = None) -> None:
-        """block_n / block_m override the tile sizes (powers of two, >= 16); num_splits forces a
-        split count for uniform phases (None: automatic on CUDA, never on CPU; 1: never);
-        num_stages the kv loop's pipeline stages (None: `_stages`' rule);
-        mask_bits packs custom masks of <= 64 slots into a word per row (False: the byte mask
-        wider masks use); fold_rope lets decode batches pass RoPE and the KV store to the kernel
-        (`folds_rope`; False: their own kernel, as every other phase); min_chunk forces the
-        fewest kv indices a split covers (None: `min_chunk`'s rule for the automatic splits of
-        several-row phases, equal shares otherwise). The tests set these to
-        reach each kernel path at small sizes; the engine keeps the defaults."""
-        self.mask_bits = mask_bits
-        self.fold_rope = fold_rope
-        self.min_chunk = min_chunk
+    def __init__(self, block_size: int, tuning: KernelTuning | None = None) -> None:
+        t = tuning or KernelTuning()
         self.block_size = block_size
-        self.block_n = block_n
-        self.block_m = block_m
-        self.num_splits = num_splits
-        self.num_warps = num_warps
-        self.num_stages = num_stages
+        self.mask_bits, self.fold_rope, self.min_chunk = t.mask_bits, t.fold_rope, t.min_chunk
+        self.block_n, self.block_m, self.num_splits = t.block_n, t.block_m, t.num_splits
+        self.num_warps, self.num_stages = t.num_warps, t.num_stages
         self._sm_count: dict[int, int] = {}
         self._interp = is_interpreted()
 

@@ -9,7 +9,7 @@ from hotspec.errors import HotspecError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hotspec.entrypoints.engine_args import HelpFormatter
+    from hotspec.cli.engine_args import HelpFormatter
     from hotspec.models.packaged import PACKAGED_MODELS
 
     p = sub.add_parser(

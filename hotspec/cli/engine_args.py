@@ -9,7 +9,7 @@ import logging
 import textwrap
 import types
 import typing
-from dataclasses import MISSING, fields, replace
+from dataclasses import MISSING, fields
 from typing import Any
 
 from hotspec.config import EngineConfig
@@ -63,12 +63,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest=f.name, type=tp, default=default, help=help_text)
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
+def engine_config(args: argparse.Namespace, default_head: bool = False) -> EngineConfig:
+    """The EngineConfig of parsed engine options; `default_head`: with the default model's
+    shipped head where it applies (`with_default_head`)."""
     values: dict[str, Any] = {}
     for f in fields(EngineConfig):
         v = getattr(args, f.name)
         values[f.name] = tuple(v) if isinstance(v, list) else v  # nargs="+" gives a list
-    return EngineConfig(**values)
+    return EngineConfig(**(with_default_head(values) if default_head else values))
 
 
 def add_default_head_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -77,19 +79,22 @@ def add_default_head_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
                    "shipped EAGLE-3 head (default: on)")
 
 
-def with_default_head(cfg: EngineConfig, default_head: bool) -> EngineConfig:
-    """`cfg` with the default model's shipped head when it runs the default model (no --model, or
-    the default GGUF's path) with no speculative option; if that head is not installed, a warning
-    says so and `cfg` runs without speculation."""
+def with_default_head(values: dict[str, Any]) -> dict[str, Any]:
+    """EngineConfig options with the default model's shipped head when they run the default
+    model (no --model, or the default GGUF's path) and name no speculative algorithm: with no
+    speculative option, or with shape or token-map options alone, which then shape that head's
+    speculation. If the head is not installed, a warning says so and `values` run without
+    speculation (a speculative option given alone then fails as it would without the head)."""
     from hotspec.models import default_model
 
-    if cfg.speculative_algorithm is not None or not default_head \
-            or not default_model.is_default_model(cfg.model):
-        return cfg
+    if values.get("speculative_algorithm") is not None or values.get(
+            "speculative_draft_model_path") is not None or not default_model.is_default_model(
+            values.get("model")):
+        return values
     try:
         head = default_model.default_draft_head()
     except HotspecError as e:
         log.warning("running WITHOUT speculative decoding: %s", e)
-        return cfg
-    return replace(cfg, speculative_algorithm=default_model.DEFAULT_DRAFT_ALGORITHM,
-                   speculative_draft_model_path=str(head))
+        return values
+    return values | {"speculative_algorithm": default_model.DEFAULT_DRAFT_ALGORITHM,
+                     "speculative_draft_model_path": str(head)}

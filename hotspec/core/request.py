@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import torch
 
 from hotspec.sampling_params import SamplingParams
 
@@ -32,6 +33,25 @@ class RequestStats:
         return self.generated_tokens / self.spec_steps if self.spec_steps else 0.0
 
 
+class DraftRow(NamedTuple):
+    """What the draft head left for a request's next speculative step (rows of device tensors)."""
+
+    topk_logp: torch.Tensor  # [K] draft log-probs of the depth-1 candidates
+    topk_ids: torch.Tensor  # [K] their target ids
+    feature: torch.Tensor  # [H] the draft feature the depth-1 candidates are drafted with
+
+
+@dataclass
+class SpecState:
+    """A request's speculative state between steps: the draft's row, and the tokens of plain
+    decode steps (the adaptive policy's "off") that the draft has not read yet."""
+
+    draft: DraftRow | None = None
+    # (position, target feature at it, the token after it) per plain decode step read since the
+    # draft last ran over this request's tokens: its catch-up input
+    pending: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
+
+
 @dataclass(eq=False)  # identity: the engine's list membership and removal are per object
 class Request:
     rid: int
@@ -46,7 +66,7 @@ class Request:
     error: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     checker: StopChecker | None = field(default=None, repr=False)
-    spec_state: Any = field(default=None, repr=False)  # the speculative worker's per-request state
+    spec: SpecState = field(default_factory=SpecState, repr=False)
     # `blocks` as int32 for the step's block table, kept with the list it was read from: the engine
     # only appends to that list or replaces it
     _block_array: tuple[list[int], np.ndarray] | None = field(default=None, repr=False)

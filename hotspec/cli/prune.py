@@ -9,7 +9,7 @@ from hotspec.errors import HotspecError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hotspec.entrypoints.engine_args import HelpFormatter
+    from hotspec.cli.engine_args import HelpFormatter
 
     p = sub.add_parser(
         "prune-draft", help="prune an EAGLE-3 head's draft vocabulary to an FR-Spec token map",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hotspec.entrypoints.engine_args import HelpFormatter, add_default_head_arg, add_engine_args
+    from hotspec.cli.engine_args import HelpFormatter, add_default_head_arg, add_engine_args
 
     p = sub.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API", formatter_class=HelpFormatter,
@@ -39,12 +39,12 @@ def served_model_name(args: argparse.Namespace) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    from hotspec.cli.engine_args import engine_config
     from hotspec.engine.engine import Engine
-    from hotspec.entrypoints.engine_args import engine_config, with_default_head
     from hotspec.entrypoints.server import ServerSettings, run
 
     # a bad option fails here, before any weight is read
-    cfg = with_default_head(engine_config(args), args.default_head)
+    cfg = engine_config(args, args.default_head)
     settings = ServerSettings(served_model_name(args), args.api_key, args.max_body_bytes)
     run(Engine(cfg), settings, args.host, args.port)
 

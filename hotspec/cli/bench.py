@@ -32,7 +32,7 @@ SPEC_FIELDS = ("speculative_algorithm", "speculative_draft_model_path", "specula
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hotspec.entrypoints.engine_args import RawDescriptionHelpFormatter, add_engine_args
+    from hotspec.cli.engine_args import RawDescriptionHelpFormatter, add_engine_args
 
     p = sub.add_parser(
         "bench", help="benchmark speculative decoding against vanilla decoding on a prompt file",
@@ -97,7 +97,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from hotspec.benchmark.prompts import BenchPrompt, prompt_ids, read_bench_prompts
     from hotspec.benchmark.report import build_results, plot, table, write_json
     from hotspec.benchmark.spec_bench import load_target
-    from hotspec.entrypoints.engine_args import engine_config
+    from hotspec.cli.engine_args import engine_config
 
     cfg = engine_config(args)
     _check(args, cfg)
@@ -138,9 +138,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     json_path = write_json(report, args.out / "bench.json")
     png_path = plot(results, args.out / "bench.png")
     print(f"wrote {json_path} and {png_path}", file=sys.stderr)
-    steps, topk, ntok = spec_cfg.spec_shape
+    s = spec_cfg.spec_shape
     shape = (f"adaptive over {' '.join(spec_cfg.speculative_candidates)}" if spec_cfg.adaptive
-             else f"steps {steps}, topk {topk}, draft tokens {ntok}")
+             else f"steps {s.num_steps}, topk {s.topk}, draft tokens {s.num_draft_tokens}")
     header = (f"hotspec bench: {report['model']}, {dtype} on {report['device']}; "
               f"{spec_cfg.speculative_algorithm} {shape}"
               f"{', token map ' + spec_cfg.speculative_token_map if spec_cfg.speculative_token_map else ''}; "

@@ -13,7 +13,7 @@ from hotspec.errors import HotspecError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hotspec.entrypoints.engine_args import HelpFormatter
+    from hotspec.cli.engine_args import HelpFormatter
 
     p = sub.add_parser(
         "distill", help="have the target answer training conversations; keep them as token ids",

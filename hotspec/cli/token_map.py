@@ -9,7 +9,7 @@ from hotspec.errors import HotspecError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hotspec.entrypoints.engine_args import HelpFormatter
+    from hotspec.cli.engine_args import HelpFormatter
 
     p = sub.add_parser(
         "token-map", help="count a corpus's token frequencies and write an FR-Spec token map",
@@ -38,11 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_token_map(args: argparse.Namespace) -> None:
     from hotspec.models.loader import load_tokenizer, resolve_model_path
-    from hotspec.speculative.token_map_builder import (
-        build_token_maps,
-        build_token_maps_from_shards,
-        save_token_map,
-    )
+    from hotspec.speculative.token_map_builder import build_token_maps, save_token_map
+    from hotspec.training.token_maps import build_token_maps_from_shards
 
     sizes = list(dict.fromkeys(args.size))
     if args.out is not None and len(sizes) > 1:

@@ -1,5 +1,5 @@
 """`hotspec` command line: generate, serve, bench, distill, train-draft, token-map,
-prune-draft. Engine options come from EngineConfig's fields (hotspec/entrypoints/engine_args.py)."""
+prune-draft. Engine options come from EngineConfig's fields (hotspec/cli/engine_args.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ import sys
 import time
 from dataclasses import fields
 
-from hotspec.config import EngineConfig
-from hotspec.entrypoints.engine_args import (
+from hotspec.cli.engine_args import (
     HelpFormatter,
     add_default_head_arg,
     add_engine_args,
     engine_config,
-    with_default_head,
 )
+from hotspec.config import EngineConfig
 from hotspec.errors import HotspecError
 
 GENERATE_MAX_TOKENS = 256  # room for a complete short answer from a chat model
@@ -26,7 +25,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from hotspec.entrypoints.llm import LLM
     from hotspec.sampling_params import SamplingParams
 
-    cfg = with_default_head(engine_config(args), args.default_head)
+    cfg = engine_config(args, args.default_head)
     llm = LLM(**{f.name: getattr(cfg, f.name) for f in fields(EngineConfig)})
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed)
@@ -55,15 +54,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hotspec.entrypoints import (
-        bench_cli,
-        distill_cli,
-        model_cli,
-        prune_cli,
-        serve_cli,
-        token_map_cli,
-        train_cli,
-    )
+    from hotspec.cli import bench, distill, model, prune, serve, token_map, train
     p = argparse.ArgumentParser(prog="hotspec", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="hotspec's log messages on stderr, e.g. the CUDA-graph table at start-up "
@@ -91,13 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of this request's sampling; unset: drawn from the engine's --seed")
     add_default_head_arg(o)
     g.set_defaults(func=cmd_generate)
-    token_map_cli.add_parser(sub)
-    train_cli.add_parser(sub)
-    distill_cli.add_parser(sub)
-    prune_cli.add_parser(sub)
-    serve_cli.add_parser(sub)
-    bench_cli.add_parser(sub)
-    model_cli.add_parser(sub)
+    token_map.add_parser(sub)
+    train.add_parser(sub)
+    distill.add_parser(sub)
+    prune.add_parser(sub)
+    serve.add_parser(sub)
+    bench.add_parser(sub)
+    model.add_parser(sub)
     return p
 
 

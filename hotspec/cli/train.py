@@ -11,7 +11,7 @@ from hotspec.errors import HotspecError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hotspec.entrypoints.engine_args import HelpFormatter
+    from hotspec.cli.engine_args import HelpFormatter
 
     p = sub.add_parser(
         "train-draft", help="train a draft head (EAGLE-3 or EAGLE-1/2) for a target model",

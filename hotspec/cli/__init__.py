@@ -1,0 +1,1 @@
+"""The `hotspec` command line: one module per subcommand (`main` dispatches)."""

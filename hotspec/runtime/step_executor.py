@@ -1,0 +1,147 @@
+"""One step executor for every decode program: it builds a step's host inputs once, runs the
+program's registered graph (or its eager fallback), queues the step's output on its way to the
+host, and later collects it.
+
+A *program* is one kind of step over the running requests: vanilla decoding, an EAGLE step of
+one shape, or plain decoding inside the speculative engine. Every program's graph reads the same
+host rows (`StepRows`: committed lengths, block tables, the root token, the overlap schedule's
+`src`, sampling parameters) and emits the same row layout, `[B, 2 + W]` = (accepted count a,
+the accepted path root first, the bonus token), so launching, collecting and advancing a
+request's length are written once, here. With the overlap schedule (core/launches.py) step N+1
+is launched before step N is read: it takes each request's length, root and RNG offset from the
+`carry` row that step N left (runtime/carry.py), where `src` >= 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from hotspec.core.launches import HostCopy, Launches
+from hotspec.core.request import Request, Status
+from hotspec.runtime.batch_builder import block_table_tensor
+from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
+from hotspec.runtime.phase_io import PhaseIO, Tensors, sampling_fields
+
+_CPU = torch.device("cpu")  # the graph runner moves host inputs to the device itself
+CARRY = ("seq", "root", "offsets")  # what a step leaves per row for the next (runtime/carry.py)
+
+
+@dataclass
+class StepRows:
+    """A step's host inputs, one row per request, whichever program runs."""
+
+    seq: torch.Tensor  # [B] long: committed tokens (the host's view; `src` rows take the carry's)
+    tables: torch.Tensor  # [B, max_blocks] int32
+    root: torch.Tensor  # [B] long: the last token, not yet in the KV cache (0 for `src` rows)
+    src: torch.Tensor | None  # [B] long, overlap schedule: the row in the unread launch, or -1
+    sampling: dict[str, torch.Tensor] = field(default_factory=dict)  # Sampled's fields; {}: greedy
+
+    @property
+    def greedy(self) -> bool:
+        return not self.sampling
+
+    def fields(self) -> dict[str, Any]:
+        """The keyword arguments of a program input that reads every row field."""
+        return {"seq": self.seq, "tables": self.tables, "root": self.root, "src": self.src,
+                **self.sampling}
+
+
+class Bounded(Protocol):
+    max_kv: int  # the attention bound a program's passes use (tightened per step when eager)
+
+
+class StepProgram(Bounded, Protocol):
+    """One kind of step: its graphs (greedy and sampled), and its typed input from the rows."""
+
+    def graph(self, greedy: bool) -> PhaseGraph[Any, Any]: ...
+
+    def inputs(self, rows: StepRows) -> PhaseIO: ...
+
+
+@dataclass
+class Collected:
+    """A step read back: its requests, each one's new tokens and accepted count, and what the
+    program attached at launch (`tag`)."""
+
+    reqs: list[Request]
+    tokens: list[list[int]]
+    accepted: list[int]  # a per row: tokens the step committed (1 for plain decoding)
+    tag: Any
+
+
+class StepExecutor:
+    """Launches and collects the steps of every program over one graph runner. `reserve`: KV
+    slots a step may write beyond a request's length; `max_advance`: positions a step may
+    advance it by (both over every program the worker runs; they bound eager attention and the
+    engine's block reservations)."""
+
+    def __init__(self, graphs: GraphRunner, block_size: int, max_blocks_per_seq: int,
+                 overlap: bool, max_rows: int) -> None:
+        self.graphs, self.block_size = graphs, block_size
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.overlap = overlap
+        self.device = graphs.device
+        self.launches = Launches()
+        self.reserve, self.max_advance = 1, 1
+        # overlap: what the next launch reads of this one's rows, sized for the largest batch
+        # a step runs (padded graph or eager)
+        rows = max(max_rows, graphs.max_bs)
+        self.carry: Tensors | None = {k: torch.zeros(rows, dtype=torch.long, device=self.device)
+                                      for k in CARRY} if overlap else None
+
+    def rows(self, reqs: list[Request], sampled: bool) -> StepRows:
+        """The host inputs of a step of `reqs` (a request with unread steps takes its length,
+        root and RNG offset from the carry: it must be in the newest launch)."""
+        ahead = [self.launches.ahead(r) for r in reqs]
+        if any(ahead) and not self.overlap:
+            raise RuntimeError("a step was launched before the last one was read; that needs the "
+                               "overlap schedule")
+        return StepRows(
+            seq=torch.tensor([r.seq_len for r in reqs], dtype=torch.long),
+            tables=block_table_tensor(reqs, _CPU),
+            root=torch.tensor([0 if a else r.last_token for r, a in zip(reqs, ahead)],
+                              dtype=torch.long),
+            src=torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
+            if self.overlap else None,
+            sampling=sampling_fields(reqs, _CPU, ahead) if sampled else {})
+
+    def bound(self, program: Bounded, reqs: list[Request]) -> None:
+        """Eager passes attend over the longest request's kv indices, not the whole table."""
+        if self.graphs.mode == "eager":
+            program.max_kv = max(r.seq_len + self.launches.ahead(r) * self.max_advance
+                                 for r in reqs) + self.reserve
+
+    def launch(self, program: StepProgram, reqs: list[Request], tag: Any = None,
+               rows: StepRows | None = None) -> PhaseIO:
+        """Enqueue `program`'s step for `reqs` (no host sync) and return its outputs, which stay
+        on the device; `tag` comes back with the step's tokens (`collect`)."""
+        if rows is None:
+            rows = self.rows(reqs, sampled=any(r.params.temperature > 0 for r in reqs))
+        self.bound(program, reqs)
+        graph = program.graph(rows.greedy)
+        # (borrowed from the graph: published to a pinned slot, or copied out by HostCopy before
+        # the next launch)
+        out = graph.run(program.inputs(rows), borrow=("emitted",))
+        self.launches.push(reqs, (graph.read_back("emitted") or HostCopy(out.emitted), tag))
+        return out
+
+    def collect(self) -> Collected:
+        """The oldest launched step: the one host sync of a step. Each request that is still
+        running advances by its accepted count; requests that finished since (a stop in the step
+        before, an abort) keep their length and their tokens are dropped by the engine."""
+        reqs, (emitted, tag) = self.launches.pop()
+        rows = emitted.tolist()
+        for r, row in zip(reqs, rows):
+            if r.status is not Status.FINISHED:
+                r.seq_len += row[0]
+        return Collected(reqs, [emitted_tokens(row) for row in rows], [row[0] for row in rows], tag)
+
+
+def emitted_tokens(row: list[int]) -> list[int]:
+    """A request's new tokens in an emitted row (a, path root first, bonus): the accepted drafts
+    after the root, then the bonus."""
+    a = row[0]
+    return row[2 : 1 + a] + [row[-1]]

@@ -1,0 +1,176 @@
+"""The speculative step as step programs (runtime/step_executor.py): `EagleStep`, one shape's
+fused step (draft -> verify -> accept -> draft_extend in one graph per batch size), and
+`PhasedStep`, the same step as three phase graphs read one by one (--profile-phases,
+--no-fuse-spec-step), which times each phase.
+
+Both read the requests' draft states (DraftRow, on the device) beside the executor's host rows.
+When the batch is the last step's, in the same order, the last step's output tensors serve as
+they are (no stack kernels).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hotspec.core.request import DraftRow, Request
+from hotspec.core.spec_shape import SpecShape
+from hotspec.core.spec_stats import SpecStats
+from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
+from hotspec.runtime.step_executor import StepExecutor, StepRows
+from hotspec.speculative.io import (
+    Accepted,
+    DraftIn,
+    DraftState,
+    ExtendIn,
+    ExtendOut,
+    StepIn,
+    StepOut,
+    VerifyIn,
+    emitted_rows,
+)
+from hotspec.speculative.phases import EaglePhases
+from hotspec.speculative.tree import DraftTree
+
+STATE = ("topk_logp", "topk_ids", "feature")  # inputs the last step left on the device
+
+
+class DraftStates:
+    """The batch's draft states as batch tensors: the last step's outputs when the batch is the
+    same requests in the same order holding the rows that step set, else stacked from the rows."""
+
+    def __init__(self) -> None:
+        self._last: tuple[list[DraftRow | None], DraftState] | None = None
+        self.restacks = 0  # steps that had to stack the states (the batch changed)
+
+    def of(self, reqs: list[Request]) -> DraftState:
+        rows = [r.spec.draft for r in reqs]
+        last = self._last
+        if last is not None and len(last[0]) == len(rows) and all(
+                a is b for a, b in zip(rows, last[0])):
+            return last[1]
+        self.restacks += 1
+        missing = [r.rid for r, row in zip(reqs, rows) if row is None]
+        if missing:
+            raise RuntimeError(f"requests {missing} have no draft state: prefill them first")
+        return DraftState(**{f: torch.stack([getattr(row, f) for row in rows])  # type: ignore[misc]
+                             for f in STATE})
+
+    def set(self, reqs: list[Request], out: DraftState) -> None:
+        """Each request's row of a step's outputs becomes its draft state."""
+        for i, r in enumerate(reqs):
+            r.spec.draft = DraftRow(out.topk_logp[i], out.topk_ids[i], out.feature[i])
+        state = DraftState(topk_logp=out.topk_logp, topk_ids=out.topk_ids, feature=out.feature)
+        self._last = ([r.spec.draft for r in reqs], state)
+
+    def forget(self) -> None:
+        """Rows were set elsewhere (prefill, catch-up): the next step stacks."""
+        self._last = None
+
+
+class EagleStep:
+    """One shape's fused step: graphs `step` and `step[sample]` (suffixed `@S/K/N` for every shape
+    but the first)."""
+
+    def __init__(self, phases: EaglePhases, graphs: GraphRunner, states: DraftStates, tag: str,
+                 carried: bool) -> None:
+        self.phases, self.states = phases, states
+        s = phases.shapes
+
+        def reg(sampled: bool) -> PhaseGraph[StepIn, StepOut]:
+            return graphs.register(
+                ("step[sample]" if sampled else "step") + tag, phases.step,
+                lambda bs: StepIn.example(s, bs, sampled=sampled, carried=carried), StepOut,
+                device_inputs=STATE, publish=("emitted",))
+
+        self.graphs = (reg(False), reg(True))
+        self._reqs: list[Request] = []
+
+    @property
+    def max_kv(self) -> int:
+        return self.phases.max_kv
+
+    @max_kv.setter
+    def max_kv(self, value: int) -> None:
+        self.phases.max_kv = value
+
+    def graph(self, greedy: bool) -> PhaseGraph[StepIn, StepOut]:
+        return self.graphs[0 if greedy else 1]
+
+    def inputs(self, rows: StepRows) -> StepIn:
+        return StepIn(**rows.fields(), **self.states.of(self._reqs).tensors())
+
+    def launch(self, executor: StepExecutor, reqs: list[Request], tag: object) -> None:
+        """The step for `reqs`; their draft states are its outputs at once (on the device)."""
+        self._reqs = reqs
+        out = executor.launch(self, reqs, tag)
+        assert isinstance(out, StepOut)
+        self.states.set(reqs, out)
+
+
+@dataclass
+class _Graphs:
+    draft: PhaseGraph[DraftIn, DraftTree]
+    verify: PhaseGraph[VerifyIn, Accepted]
+    verify_sample: PhaseGraph[VerifyIn, Accepted]
+    draft_extend: PhaseGraph[ExtendIn, ExtendOut]
+
+
+class PhasedStep:
+    """The step as graphs `draft`, `verify` (`verify[sample]`: verify + accept) and
+    `draft_extend`, run and read one after the other; with `profile`, each phase's time."""
+
+    def __init__(self, phases: EaglePhases, graphs: GraphRunner, states: DraftStates,
+                 stats: SpecStats) -> None:
+        self.phases, self.states, self.stats = phases, states, stats
+        s = phases.shapes
+        tree = ("tokens", "parents", "depth", "mask")
+        self.g = _Graphs(
+            graphs.register("draft", phases.draft_tree, lambda bs: DraftIn.example(s, bs),
+                            DraftTree, device_inputs=STATE),
+            graphs.register("verify", phases.verify_accept, lambda bs: VerifyIn.example(s, bs),
+                            Accepted, device_inputs=tree),
+            graphs.register("verify[sample]", phases.verify_accept,
+                            lambda bs: VerifyIn.example(s, bs, sampled=True), Accepted,
+                            device_inputs=tree),
+            graphs.register("draft_extend", phases.draft_extend, lambda bs: ExtendIn.example(s, bs),
+                            ExtendOut, device_inputs=("acc_tokens", "accept_len", "bonus",
+                                                      "acc_feature")))
+
+    def _timed(self, phase: str, t0: float, profile: bool) -> float:
+        self.stats.phase_calls[phase] += 1
+        if not profile:
+            return t0
+        if self.phases.shapes.device.type == "cuda":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        # (Counter's stubs only know int counts; float seconds work the same at runtime)
+        self.stats.phase_seconds[phase] += now - t0  # type: ignore[assignment]
+        return now
+
+    def run(self, executor: StepExecutor, reqs: list[Request], profile: bool) -> list[list[int]]:
+        """One step of `reqs`: each request's emitted row (a, path root first, bonus)."""
+        g, t0 = self.g, time.perf_counter()
+        rows = executor.rows(reqs, sampled=any(r.params.temperature > 0 for r in reqs))
+        executor.bound(self.phases, reqs)
+        state = self.states.of(reqs)
+        tree = g.draft.run(DraftIn(seq=rows.seq, tables=rows.tables, root=rows.root,
+                                   **state.tensors()))
+        t0 = self._timed("draft", t0, profile)
+        acc = (g.verify if rows.greedy else g.verify_sample).run(
+            VerifyIn(seq=rows.seq, tables=rows.tables, **tree.tensors(), **rows.sampling))
+        t0 = self._timed("verify", t0, profile)
+        ext = g.draft_extend.run(ExtendIn(seq=rows.seq, tables=rows.tables, **acc.tensors()))
+        self._timed("draft_extend", t0, profile)
+        emitted = emitted_rows(acc).tolist()  # the one host sync of the step
+        self.states.set(reqs, ext)
+        for r, row in zip(reqs, emitted):
+            r.seq_len += row[0]
+        return emitted
+
+
+def shape_tag(shape: SpecShape, first: SpecShape) -> str:
+    """Graph-name suffix of a shape's step: none for the first shape, else `@S/K/N`."""
+    return "" if shape == first else "@" + shape.label
