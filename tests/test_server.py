@@ -18,6 +18,7 @@ import pytest
 from hotspec import LLM, RequestOutput, SamplingParams
 from hotspec.cli.main import build_parser, engine_config
 from hotspec.cli.serve import served_model_name
+from hotspec.core.spec_shape import SpecShape
 from hotspec.entrypoints.server import BackgroundServer, ServerSettings, create_app
 
 KEY = "sk-test"

@@ -42,10 +42,10 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 
 from hotspec.benchmark.device import device_name  # noqa: E402
-from hotspec.runtime.timing import graph_replay_ms  # noqa: E402
+from hotspec.core.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from hotspec.layers.attention.torch_ref import TorchRefBackend  # noqa: E402
 from hotspec.layers.attention.triton_backend import KernelTuning, TritonBackend  # noqa: E402
-from hotspec.core.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from hotspec.runtime.timing import graph_replay_ms  # noqa: E402
 
 PAGE = 16
 # (query heads, kv heads, head dim) of each model's attention

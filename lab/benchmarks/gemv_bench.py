@@ -28,9 +28,9 @@ from dataclasses import asdict
 import torch
 import torch.nn.functional as F
 
-from hotspec.runtime.timing import graph_replay_ms
 from hotspec.layers.fused_kernels import silu_mul
 from hotspec.layers.gemv_kernels import GemvConfig, bucket, gemv
+from hotspec.runtime.timing import graph_replay_ms
 
 SHAPES = {  # name, N, K, silu_mul (down: x is the [M, 2K] gate_up output)
     "8b": [("8b.qkv", 6144, 4096, False), ("8b.o", 4096, 4096, False),

@@ -31,8 +31,8 @@ from hotspec.benchmark.modes import RunOptions, warm_up_all
 from hotspec.benchmark.prompts import prompt_ids, read_bench_prompts
 from hotspec.benchmark.script import run_script
 from hotspec.benchmark.spec_bench import drive, load_target, run_with_engine
-from hotspec.engine.engine import Engine
 from hotspec.cli.engine_args import add_engine_args, engine_config
+from hotspec.engine.engine import Engine
 from hotspec.sampling_params import SamplingParams
 
 
