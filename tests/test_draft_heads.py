@@ -57,7 +57,7 @@ EAGLE3_VOCAB_KEYS = {"lm_head.weight", "d2t", "t2d"}
 
 @dataclass
 class FakeRequest:
-    """The slice of engine.request.Request that batch_builder reads."""
+    """The slice of core.request.Request that batch_builder reads."""
 
     blocks: list[int]
     seq_len: int = 0

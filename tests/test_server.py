@@ -296,11 +296,10 @@ def test_serve_default_speculates_with_the_shipped_head(offline: Any) -> None:
     """The engine `hotspec serve` builds with no model and no option: the default model with its
     shipped EAGLE-3 head. Greedy chat and completions over HTTP equal the offline vanilla API's,
     and /metrics shows speculative requests and the head's hot-set coverage."""
-    from hotspec.cli.engine_args import with_default_head
     from hotspec.engine.engine import Engine
 
     args = build_parser().parse_args(["serve", "--dtype", "float32", "--device", "cpu"])
-    cfg = with_default_head(engine_config(args), args.default_head)
+    cfg = engine_config(args, args.default_head)
     assert cfg.speculative_algorithm == "EAGLE3"
     engine = Engine(cfg)
     assert engine.draft is not None and engine.draft.draft_vocab_size == 8192

@@ -58,7 +58,7 @@ class GemvConfig:
     PIPE: int = 1
 
 
-# Where the kernel beats cuBLAS on the H200 (benchmarks/gemv_bench.py; benchmarks/RESULTS.md):
+# Where the kernel beats cuBLAS on the H200 (lab/benchmarks/gemv_bench.py; benchmarks/RESULTS.md):
 # (M bucket, N, K, silu_mul) -> the fastest config. Bucket 1 runs the multiply-reduce kernel, 8
 # and 16 the tl.dot one (2..16 rows: only where layers/rows_kernel.py does not run, see
 # fused.rows_config). The 8B o row is the resident kernel

@@ -41,7 +41,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 def choose(n: int, k: int, glu: bool) -> GemvConfig:
     """The tiles for x [rows, k] against n output columns (glu: a weight of 2n rows), as a
     gemv_kernels config (this kernel has no split-K and ignores PIPE), from
-    benchmarks/rows_bench.py on the H200: 256-wide K tiles (masked where K is not a
+    lab/benchmarks/rows_bench.py on the H200: 256-wide K tiles (masked where K is not a
     multiple: SmolLM2's 576 still runs fastest so), 64 columns for a wide single-accumulator
     output and 32 with glu (two accumulators) or a narrow output, 4 stages (3 for the 8B-sized
     glu panel). The pipelined tiles are kept within SMEM_BUDGET."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from hotspec.benchmark.device import device_name, sync
 from hotspec.cli.engine_args import add_engine_args, engine_config
-from hotspec.engine import launches
+from hotspec.core import launches
 from hotspec.engine.engine import Engine
 from hotspec.runtime.host_io import HostSlot
 from hotspec.sampling_params import SamplingParams
