@@ -1,39 +1,22 @@
 """The lab's tests (`python -m pytest lab/tests`; CI's run of tests/ leaves them out): the
 repository's test helpers (tests/engine_utils.py, tests/script_utils.py) and the lab's benchmarks
-importable, Triton's interpreter without a GPU, `gpu` tests skipped without one, and the
-`one_thread` fixture of tests/conftest.py."""
+importable, and tests/conftest.py's setup (Triton's interpreter without a GPU, `gpu` tests
+skipped without one, its fixtures), taken from there."""
 
 from __future__ import annotations
 
-import os
+import importlib.util
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-import torch
 
 LAB = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(LAB.parent / "tests"))
 sys.path.insert(0, str(LAB / "benchmarks"))
 
-if not torch.cuda.is_available():  # before anything imports triton (see tests/conftest.py)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run lab/gpu_job.sh on the H200)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
-
-
-@pytest.fixture(scope="module")
-def one_thread() -> Iterator[None]:
-    """One torch thread for a module's tests: tiny matmuls gain nothing from intra-op threads."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_spec = importlib.util.spec_from_file_location("hotspec_tests_conftest", LAB.parent / "tests" / "conftest.py")
+assert _spec is not None and _spec.loader is not None
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+pytest_collection_modifyitems = _base.pytest_collection_modifyitems
+one_thread = _base.one_thread
+default_gguf = _base.default_gguf
