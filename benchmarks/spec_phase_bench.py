@@ -42,6 +42,7 @@ from decode_bench import H200_BANDWIDTH, kernel_stats, kernel_table, weight_byte
 
 from hotspec.benchmark.random_models import SHAPES, random_state  # noqa: E402
 from hotspec.config import EngineConfig  # noqa: E402
+from hotspec.core.spec_shape import SpecShape
 from hotspec.engine.engine import Engine  # noqa: E402
 from hotspec.models.build import build_target  # noqa: E402
 from hotspec.models.default_model import default_draft_head, default_model_path  # noqa: E402
@@ -204,7 +205,8 @@ def main(argv: list[str] | None = None) -> None:
             tmap = str(tmp / f"freq_{hot}.pt")
             torch.save(list(range(int(hot))), tmap)
         for shape in args.shapes:
-            steps, topk, ntok = (int(x) for x in shape.split(","))
+            sh = SpecShape.parse(shape.replace(",", "/"))
+            steps, topk, ntok = sh.num_steps, sh.topk, sh.num_draft_tokens
             cfg = replace(base, speculative_algorithm=algorithm, speculative_draft_model_path=str(head),
                           speculative_num_steps=steps, speculative_eagle_topk=topk,
                           speculative_num_draft_tokens=ntok, speculative_token_map=tmap,

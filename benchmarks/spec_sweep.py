@@ -47,6 +47,7 @@ from hotspec.benchmark.report import ci95, first_mismatch, mode_summary, phase_b
 from hotspec.benchmark.script import run_script
 from hotspec.benchmark.spec_bench import BatchRun, load_target
 from hotspec.cli.engine_args import add_engine_args, engine_config
+from hotspec.core.spec_shape import SpecShape
 from hotspec.engine.engine import Engine
 from hotspec.errors import HotspecError
 from hotspec.runtime.timing import graph_replay_ms
@@ -64,12 +65,14 @@ def parse_variant(text: str) -> tuple[dict[str, Any], int | None]:
         over = {"speculative_adaptive": True}
     else:
         try:
-            steps, topk, ntok = (int(v) for v in shape.split("/"))
-        except ValueError:
-            raise HotspecError(f"variant {text!r}: expected STEPS/TOPK/DRAFT_TOKENS[:fused]"
-                               "[:map=PATH][:profile] or adaptive, e.g. 6/8/16:fused") from None
-        over = {"speculative_num_steps": steps, "speculative_eagle_topk": topk,
-                "speculative_num_draft_tokens": ntok}
+            s = SpecShape.parse(shape)
+        except ValueError as e:
+            raise HotspecError(f"variant {text!r}: {e}; a variant is STEPS/TOPK/DRAFT_TOKENS"
+                               "[:fused][:map=PATH][:profile] or adaptive, e.g. 6/8/16:fused") from None
+        if s.off:
+            raise HotspecError(f"variant {text!r}: vanilla runs in every sweep; name a speculation shape")
+        over = {"speculative_num_steps": s.num_steps, "speculative_eagle_topk": s.topk,
+                "speculative_num_draft_tokens": s.num_draft_tokens}
     profile: int | None = None
     for o in opts:
         if o in ("fused", "unfused"):

@@ -105,11 +105,11 @@ def test_bad_variant_is_refused(bad: str) -> None:
 
 
 def test_variant_with_bad_engine_options_is_refused_before_loading(tmp_path: Path) -> None:
-    """A tree of 100 tokens cannot come from 1 step of top-8: refused by the engine configuration
-    before the (here nonexistent) model is read."""
+    """A tree of 100 tokens cannot come from 1 step of top-8: refused by the shape's check before
+    the (here nonexistent) model is read."""
     p = tmp_path / "p.jsonl"
     p.write_text(json.dumps({"question_id": 0, "category": "a", "prompt_token_ids": [1, 2]}) + "\n")
-    with pytest.raises(HotspecError, match="speculative_num_draft_tokens=100"):
+    with pytest.raises(HotspecError, match="num_draft_tokens=100 must be in"):
         spec_sweep.main(["--model", str(tmp_path / "missing"), "--device", "cpu",
                          "--speculative-algorithm", "EAGLE3", "--prompts", str(p),
                          "--variants", "3/1/4", "1/8/100"])
