@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hotspec.core.spec_shape import SpecShape
 from hotspec.runtime.phase_io import PhaseIO, Sampled, example_sampling
 from hotspec.speculative.tree import MAX_LOGP, DraftTree
 
@@ -21,9 +22,7 @@ from hotspec.speculative.tree import MAX_LOGP, DraftTree
 class SpecShapes:
     """Everything the phases' static buffers are sized from, read off the modules that fill them."""
 
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
+    shape: SpecShape
     max_blocks_per_seq: int
     draft_hidden: int  # H: draft_head.hidden_size
     target_feature: int  # F: draft_head.target_feature_size
@@ -34,13 +33,25 @@ class SpecShapes:
     state_topk: int = 0
 
     @property
+    def num_steps(self) -> int:
+        return self.shape.num_steps
+
+    @property
+    def topk(self) -> int:
+        return self.shape.topk
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.shape.num_draft_tokens
+
+    @property
     def state_k(self) -> int:
         return self.state_topk or self.topk
 
     @property
     def width(self) -> int:
         """W: draft_extend rows per request, the accepted path's largest length."""
-        return self.num_steps + 1
+        return self.shape.width
 
     def _long(self, *shape: int, fill: int = 0) -> torch.Tensor:
         return torch.full(shape, fill, dtype=torch.long, device=self.device)

@@ -68,7 +68,7 @@ class EagleWorker(Worker):
         state_k = max(s.topk for s in self.shapes)
         self.phases_of: dict[SpecShape, EaglePhases] = {
             s: EaglePhases(models, executor.block_size, SpecShapes(
-                s.num_steps, s.topk, s.num_draft_tokens, executor.max_blocks_per_seq,
+                s, executor.max_blocks_per_seq,
                 draft.hidden_size, draft.target_feature_size, models.target.lm_head.weight.dtype,
                 dev, state_topk=state_k), executor.carry)
             for s in self.shapes if not s.off}
