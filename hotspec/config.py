@@ -69,6 +69,11 @@ class EngineConfig:
         None, "the batch sizes captured as CUDA graphs, e.g. 1 8 32 (a batch replays the next "
         "captured size up); unset: 1, 2, 4, 8, then steps of 8 (16 above 64) up to "
         "--cuda-graph-max-bs")
+    cuda_graph_prefill_tokens: int = _option(
+        2048, "largest prefill step captured as a CUDA graph, in tokens (graphs of 16, 32, 64, "
+        "... tokens up to it, over up to 32 requests); a prefill step takes at most this many "
+        "tokens (longer prompts prefill in chunks), so every step replays a graph; 0: prefill "
+        "runs eagerly")
     profile_phases: bool = _option(
         False, "time each speculative phase (draft, verify, draft_extend); synchronises the device, "
         "so it slows decoding")
@@ -127,6 +132,8 @@ class EngineConfig:
             if not sizes or sizes[0] < 1:
                 raise ConfigError(f"cuda_graph_bs must list batch sizes >= 1, got {self.cuda_graph_bs}")
             object.__setattr__(self, "cuda_graph_bs", sizes)  # (frozen: normalised once, here)
+        if self.cuda_graph_prefill_tokens < 0:
+            raise ConfigError(f"cuda_graph_prefill_tokens must be >= 0, got {self.cuda_graph_prefill_tokens}")
         for name in ("num_kv_blocks", "max_prefill_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

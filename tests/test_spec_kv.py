@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-import hotspec.runtime.worker as worker_base
+import hotspec.runtime.prefill as worker_base
 import hotspec.speculative.worker as eagle_worker
 from hotspec import LLM, SamplingParams
 from hotspec.core.request import Request, Status

@@ -22,6 +22,7 @@ from hotspec.layers.attention.torch_ref import TorchRefBackend
 from hotspec.models.draft_head import DraftHead
 from hotspec.runtime.graph_runner import GraphRunner, default_batch_sizes
 from hotspec.runtime.model_runner import ModelRunner
+from hotspec.runtime.prefill import PREFILL_ROWS, token_buckets
 from hotspec.runtime.step_executor import StepExecutor
 from hotspec.runtime.worker import Worker
 
@@ -123,7 +124,9 @@ class EngineBuilder:
         backend = self._backend()
         self.graphs = self._graph_runner()
         executor = StepExecutor(self.graphs, self.block_size, self._blocks_for(self.max_model_len),
-                                self._overlap(), self.cfg.max_num_seqs)
+                                self._overlap(), self.cfg.max_num_seqs,
+                                tuple(token_buckets(self.cfg.cuda_graph_prefill_tokens)),
+                                min(self.cfg.max_num_seqs, PREFILL_ROWS))
         worker: Worker
         if self.cfg.speculative_algorithm is None:
             num_blocks = self._kv_blocks(per_slot)

@@ -248,14 +248,19 @@ class Engine:
         return len(req.prompt_token_ids) + len(req.output_token_ids) - req.seq_len
 
     def _prefill_step(self) -> list[StepOutput]:
-        """Prefill the oldest admitted requests' pending tokens, at most max_prefill_tokens in all:
-        the last one taken may get only a chunk (its KV grows over several steps). Requests whose
+        """Prefill the oldest admitted requests' pending tokens, at most max_prefill_tokens in all
+        (and no more tokens and requests than the prefill graphs hold): the last one taken may
+        get only a chunk (its KV grows over several steps). Requests whose
         pending tokens are all written sample their next token and join `running`."""
         budget = self.cfg.max_prefill_tokens or sys.maxsize
+        rows = sys.maxsize
+        graphed = self.worker.prefill_limits()
+        if graphed is not None:  # a step the prefill graphs hold
+            budget, rows = min(budget, graphed[0]), graphed[1]
         batch: list[Request] = []
         chunks: list[int] = []
         for req in self.prefilling:
-            if budget == 0:
+            if budget == 0 or len(batch) == rows:
                 break
             chunks.append(min(self._pending(req), budget))
             batch.append(req)

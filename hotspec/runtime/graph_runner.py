@@ -91,6 +91,29 @@ class PhaseGraph(Generic[In, Out]):
         return self.runner.captured(self.name, bs)
 
 
+@dataclass
+class _Buckets:
+    fn: Phase
+    sizes: list[int]
+    static: dict[int, Tensors]  # inputs at each size (none in eager mode)
+
+
+class BucketGraph(Generic[In, Out]):
+    """A phase registered by size (prefill: tokens): `run` takes inputs padded to one of `sizes`
+    by the caller (`bucket` says which) and returns views of the graph's outputs, valid until it
+    runs again."""
+
+    def __init__(self, runner: GraphRunner, name: str, out_type: type[Out], sizes: list[int]) -> None:
+        self.runner, self.name, self.out_type, self.sizes = runner, name, out_type, sizes
+
+    def bucket(self, n: int) -> int | None:
+        """The smallest size that holds `n`, or None (larger than every graph)."""
+        return next((s for s in self.sizes if s >= n), None)
+
+    def run(self, inputs: In) -> Out:
+        return self.out_type.of(self.runner.run_bucket(self.name, inputs.tensors()))
+
+
 class GraphRunner:
     def __init__(self, device: torch.device, mode: str, batch_sizes: list[int],
                  allow_eager_fallback: bool = False) -> None:
@@ -110,6 +133,7 @@ class GraphRunner:
         self.out_slots: dict[tuple[str, int, str], torch.Tensor] = {}  # pinned [2, bytes]
         self.slot_writer: dict[tuple[str, int, str, int], int] = {}  # the replay that wrote a slot
         self.published: dict[str, HostSlot] = {}  # the last run's, by output name
+        self.bucketed: dict[str, _Buckets] = {}  # phases captured by size (BucketGraph)
 
     @property
     def max_bs(self) -> int:
@@ -143,11 +167,30 @@ class GraphRunner:
             e.static = dict(static, **e.host.static)
         self.phases[name] = e
 
+    def register_buckets(self, name: str, fn: Callable[[In], Out], example: Callable[[int], In],
+                         out_type: type[Out], sizes: list[int]) -> BucketGraph[In, Out]:
+        """Phase `name` captured at each of `sizes`; `example(size)` declares its inputs at that
+        size. Its inputs come whole (padded by the caller) and are copied into the static
+        buffers; nothing is published (the caller reads what it needs after the run)."""
+        if name in self.phases or name in self.bucketed:
+            raise ValueError(f"phase {name!r} is registered already")
+        in_type = type(example(sizes[0]))
+
+        def body(x: Tensors) -> Tensors:
+            return fn(in_type.of(x)).tensors()
+
+        static = {n: example(n).tensors() for n in sizes} if self.mode != "eager" else {}
+        self.bucketed[name] = _Buckets(body, sorted(sizes), static)
+        return BucketGraph(self, name, out_type, sorted(sizes))
+
     # -- capture -------------------------------------------------------------------------------
     def capture_all(self) -> None:
         for name in self.phases:
             for bs in self.batch_sizes:
                 self._capture(name, bs)
+        for name, bk in self.bucketed.items():
+            for n in bk.sizes:
+                self._capture_fn(name, n, self._bucket_body(bk, n), f"{n} tokens")
         if self.counter is not None:  # the warm-ups counted on the device: start both at 0
             self.counter.zero_()
             self.count = 0
@@ -171,34 +214,42 @@ class GraphRunner:
             host_io.bump(self.counter)
         return out
 
+    def _bucket_body(self, bk: _Buckets, n: int) -> Callable[[], Tensors]:
+        return lambda: bk.fn(bk.static[n])
+
     def _capture(self, name: str, bs: int) -> None:
+        e = self.phases[name]
+        inputs = {k: v[:bs] for k, v in e.static.items()} if self.mode != "eager" else {}
+        self._capture_fn(name, bs, lambda: self._body(e, name, bs, inputs), f"batch size {bs}")
+
+    def _capture_fn(self, name: str, bs: int, body: Callable[[], Tensors], at: str) -> None:
+        """Capture `body` as the graph of (name, bs) (`at`: the size, in words): two warm-up
+        runs, then the capture; a failure stops start-up unless eager fallback was asked for."""
         key = (name, bs)
         if self.mode != "cuda":
             self.status[key] = self.mode
             return
-        e = self.phases[name]
-        inputs = {k: v[:bs] for k, v in e.static.items()}
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up: Triton autotuning/compilation, lazy allocations
-                    self._body(e, name, bs, inputs)
+                    body()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self.pool):
-                out = self._body(e, name, bs, inputs)
+                out = body()
             self.graphs[key] = (graph, out)
             self.status[key] = "graphed"
         except Exception as exc:  # noqa: BLE001 - any capture failure is reported, never hidden
             if not self.allow_eager_fallback:
                 raise GraphCaptureError(
-                    f"CUDA graph capture failed for phase {name!r} at batch size {bs}: "
+                    f"CUDA graph capture failed for phase {name!r} at {at}: "
                     f"{type(exc).__name__}: {exc}. Fix the phase, or start with "
                     "--allow-eager-fallback (slower, reported) or --disable-cuda-graph.") from exc
-            log.warning("phase %s bs %d runs EAGER (capture failed: %s)", name, bs, exc)
+            log.warning("phase %s at %s runs EAGER (capture failed: %s)", name, at, exc)
             self.status[key] = f"eager ({type(exc).__name__})"
             self.fallbacks += 1
 
@@ -234,6 +285,25 @@ class GraphRunner:
         if e.host is not None:
             self.published = {k: self._host_slot(e, name, padded, k, out[k], bs) for k in e.publish}
         return {k: v[:bs] if k in borrow else v[:bs].clone() for k, v in out.items()}
+
+    def run_bucket(self, name: str, inputs: Tensors) -> Tensors:
+        """A BucketGraph's outputs (views) for `inputs`, padded to one of its sizes already."""
+        b = self.bucketed[name]
+        n = next(iter(inputs.values())).shape[0]
+        if self.mode == "eager":
+            return b.fn({k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
+        if n not in b.static:
+            raise ValueError(f"phase {name!r} runs at sizes {b.sizes}, got {n}")
+        static = b.static[n]
+        if inputs.keys() != static.keys():
+            raise ValueError(f"phase {name!r} takes inputs {sorted(static)}, got {sorted(inputs)}")
+        for k, v in inputs.items():
+            static[k].copy_(v, non_blocking=True)
+        graph = self.graphs.get((name, n))
+        if graph is None:  # static mode, or an allowed fallback
+            return b.fn(static)
+        graph[0].replay()
+        return graph[1]
 
     def _replay(self, e: _Entry, name: str, padded: int) -> Tensors:
         """Replay (or, static or after an allowed fallback, run) the graph for `padded` rows; a
@@ -278,25 +348,33 @@ class GraphRunner:
 
     # -- report / teardown ---------------------------------------------------------------------
     def report(self) -> str:
-        if not self.phases:
+        if not self.phases and not self.bucketed:
             return "no graphed phases"
-        width = max(len(n) for n in self.phases)
+        width = max(len(n) for n in [*self.phases, *self.bucketed])
         lines = [f"{'phase':<{width}}  " + " ".join(f"{b:>4}" for b in self.batch_sizes)]
         for name in self.phases:
             cells = []
             for b in self.batch_sizes:
                 s = self.status.get((name, b), "-")
-                cells.append(f"{'G' if s == 'graphed' else ('S' if s == 'static' else 'E'):>4}")
+                cells.append(f"{self._letter(s):>4}")
             lines.append(f"{name:<{width}}  " + " ".join(cells))
+        for name, bk in self.bucketed.items():
+            cells = [f"{n}:{self._letter(self.status.get((name, n), '-'))}" for n in bk.sizes]
+            lines.append(f"{name:<{width}}  tokens " + " ".join(cells))
         legend = "G = CUDA graph, S = static buffers (no capture), E = eager"
         bad = [f"{n}@{b}: {s}" for (n, b), s in self.status.items() if s.startswith("eager")]
         if bad:
             legend += "\nEAGER FALLBACK: " + ", ".join(bad)
         return "\n".join(lines) + "\n" + legend
 
+    @staticmethod
+    def _letter(status: str) -> str:
+        return "G" if status == "graphed" else ("S" if status == "static" else "E")
+
     def close(self) -> None:
         self.graphs.clear()
         self.phases.clear()
+        self.bucketed.clear()
         self.out_slots.clear()
         self.published = {}
         self.pool = None

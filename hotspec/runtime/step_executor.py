@@ -79,8 +79,13 @@ class StepExecutor:
     engine's block reservations)."""
 
     def __init__(self, graphs: GraphRunner, block_size: int, max_blocks_per_seq: int,
-                 overlap: bool, max_rows: int) -> None:
+                 overlap: bool, max_rows: int, prefill_sizes: tuple[int, ...] = (),
+                 prefill_rows: int = 0) -> None:
+        """`prefill_sizes`: the token buckets prefill is captured at (runtime/prefill.py), over
+        `prefill_rows` requests at most; none: prefill runs eagerly."""
         self.graphs, self.block_size = graphs, block_size
+        self.prefill_sizes = prefill_sizes if graphs.mode != "eager" else ()
+        self.prefill_rows = prefill_rows
         self.max_blocks_per_seq = max_blocks_per_seq
         self.overlap = overlap
         self.device = graphs.device

@@ -8,8 +8,9 @@ import torch
 from hotspec.core.request import Request
 from hotspec.runtime.decode import CausalLM, PlainDecode
 from hotspec.runtime.model_runner import ModelRunner
+from hotspec.runtime.prefill import Prefilled
 from hotspec.runtime.step_executor import StepExecutor
-from hotspec.runtime.worker import Prefilled, Worker
+from hotspec.runtime.worker import Worker
 
 
 class VanillaWorker(Worker):

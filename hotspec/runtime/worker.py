@@ -2,34 +2,45 @@
 may ask of a worker, declared in one place. Optional capabilities have no-op defaults here, so a
 caller never probes for them.
 
-A worker prefills requests (eagerly, ragged), then runs steps through its `StepExecutor`: `launch`
+A worker prefills requests (runtime/prefill.py: CUDA graphs by token bucket, else eagerly),
+then runs steps through its `StepExecutor`: `launch`
 enqueues one (no host sync), `collect` reads the oldest back; `step` does both. With the overlap
 schedule the engine launches step N+1 before it collects step N (core/launches.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from hotspec.core.forward_batch import ForwardBatch
 from hotspec.core.request import Request
 from hotspec.core.spec_stats import SpecStats
-from hotspec.layers.argmax import argmax
-from hotspec.runtime.batch_builder import last_token_index, prefill_batch
-from hotspec.runtime.decode import CausalLM
+from hotspec.runtime.decode import CausalLM, Feature
 from hotspec.runtime.model_runner import ModelRunner
-from hotspec.runtime.phase_io import Sampled, sampling_fields
+from hotspec.runtime.prefill import PrefillGraphs, PrefillIn, PrefillOut
 from hotspec.runtime.step_executor import StepExecutor
 
 
 class Worker:
     """Base of every worker. Subclasses implement `prefill`, `launch` and `collect`."""
 
-    def __init__(self, executor: StepExecutor, target: CausalLM, target_runner: ModelRunner) -> None:
+    def __init__(self, executor: StepExecutor, target: CausalLM, target_runner: ModelRunner,
+                 feature: Feature | None = None) -> None:
+        """`feature`: what a draft head reads of the target's prefill (speculative workers)."""
         self.executor, self.target, self.target_runner = executor, target, target_runner
+        self.feature = feature
         self.profile = False  # time each speculative phase (synchronises; speculative workers)
+        self.prefill_graphs: PrefillGraphs | None = None
+        if executor.prefill_sizes:
+            self.prefill_graphs = PrefillGraphs(
+                executor, "prefill", self._prefill_step, PrefillOut, target_runner.kv.trash_slot)
+
+    def _prefill_step(self, x: PrefillIn, fb: ForwardBatch) -> PrefillOut:
+        """The graphed target prefill: the LM head at each request's last token (float32, for
+        sampling) and, for a draft head, the feature of every token."""
+        hidden, aux = self.target_runner.forward(fb)
+        return PrefillOut(logits=self.target.compute_logits(hidden[x.last]),
+                          feature=self.feature(hidden, aux) if self.feature is not None else None)
 
     # -- required -------------------------------------------------------------------------------
     def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:
@@ -96,57 +107,11 @@ class Worker:
     def record_served(self, tokens: list[int]) -> None:
         """The tokens of steps the engine kept (stops applied), for statistics."""
 
+    def prefill_limits(self) -> tuple[int, int] | None:
+        """(tokens, requests) a prefill step holds at most to run as a graph; None: no graphs."""
+        g = self.prefill_graphs
+        return (g.max_tokens, g.rows) if g is not None else None
+
     def start_up(self) -> list[str]:
         """Work after the graphs are captured, before serving; returns lines for the log."""
         return []
-
-
-def prefill_chunks(reqs: list[Request], chunks: list[int] | None) -> tuple[list[list[int]], list[bool]]:
-    """Each request's next `chunks[i]` pending tokens (prompt + tokens already generated, the
-    recompute after a preemption), starting at its `seq_len`; all of them when `chunks` is None.
-    Also whether that chunk is the last one: only then is a next token sampled."""
-    tokens: list[list[int]] = []
-    final: list[bool] = []
-    for i, r in enumerate(reqs):
-        seq = r.prompt_token_ids + r.output_token_ids
-        end = len(seq) if chunks is None else r.seq_len + chunks[i]
-        assert r.seq_len < end <= len(seq), "a prefill chunk must be non-empty and pending"
-        tokens.append(seq[r.seq_len : end])
-        final.append(end == len(seq))
-    return tokens, final
-
-
-class Prefilled:
-    """A target prefill pass over pending chunks: its batch, the target's hidden states and aux
-    layers, and the next token of each request whose chunk was its last (`next[i]`, else None).
-    Lengths are not advanced yet (the speculative worker's draft pass reads them first)."""
-
-    def __init__(self, worker: Worker, reqs: list[Request], chunks: list[int] | None) -> None:
-        assert not any(worker.ahead(r) for r in reqs), "collect a request's steps before prefill"
-        self.reqs = reqs
-        self.tokens, self.final = prefill_chunks(reqs, chunks)
-        ex = worker.executor
-        self.batch: ForwardBatch = prefill_batch(reqs, self.tokens, ex.block_size, ex.device)
-        self.hidden, self.aux = worker.target_runner.forward(self.batch)
-        self.last = last_token_index(self.batch)
-        rows = [i for i, f in enumerate(self.final) if f]
-        self.next: list[int | None] = [None] * len(reqs)
-        if rows:
-            logits = worker.target.compute_logits(self.hidden[self.last[rows]])
-            for i, t in zip(rows, sample_for([reqs[i] for i in rows], logits).tolist()):
-                self.next[i] = t
-
-    def advance(self) -> list[list[int]]:
-        """Each request's length grows by its chunk; returns the tokens the prefill emitted."""
-        for r, t in zip(self.reqs, self.tokens):
-            r.seq_len += len(t)
-        return [[t] if t is not None else [] for t in self.next]
-
-
-def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
-    """Each row's next token: the argmax when every request is greedy, else drawn with its
-    sampling parameters (greedy rows keep the argmax)."""
-    if all(r.params.temperature == 0 for r in reqs):
-        return argmax(logits)
-    fields: dict[str, Any] = sampling_fields(reqs, logits.device)
-    return Sampled(**fields).sampling().sample(logits)

@@ -15,21 +15,22 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from hotspec.core.forward_batch import ForwardBatch
 from hotspec.core.request import DraftRow, Request, Status
 from hotspec.core.spec_shape import OFF, SpecShape
 from hotspec.core.spec_stats import SpecStats
-from hotspec.runtime.batch_builder import prefill_batch
 from hotspec.runtime.decode import DecodeOut, PlainDecode
+from hotspec.runtime.prefill import Prefilled, PrefillGraphs, PrefillIn
 from hotspec.runtime.step_executor import StepExecutor, emitted_tokens
 from hotspec.runtime.timing import graph_replay_ms
-from hotspec.runtime.worker import Prefilled, Worker
+from hotspec.runtime.worker import Worker
 from hotspec.speculative.adaptive import AdaptivePolicy
 from hotspec.speculative.catch_up import MAX_PENDING, CatchUp
-from hotspec.speculative.io import SpecShapes
+from hotspec.speculative.io import DraftState, SpecShapes
 from hotspec.speculative.phases import EagleModels, EaglePhases
 from hotspec.speculative.programs import DraftStates, EagleStep, PhasedStep, shape_tag
 
@@ -53,7 +54,7 @@ class EagleWorker(Worker):
     def __init__(self, models: EagleModels, executor: StepExecutor, shapes: list[SpecShape],
                  policy: AdaptivePolicy | None = None, fuse_step: bool = True,
                  profile: bool = False) -> None:
-        super().__init__(executor, models.target, models.target_runner)
+        super().__init__(executor, models.target, models.target_runner, feature=models.feature)
         if executor.overlap and not fuse_step:
             raise ValueError("the overlap schedule launches the fused step graph: needs fuse_step")
         if len(shapes) > 1 and not fuse_step:
@@ -84,6 +85,12 @@ class EagleWorker(Worker):
             if not fuse_step or profile else None
         self.off = PlainDecode(g, models.target_runner, models.target, executor.max_blocks_per_seq,
                                executor.carry, feature=models.feature) if OFF in self.shapes else None
+        self.prefill_draft: PrefillGraphs | None = None
+        if self.prefill_graphs is not None:  # the draft's prefill over the target's feature
+            self.prefill_draft = PrefillGraphs(
+                executor, "prefill_draft", self._draft_prefill_step, DraftState,
+                models.draft_runner.kv.trash_slot,
+                hidden_in=(draft.target_feature_size, models.target.lm_head.weight.dtype))
         self.catch_up = CatchUp(self.phases, executor,
                                 policy.observe_catch_up if policy is not None else None)
         self.shape = primary  # the shape the next step runs (the policy's choice, when there is one)
@@ -146,25 +153,42 @@ class EagleWorker(Worker):
     def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:
         """Target and draft KV for the chunks; a request whose chunk was its last samples its
         next token and gets its draft state."""
-        m, p = self.models, self.phases
+        m = self.models
         pre = Prefilled(self, reqs, chunks)
+        assert pre.feature is not None
         # The draft reads token p+1 with the target feature at p: the chunk shifted by one, closed
         # by the token after it: the next chunk's first pending token, or the sampled one.
-        shifted = []
+        shifted: list[int] = []
         for r, t, nxt in zip(reqs, pre.tokens, pre.next):
             after = nxt if nxt is not None else (r.prompt_token_ids + r.output_token_ids)[r.seq_len + len(t)]
-            shifted.append(t[1:] + [after])
-        ex = self.executor
-        dfb = prefill_batch(reqs, shifted, ex.block_size, ex.device)
-        dfb.hidden_in = m.feature(pre.hidden, pre.aux)
-        h_logits, h_feat = m.draft_runner.forward(dfb)
-        logp, ids, _ = m.draft_topk(h_logits[pre.last], p.state_k)
+            shifted += t[1:] + [after]
+        if pre.graphed is not None and self.prefill_draft is not None:
+            ids = torch.zeros_like(pre.graphed.input_ids)
+            ids[:len(shifted)] = torch.tensor(shifted, dtype=torch.long)
+            x = replace(pre.graphed, input_ids=ids, hidden_in=pre.feature)
+            out = self.prefill_draft.run(x)
+            assert isinstance(out, DraftState)  # (the graph's buffers: the next prefill reuses them)
+            logp, ids_k, feat = out.topk_logp.clone(), out.topk_ids.clone(), out.feature.clone()
+        else:
+            assert pre.batch is not None
+            dfb = replace(pre.batch, input_ids=torch.tensor(shifted, dtype=torch.long,
+                                                             device=self.executor.device),
+                          hidden_in=pre.feature, attn_meta=None)
+            h_logits, h_feat = m.draft_runner.forward(dfb)
+            logp, ids_k, _ = m.draft_topk(h_logits[pre.last], self.phases.state_k)
+            feat = h_feat[pre.last]
         for i, r in enumerate(reqs):
             if pre.final[i]:
-                r.spec.draft = DraftRow(logp[i], ids[i], h_feat[pre.last[i]])
+                r.spec.draft = DraftRow(logp[i], ids_k[i], feat[i])
                 r.spec.pending = []
         self.states.forget()
         return pre.advance()
+
+    def _draft_prefill_step(self, x: PrefillIn, fb: ForwardBatch) -> DraftState:
+        """The graphed draft prefill: the draft's top-k and feature at each request's last token."""
+        h_logits, h_feat = self.models.draft_runner.forward(fb)
+        logp, ids, _ = self.models.draft_topk(h_logits[x.last], self.phases.state_k)
+        return DraftState(topk_logp=logp, topk_ids=ids, feature=h_feat[x.last])
 
     # -- steps -----------------------------------------------------------------------------------
     @torch.inference_mode()
