@@ -12,8 +12,8 @@ import pytest
 from hotspec.cli.main import build_parser, main
 from hotspec.config import EngineConfig
 
-COMMANDS = ("generate", "serve", "bench", "distill", "train-draft", "token-map", "prune-draft",
-            "assemble-model")
+COMMANDS = ("generate", "serve", "bench", "bench-serve", "distill", "train-draft", "token-map",
+            "prune-draft", "assemble-model")
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:

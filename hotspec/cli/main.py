@@ -1,4 +1,4 @@
-"""`hotspec` command line: generate, serve, bench, distill, train-draft, token-map,
+"""`hotspec` command line: generate, serve, bench, bench-serve, distill, train-draft, token-map,
 prune-draft. Engine options come from EngineConfig's fields (hotspec/cli/engine_args.py)."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hotspec.cli import bench, distill, model, prune, serve, token_map, train
+    from hotspec.cli import bench, bench_serve, distill, model, prune, serve, token_map, train
     p = argparse.ArgumentParser(prog="hotspec", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="hotspec's log messages on stderr, e.g. the CUDA-graph table at start-up "
@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_parser(sub)
     serve.add_parser(sub)
     bench.add_parser(sub)
+    bench_serve.add_parser(sub)
     model.add_parser(sub)
     return p
 

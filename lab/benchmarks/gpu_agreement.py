@@ -28,7 +28,7 @@ from hotspec.models.draft_checkpoint import random_draft_checkpoint  # noqa: E40
 from hotspec.models.loader import load_checkpoint  # noqa: E402
 
 PROMPTS = [json.loads(line)["turns"][0] for line in
-           open(Path(__file__).resolve().parent / "prompts_small.jsonl")]
+           open(Path(__file__).resolve().parents[2] / "hotspec" / "assets" / "prompts_small.jsonl")]
 
 
 def main() -> None:

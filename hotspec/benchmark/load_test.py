@@ -1,11 +1,6 @@
-"""Load test for a running `hotspec serve`: streaming chat clients, a request-rate sweep, clients
-that hang up mid-stream, and greedy outputs checked against the same requests run alone.
-
-    hotspec serve --port 30000 &                                             # vanilla
-    hotspec serve --port 30001 --speculative-algorithm EAGLE3 ... &          # speculative
-    python benchmarks/load_test.py --target vanilla=http://127.0.0.1:30000 \
-        --target eagle3=http://127.0.0.1:30001 --num-requests 500 --concurrency 64 \
-        --rates 2,8,32,inf --out load.json
+"""The load `hotspec bench-serve` sends to running servers: streaming chat clients, a request-rate
+sweep, clients that hang up mid-stream, and greedy outputs checked against the same requests run
+alone (`run_load`; the options are hotspec/cli/bench_serve.py's).
 
 Workload (the same for every target and rate; `--seed`): prompts of random length cut from the
 `--prompts` text, random max_tokens, a mix of greedy and sampled requests (temperature, top_p,
@@ -27,22 +22,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import math
 import random
 import statistics
-import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
-from load_client import Job, Result, one_request, percentile, wait_drained
-from load_report import RunReport, checks, table
 
-DEFAULT_PROMPTS = Path(__file__).with_name("prompts_small.jsonl")
+from hotspec.benchmark.load_client import Job, Result, one_request, percentile, wait_drained
+from hotspec.benchmark.load_report import RunReport, table
+from hotspec.errors import HotspecError
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts_small.jsonl"
 
 
 def read_words(path: Path) -> list[str]:
@@ -52,7 +46,8 @@ def read_words(path: Path) -> list[str]:
             row = json.loads(line)
             words += " ".join(row["turns"] if "turns" in row else [row["prompt"]]).split()
     if not words:
-        raise SystemExit(f"no prompts in {path}")
+        raise HotspecError(f"no prompts in {path}: give a jsonl of {{'turns': [...]}} or "
+                           "{'prompt': ...} rows")
     return words
 
 
@@ -172,11 +167,11 @@ async def served_model(args: argparse.Namespace, url: str) -> str:
         return r.json()["data"][0]["id"]
 
 
-async def main_async(args: argparse.Namespace) -> list[RunReport]:
+async def run_load(args: argparse.Namespace, targets: list[tuple[str, str]]) -> list[RunReport]:
+    """Every rate of `args.rates` against each (label, url) of `targets`, one after the other."""
     words = read_words(args.prompts)
     reports = []
-    for spec in args.target:
-        label, url = spec.split("=", 1) if "=" in spec else ("server", spec)
+    for label, url in targets:
         url = url.rstrip("/")
         jobs = make_workload(args, words, args.model or await served_model(args, url))
         runs = []
@@ -189,59 +184,3 @@ async def main_async(args: argparse.Namespace) -> list[RunReport]:
             await check_greedy(args, (args.reference or url).rstrip("/"), runs)
         reports += [r for r, _, _ in runs]
     return reports
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", action="append", required=True, metavar="LABEL=URL",
-                   help="server to load (repeatable: compare vanilla and speculative servers)")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--model", default=None, help="served model name (default: ask /v1/models)")
-    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="jsonl: {'turns': [...]}")
-    p.add_argument("--num-requests", type=int, default=500)
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--rates", default="2,8,32,inf", help="requests/s, comma-separated; inf = burst")
-    p.add_argument("--max-arrival-s", type=float, default=None,
-                   help="at a finite rate send only the first rate x this many requests")
-    p.add_argument("--min-prompt-words", type=int, default=4)
-    p.add_argument("--max-prompt-words", type=int, default=200)
-    p.add_argument("--min-tokens", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--ignore-eos-fraction", type=float, default=1.0,
-                   help="requests that generate exactly max_tokens (1.0: comparable runs)")
-    p.add_argument("--greedy-fraction", type=float, default=0.5)
-    p.add_argument("--disconnect-fraction", type=float, default=0.1)
-    p.add_argument("--verify-greedy", type=int, default=-1,
-                   help="distinct greedy requests to re-send alone and compare (-1: all, 0: none)")
-    p.add_argument("--reference", default=None, metavar="URL",
-                   help="server that runs the requests alone (default: the target itself)")
-    p.add_argument("--timeout", type=float, default=600.0, help="per request (between bytes), seconds")
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="after a run, seconds to wait for no request and no KV block in use")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, help="write the reports and checks as JSON")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    reports = asyncio.run(main_async(args))
-    print(table(reports))
-    results = checks(reports, args.verify_greedy != 0)
-    for ok, line in results:
-        print(("PASS " if ok else "FAIL ") + line)
-    for r in reports:
-        for e in r.errors:
-            print(f"  {r.target} @ {r.rate}: {e}")
-    passed = all(ok for ok, _ in results)
-    print("load test:", "PASS" if passed else "FAIL", flush=True)
-    if args.out is not None:
-        args.out.write_text(json.dumps({
-            "command": sys.argv, "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "passed": passed, "checks": [{"ok": ok, "check": line} for ok, line in results],
-            "reports": [asdict(r) for r in reports]}, indent=2))
-    return 0 if passed else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

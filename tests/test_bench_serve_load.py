@@ -1,21 +1,19 @@
-"""benchmarks/load_test.py against a tiny server: a clean run passes every check (exit 0), and an
-engine that fails steps makes it report FAIL (exit 1)."""
+"""`hotspec bench-serve --target` against a running tiny server: a clean run passes every check
+(exit 0), and an engine that fails steps makes it report FAIL (exit 1); the JSON report and the
+plot are written."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from engine_utils import save_tiny_llama
 
 from hotspec import LLM
+from hotspec.cli.main import main
 from hotspec.entrypoints.server import BackgroundServer, ServerSettings, create_app
 from hotspec.models.loader import load_tokenizer, resolve_model_path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import load_test  # noqa: E402 - a script folder, not a package
 
 ARGS = ["--num-requests", "12", "--concurrency", "4", "--rates", "inf", "--min-tokens", "2",
         "--max-tokens", "12", "--max-prompt-words", "30", "--disconnect-fraction", "0.25",
@@ -37,9 +35,11 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
 
 def test_clean_run_passes(llm: LLM, tmp_path: Path) -> None:
     with BackgroundServer(create_app(llm.engine, ServerSettings("tiny"))) as srv:
-        rc = load_test.main(["--target", f"t={srv.url}", *ARGS, "--out", str(tmp_path / "o.json")])
-    out = json.loads((tmp_path / "o.json").read_text())
+        rc = main(["bench-serve", "--target", f"t={srv.url}", *ARGS, "--verify-greedy", "-1",
+                   "--out", str(tmp_path)])
+    out = json.loads((tmp_path / "bench_serve.json").read_text())
     assert rc == 0 and out["passed"], out["checks"]
+    assert (tmp_path / "bench_serve.png").stat().st_size > 0
     (report,) = out["reports"]
     assert report["disconnected"] == report["server_aborts"] == 3
     assert report["completed"] == 9 and report["greedy_checked"] > 0 and report["drained"]
@@ -57,9 +57,10 @@ def test_failed_steps_fail_the_run(llm: LLM, monkeypatch: pytest.MonkeyPatch, tm
 
     monkeypatch.setattr(worker, "step", flaky_step)
     with BackgroundServer(create_app(llm.engine, ServerSettings("tiny"))) as srv:
-        rc = load_test.main(["--target", f"t={srv.url}", *ARGS, "--verify-greedy", "0",
-                             "--out", str(tmp_path / "o.json")])
-    out = json.loads((tmp_path / "o.json").read_text())
-    assert rc == 1 and not out["passed"]
+        with pytest.raises(SystemExit) as exit_:
+            main(["bench-serve", "--target", f"t={srv.url}", *ARGS, "--verify-greedy", "0",
+                  "--out", str(tmp_path)])
+    out = json.loads((tmp_path / "bench_serve.json").read_text())
+    assert exit_.value.code == 1 and not out["passed"]
     (report,) = out["reports"]
     assert report["http_5xx"] > 0 and report["step_errors"] > 0 and report["drained"]

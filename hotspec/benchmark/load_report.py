@@ -1,9 +1,10 @@
-"""Reports of benchmarks/load_test.py: one RunReport per target and rate, the PASS/FAIL checks
-over them, and a markdown table."""
+"""Reports of `hotspec bench-serve`: one RunReport per server and rate, the PASS/FAIL checks over
+them, a markdown table and the latency-throughput plot."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -68,3 +69,32 @@ def table(reports: list[RunReport]) -> str:
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines) + "\n(latencies in ms; ITL = gap between streamed chunks)"
+
+
+def plot(reports: list[RunReport], path: Path) -> Path:
+    """Latency against throughput, one curve per server, a point per rate: TTFT p50 and TPOT p50
+    against output tokens/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for target in dict.fromkeys(r.target for r in reports):
+        rs = [r for r in reports if r.target == target]
+        x = [r.output_tokens_per_s for r in rs]
+        for ax, ys in ((axes[0], [r.ttft_ms_p50 for r in rs]), (axes[1], [r.tpot_ms_p50 for r in rs])):
+            ax.plot(x, ys, marker="o", label=target)
+            for xi, yi, r in zip(x, ys, rs):
+                ax.annotate(r.rate, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for ax, name in ((axes[0], "TTFT p50 (ms)"), (axes[1], "TPOT p50 (ms)")):
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel(name)
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle("hotspec bench-serve: latency against throughput, a point per request rate (req/s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

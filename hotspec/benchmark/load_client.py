@@ -1,5 +1,5 @@
-"""The client side of benchmarks/load_test.py: one streamed chat request, timed chunk by chunk,
-and the server's /metrics (is it drained? how many blocks, aborts, tokens, tau?)."""
+"""The client side of `hotspec bench-serve` (benchmark/load_test.py): one streamed chat request,
+timed chunk by chunk, and the server's /metrics (is it drained? blocks, aborts, tokens, tau?)."""
 
 from __future__ import annotations
 

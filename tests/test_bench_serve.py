@@ -1,0 +1,65 @@
+"""`hotspec bench-serve` end to end on the CPU with the default model: both servers come up, the
+load passes every check, the vanilla server really is vanilla (no tau: with no --model, `hotspec
+serve` would otherwise speculate with the shipped head) and the speculative one speculates;
+greedy under load equals alone (float32). A speculative server that does not speculate is
+refused before any load is sent, and a bad engine option before any server starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine_utils import save_tiny_llama
+
+from hotspec.models.loader import load_tokenizer, resolve_model_path
+
+ENGINE = ["--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "256", "--max-model-len", "512"]
+CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4"]
+LOAD = ["--num-requests", "6", "--concurrency", "3", "--rates", "inf", "--min-tokens", "2",
+        "--max-tokens", "8", "--max-prompt-words", "20", "--disconnect-fraction", "0",
+        "--verify-greedy", "2", "--timeout", "300", "--drain-timeout", "30", "--start-timeout", "300"]
+
+
+def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "hotspec", "bench-serve", *args, "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_bench_serve_compares_vanilla_with_speculative(tmp_path: Path) -> None:
+    r = _bench(tmp_path, *ENGINE, *CHAIN, *LOAD)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    out = json.loads((tmp_path / "bench_serve.json").read_text())
+    assert out["passed"] and all(c["ok"] for c in out["checks"])
+    assert "--no-default-head" in out["servers"]["vanilla"]  # the baseline runs without the head
+    assert "--speculative-num-steps" not in out["servers"]["vanilla"]
+    by = {rep["target"]: rep for rep in out["reports"]}
+    assert set(by) == {"vanilla", "speculative"}
+    assert by["vanilla"]["tau_mean"] is None  # no verify pass at all
+    assert by["speculative"]["tau_mean"] >= 1.0
+    assert by["speculative"]["greedy_checked"] > 0 and by["speculative"]["greedy_mismatched"] == 0
+    assert (tmp_path / "bench_serve.png").stat().st_size > 0
+    assert (tmp_path / "serve_vanilla.log").exists()
+
+
+def test_a_speculative_server_that_does_not_speculate_is_refused(tmp_path: Path) -> None:
+    """A model other than the default has no shipped head: without speculative options both
+    servers would be vanilla."""
+    tok = load_tokenizer(resolve_model_path(None))
+    model = save_tiny_llama(tmp_path / "tiny", vocab=49152, hidden=64, layers=2, std=0.3,
+                            eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    tok.save_pretrained(model)
+    r = _bench(tmp_path / "out", *ENGINE, "--model", str(model), *LOAD)
+    assert r.returncode == 2, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "the speculative server does not speculate" in r.stderr
+    assert not (tmp_path / "out" / "bench_serve.json").exists()
+
+
+def test_a_bad_engine_option_fails_before_any_server_starts(tmp_path: Path) -> None:
+    r = _bench(tmp_path, "--device", "cpu", "--speculative-eagle-topk", "0", *LOAD)
+    assert r.returncode == 2 and "topk must be >= 1" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "serve_vanilla.log").exists()
