@@ -3,12 +3,10 @@
 # $OUT/STAGE.log and its exit code to $OUT/summary.txt, printed last.
 #   suite   python3 -m pytest -q -m gpu $SUITE (tests): every GPU test, SUITE_S (570) s at most, a
 #           call of its own; prints the passed / failed counts
-#   speed   one run each of SPEED (decode sweep_b1 sweep_b8), this tree ("after") and .before/
-#           ("before", carried: `git archive REV | tar -x -C .before --exclude='*.safetensors'`; it
-#           gets this tree's shipped head) alternated: benchmarks/decode_bench.py at the Llama-3.1-8B
-#           shape (graphed, batch 1 and 8) and benchmarks/spec_sweep.py of the default model and its
-#           head (3/1/4, 4/8/12; batch 1: 26 prompts, 8: 32) on .data/spec_bench_dev.jsonl (carried);
-#           $OUT/speed.md side by side, $OUT/speed.tar (JSON and log of each run); about 8 minutes
+#   speed   SPEED (decode sweep_b1 sweep_b8) for this tree and .before/ (carried `git archive REV`,
+#           '*.safetensors' excluded) alternated: decode_bench.py llama8b-shape b1/b8, spec_sweep.py
+#           3/1/4 4/8/12 b1 (26 prompts), b8 (32) on .data/spec_bench_dev.jsonl; $OUT/speed.md, .tar
+#   serve   hotspec bench-serve (default model, vanilla vs its head) with BENCH_SERVE_ARGS, into $OUT/serve
 #   distill `hotspec distill` into /root/lab/${T}distill, DISTILL_S (420) s a call
 #   train   an EAGLE-3 head on it into /root/lab/${T}head, TRAIN_S (420) s a call (TRAIN_EPOCHS 1,
 #           TRAIN_ARGS); for Qwen first its answer maps (/root/lab/qmaps_answers/freq_N.pt)
@@ -140,9 +138,12 @@ for stage in "$@"; do
       python3 lab/benchmarks/fr_spec_table.py $(find $R/qsweep -name 'qsweep_*' ! -name '*.log' | sort) |
         tee "$OUT/qtable.md"
       tar -C $R -cf "$OUT/qsweep.tar" qsweep ;;
+    serve) need "$GG" serve && step serve "${SERVE_S:-560}" python3 -m hotspec bench-serve \
+      --kv-cache-memory-gb 8 ${BENCH_SERVE_ARGS:-} --out "$OUT/serve" ;;
     outbox) outbox ;;
     stash) ;;
-    *) echo "unknown stage $stage (suite speed stash distill train qtable outbox; here: parts)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (suite speed serve stash distill train qtable outbox; here: parts)" >&2
+      exit 2 ;;
   esac
 done
 echo "================ summary ================"; cat "$OUT/summary.txt"
