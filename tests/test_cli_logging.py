@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from hotspec.cli.main import build_parser, setup_logging
+from hotspec.cli.main import build_parser
+from hotspec.logs import setup_logging
 
 
 def test_info_messages_reach_stderr(capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "hotspec"
 # floor of each top-level module or package of hotspec, lowest first
 FLOORS = {
-    "core": 0, "config": 0, "errors": 0, "envs": 0, "sampling_params": 0,
+    "core": 0, "config": 0, "errors": 0, "envs": 0, "logs": 0, "sampling_params": 0,
     "layers": 1,
     "runtime": 2,
     "models": 3,

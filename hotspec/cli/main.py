@@ -4,7 +4,6 @@ prune-draft. Engine options come from EngineConfig's fields (hotspec/cli/engine_
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from dataclasses import fields
@@ -17,6 +16,7 @@ from hotspec.cli.engine_args import (
 )
 from hotspec.config import EngineConfig
 from hotspec.errors import HotspecError
+from hotspec.logs import setup_logging
 
 GENERATE_MAX_TOKENS = 256  # room for a complete short answer from a chat model
 
@@ -91,18 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_parser(sub)
     model.add_parser(sub)
     return p
-
-
-def setup_logging(level: str) -> None:
-    """hotspec's loggers ("hotspec", "hotspec.server", ...) to stderr at `level`; other libraries'
-    loggers keep Python's default (warnings and errors only)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
-                                           datefmt="%H:%M:%S"))
-    root = logging.getLogger("hotspec")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model name clients send (default: the model folder or file name)")
     g.add_argument("--max-body-bytes", type=_positive_int, default=4 * 2**20,
                    help="largest request body accepted; larger ones get 413 (default: 4 MiB)")
+    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine in a process of its own, so that request handling never "
+                   "holds the interpreter while a step is built; --no-engine-process runs it on a "
+                   "thread of the server's process (default: on)")
     add_default_head_arg(g)
     p.set_defaults(func=cmd_serve)
 
@@ -41,12 +45,28 @@ def served_model_name(args: argparse.Namespace) -> str:
 def cmd_serve(args: argparse.Namespace) -> None:
     from hotspec.cli.engine_args import engine_config
     from hotspec.engine.engine import Engine
-    from hotspec.entrypoints.server import ServerSettings, run
+    from hotspec.entrypoints.server import (
+        ProcessEngine,
+        ServerSettings,
+        create_app,
+        create_process_app,
+        run,
+    )
 
     # a bad option fails here, before any weight is read
     cfg = engine_config(args, args.default_head)
     settings = ServerSettings(served_model_name(args), args.api_key, args.max_body_bytes)
-    run(Engine(cfg), settings, args.host, args.port)
+    if args.engine_process:
+        client = ProcessEngine(cfg, args.log_level)
+        client.start()  # (a model that fails to load fails here, before the server listens)
+        try:
+            app = create_process_app(client, settings)
+        except BaseException:
+            client.shutdown()
+            raise
+    else:
+        app = create_app(Engine(cfg), settings)
+    run(app, args.host, args.port)
 
 
 def _port(s: str) -> int:

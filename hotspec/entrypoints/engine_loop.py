@@ -12,6 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,16 +42,23 @@ class EngineObserver(Protocol):
     def on_step_error(self, engine: Engine) -> None: ...
 
 
+class Handle(Protocol):
+    """A request as the engine loop knows it: `req` is set on the engine thread once accepted
+    (RequestHandle in the server's process; engine_process.RemoteHandle in the engine's own)."""
+
+    req: Request | None
+
+
 @dataclass
 class Submit:
-    handle: RequestHandle
+    handle: Handle
     prompt_token_ids: list[int]
     params: SamplingParams
 
 
 @dataclass
 class Abort:
-    handle: RequestHandle
+    handle: Handle
 
 
 class Stop:
@@ -60,18 +68,22 @@ class Stop:
 Command = Submit | Abort | Stop
 # What the engine thread hands to a request's event loop: an event (a stream item), or the outcome
 # of its submission (None: accepted; an exception: rejected).
-_Delivery = tuple[RequestHandle, RequestEvent | BaseException | None]
+Delivery = tuple[Handle, RequestEvent | BaseException | None]
+Post = Callable[[list[Delivery]], None]
 
 
 class EngineLoop:
     """The engine thread's state. Only `run` (on the engine thread) touches the Engine; other
     threads only put commands in `inbox`, under `lock` for submissions."""
 
-    def __init__(self, engine: Engine, observer: EngineObserver | None = None) -> None:
+    def __init__(self, engine: Engine, observer: EngineObserver | None = None,
+                 post: Post | None = None) -> None:
+        """`post`: how deliveries leave the engine thread (default: to each handle's event loop)."""
         self.engine = engine
         self.observer = observer
+        self._post = post or _post
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
-        self._handles: dict[int, RequestHandle] = {}  # engine thread only: Request.rid -> handle
+        self._handles: dict[int, Handle] = {}  # engine thread only: Request.rid -> handle
         # Set (under the lock) once the thread stops reading the inbox: a submission after that
         # would wait forever, so it is refused instead.
         self.closed = False
@@ -106,14 +118,14 @@ class EngineLoop:
 
     def _handle_commands(self, block: bool) -> bool:
         """Drain the inbox (waiting for a command when idle); False once asked to stop."""
-        deliveries: list[_Delivery] = []
+        deliveries: list[Delivery] = []
         try:
             cmd: Command | None = self.inbox.get() if block else self.inbox.get_nowait()
         except queue.Empty:
             return True
         while cmd is not None:
             if isinstance(cmd, Stop):
-                _post(deliveries)
+                self._post(deliveries)
                 return False
             if isinstance(cmd, Submit):
                 deliveries.append((cmd.handle, self._add(cmd)))
@@ -123,7 +135,7 @@ class EngineLoop:
                 cmd = self.inbox.get_nowait()
             except queue.Empty:
                 cmd = None
-        _post(deliveries)
+        self._post(deliveries)
         return True
 
     def _add(self, cmd: Submit) -> BaseException | None:
@@ -138,7 +150,7 @@ class EngineLoop:
         self._handles[req.rid] = cmd.handle
         return None
 
-    def _abort(self, handle: RequestHandle) -> list[_Delivery]:
+    def _abort(self, handle: Handle) -> list[Delivery]:
         req = handle.req
         if req is None or self._handles.pop(req.rid, None) is None:
             return []  # never accepted, or already finished
@@ -154,7 +166,7 @@ class EngineLoop:
             self._fail(e)
             return
         self.consecutive_step_errors = 0
-        out: list[_Delivery] = []
+        out: list[Delivery] = []
         for o in outputs:
             req = o.request
             handle = self._handles.get(req.rid)
@@ -166,7 +178,7 @@ class EngineLoop:
             if finished:
                 del self._handles[req.rid]
                 self._observe("on_finished", req)
-        _post(out)
+        self._post(out)
         self._observe("on_step", outputs)
 
     def _fail(self, exc: Exception, everything: bool = False) -> None:
@@ -176,13 +188,13 @@ class EngineLoop:
         message = f"internal error in the engine: {type(exc).__name__}: {exc}"
         if everything:
             self.engine.in_flight = []  # fail_in_flight then takes every unfinished request
-        deliveries: list[_Delivery] = []
+        deliveries: list[Delivery] = []
         for req in self.engine.fail_in_flight(message):
             handle = self._handles.pop(req.rid, None)
             if handle is not None:
                 deliveries.append((handle, _final(req, "error", message)))
                 self._observe("on_finished", req)
-        _post(deliveries)
+        self._post(deliveries)
         self._observe("on_step_error")
         self._observe("on_step", [])
 
@@ -190,7 +202,7 @@ class EngineLoop:
         """On stop: nothing may stay queued or hold blocks once the thread is gone."""
         with self.lock:
             self.closed = True
-        deliveries: list[_Delivery] = []
+        deliveries: list[Delivery] = []
         for handle in list(self._handles.values()):
             assert handle.req is not None
             self.engine.abort(handle.req)
@@ -203,17 +215,18 @@ class EngineLoop:
                 break
             if isinstance(cmd, Submit):
                 deliveries.append((cmd.handle, EngineDeadError(message)))
-        _post(deliveries)
+        self._post(deliveries)
 
 
 def _final(req: Request, reason: str, error: str | None = None) -> RequestEvent:
     return RequestEvent("", [], reason, error, len(req.prompt_token_ids), len(req.output_token_ids))
 
 
-def _post(deliveries: list[_Delivery]) -> None:
+def _post(deliveries: list[Delivery]) -> None:
     """Hand results to the event loop(s): one thread-safe call per loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, object]]] = {}
     for handle, item in deliveries:
+        assert isinstance(handle, RequestHandle)
         by_loop.setdefault(handle.loop, []).append((handle, item))
     for loop, items in by_loop.items():
         try:

@@ -12,11 +12,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hotspec.entrypoints import openai_format as fmt
 from hotspec.entrypoints.api_errors import APIError
-from hotspec.entrypoints.async_engine import AsyncEngine
 from hotspec.entrypoints.request_handle import RequestEvent, RequestHandle
+from hotspec.entrypoints.server_state import EngineClient
 
 
-def stream_sse(engine: AsyncEngine, handle: RequestHandle, chunks: fmt.ChunkWriter) -> StreamingResponse:
+def stream_sse(engine: EngineClient, handle: RequestHandle, chunks: fmt.ChunkWriter) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         try:
             for head in chunks.start():
@@ -39,7 +39,7 @@ def stream_sse(engine: AsyncEngine, handle: RequestHandle, chunks: fmt.ChunkWrit
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def collect(request: Request, engine: AsyncEngine, handle: RequestHandle,
+async def collect(request: Request, engine: EngineClient, handle: RequestHandle,
                   build: Callable[[str, RequestEvent], dict[str, Any]]) -> Response:
     """Wait for the whole result; a client that disconnects meanwhile cancels the request."""
 

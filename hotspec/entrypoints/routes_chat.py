@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from hotspec.engine.engine import Engine
 from hotspec.entrypoints import openai_format as fmt
 from hotspec.entrypoints.api_errors import APIError
 from hotspec.entrypoints.protocol import ChatCompletionRequest
@@ -15,19 +15,21 @@ from hotspec.entrypoints.request_checks import parse_request
 from hotspec.entrypoints.server_state import ServerState
 from hotspec.entrypoints.submission import answer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 def add_routes(app: FastAPI, s: ServerState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await parse_request(request, s.settings, ChatCompletionRequest)
-        ids = await _tokenize(s.engine, [m.as_template_input() for m in body.messages])
+        ids = await _tokenize(s.tokenizer, [m.as_template_input() for m in body.messages])
         return await answer(request, s, body, ids,
-                            default_max_tokens=s.engine.max_model_len,  # up to the context limit
+                            default_max_tokens=s.max_model_len,  # up to the context limit
                             id_prefix="chatcmpl-", chunks=fmt.chat_chunks, whole=fmt.chat_completion)
 
 
-async def _tokenize(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
-    tok = engine.tokenizer
+async def _tokenize(tok: PreTrainedTokenizerBase | None, messages: list[dict[str, str]]) -> list[int]:
     if tok is None:
         raise APIError(400, "this server has no tokenizer (skip_tokenizer_init): use "
                        "/v1/completions with token ids", param="messages")

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from hotspec.engine.engine import Engine
 from hotspec.entrypoints import openai_format as fmt
 from hotspec.entrypoints.api_errors import APIError
 from hotspec.entrypoints.protocol import CompletionRequest
 from hotspec.entrypoints.request_checks import parse_request
 from hotspec.entrypoints.server_state import ServerState
 from hotspec.entrypoints.submission import answer, or_400
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -23,15 +26,14 @@ def add_routes(app: FastAPI, s: ServerState) -> None:
     async def completions(request: Request) -> Response:
         body = await parse_request(request, s.settings, CompletionRequest)
         prompt = or_400(body.single_prompt)
-        ids = await _tokenize(s.engine, prompt)
+        ids = await _tokenize(s.tokenizer, prompt)
         return await answer(request, s, body, ids, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
                             id_prefix="cmpl-", chunks=fmt.completion_chunks, whole=fmt.completion)
 
 
-async def _tokenize(engine: Engine, prompt: str | list[int]) -> list[int]:
+async def _tokenize(tok: PreTrainedTokenizerBase | None, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, list):
         return prompt  # token ids: the engine checks them against the vocabulary
-    tok = engine.tokenizer
     if tok is None:
         raise APIError(400, "this server has no tokenizer (skip_tokenizer_init): send the prompt "
                        "as a list of token ids", param="prompt")

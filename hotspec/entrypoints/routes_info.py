@@ -16,15 +16,15 @@ UNHEALTHY_AFTER_FAILED_STEPS = 3  # consecutive failed steps: the device is prob
 def add_routes(app: FastAPI, s: ServerState) -> None:
     @app.get("/health")
     async def health() -> Response:
-        ok = s.async_engine.is_alive and \
-            s.async_engine.consecutive_step_errors < UNHEALTHY_AFTER_FAILED_STEPS
+        ok = s.engine.is_alive and \
+            s.engine.consecutive_step_errors < UNHEALTHY_AFTER_FAILED_STEPS
         return JSONResponse({"status": "ok" if ok else "unhealthy"}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(s.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await s.metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         check_api_key(request, s.settings)
-        return JSONResponse(fmt.model_list(s.settings.served_model_name, s.engine.max_model_len))
+        return JSONResponse(fmt.model_list(s.settings.served_model_name, s.max_model_len))

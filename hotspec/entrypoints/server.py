@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP server (FastAPI): /v1/completions, /v1/chat/completions, /v1/models,
 /health, /metrics.
 
-The Engine runs on its own thread (AsyncEngine); handlers only parse, tokenize (in a worker
-thread), submit, and relay events, so no handler ever blocks the event loop on the engine. Prompts
+The Engine runs in a process of its own (ProcessEngine, `hotspec serve`'s default) or on a thread
+of this one (AsyncEngine); handlers only parse, tokenize (in a worker thread), submit, and relay
+events, so no handler ever blocks the event loop on the engine. Prompts
 are built exactly as the offline `LLM` builds them (`generate`: tokenizer.encode(prompt); `chat`:
 the chat template, then encode without special tokens), so greedy results are the same.
 
@@ -26,25 +27,47 @@ from hotspec.entrypoints import routes_chat, routes_completions, routes_info
 from hotspec.entrypoints.api_errors import install_handlers
 from hotspec.entrypoints.async_engine import AsyncEngine
 from hotspec.entrypoints.background_server import BackgroundServer
+from hotspec.entrypoints.engine_process import ProcessEngine
 from hotspec.entrypoints.metrics import EngineMetrics
 from hotspec.entrypoints.protocol import UnsupportedParameterError
 from hotspec.entrypoints.server_state import ServerSettings, ServerState
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
-    """An app serving `engine`. The engine thread starts with the app (lifespan) and stops with
-    it; until then, and afterwards, the Engine may be driven directly (tests reuse one engine)."""
+    """An app serving `engine` on a thread of this process. The engine thread starts with the app
+    (lifespan) and stops with it; until then, and afterwards, the Engine may be driven directly
+    (tests reuse one engine)."""
     metrics = EngineMetrics()
     metrics.describe_engine(engine)
-    state = ServerState(engine, AsyncEngine(engine, observer=metrics), metrics, settings)
 
+    async def render() -> bytes:
+        return metrics.render()
+
+    return _app(ServerState(AsyncEngine(engine, observer=metrics), engine.tokenizer,
+                            engine.max_model_len, render, settings), start=True)
+
+
+def create_process_app(client: ProcessEngine, settings: ServerSettings) -> FastAPI:
+    """An app serving the engine `client` runs in its own process (started already, so a model
+    that fails to load fails before the server listens); the app stops it on exit."""
+    tokenizer = None
+    if not client.cfg.skip_tokenizer_init:
+        from hotspec.models.loader import load_tokenizer, resolve_model_path
+
+        tokenizer = load_tokenizer(resolve_model_path(client.cfg.model))
+    return _app(ServerState(client, tokenizer, client.max_model_len, client.metrics, settings),
+                start=False)
+
+
+def _app(state: ServerState, start: bool) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        state.async_engine.start()
+        if start:
+            state.engine.start()
         try:
             yield
         finally:
-            await asyncio.to_thread(state.async_engine.shutdown)
+            await asyncio.to_thread(state.engine.shutdown)
 
     app = FastAPI(title="hotspec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hotspec = state
@@ -54,10 +77,10 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     return app
 
 
-def run(engine: Engine, settings: ServerSettings, host: str, port: int) -> None:
+def run(app: FastAPI, host: str, port: int) -> None:
     """Serve until interrupted (the `hotspec serve` command)."""
-    uvicorn.run(create_app(engine, settings), host=host, port=port, log_level="info",
-                timeout_graceful_shutdown=10)
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
 
 
-__all__ = ["BackgroundServer", "ServerSettings", "UnsupportedParameterError", "create_app", "run"]
+__all__ = ["BackgroundServer", "ProcessEngine", "ServerSettings", "UnsupportedParameterError",
+           "create_app", "create_process_app", "run"]

@@ -1,12 +1,35 @@
-"""What a server's route handlers share: its settings and the engine they serve."""
+"""What a server's route handlers share: its settings, the tokenizer, and the engine they talk to
+(on a thread of this process, AsyncEngine, or in a process of its own, ProcessEngine)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-from hotspec.engine.engine import Engine
-from hotspec.entrypoints.async_engine import AsyncEngine
-from hotspec.entrypoints.metrics import EngineMetrics
+from hotspec.entrypoints.request_handle import RequestHandle
+from hotspec.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class EngineClient(Protocol):
+    """How handlers reach the engine: submissions and aborts from coroutines, its health."""
+
+    @property
+    def is_alive(self) -> bool: ...
+
+    @property
+    def consecutive_step_errors(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self, timeout: float = 30.0) -> None: ...
+
+    async def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestHandle: ...
+
+    def abort(self, handle: RequestHandle) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -18,7 +41,8 @@ class ServerSettings:
 
 @dataclass
 class ServerState:
-    engine: Engine
-    async_engine: AsyncEngine
-    metrics: EngineMetrics
+    engine: EngineClient
+    tokenizer: PreTrainedTokenizerBase | None
+    max_model_len: int
+    metrics: Callable[[], Awaitable[bytes]]  # the Prometheus text
     settings: ServerSettings

@@ -14,7 +14,6 @@ from fastapi.responses import Response
 
 from hotspec.entrypoints import openai_format as fmt
 from hotspec.entrypoints.api_errors import APIError
-from hotspec.entrypoints.async_engine import AsyncEngine
 from hotspec.entrypoints.protocol import _SamplingRequest
 from hotspec.entrypoints.request_handle import (
     EngineDeadError,
@@ -23,7 +22,7 @@ from hotspec.entrypoints.request_handle import (
     RequestHandle,
 )
 from hotspec.entrypoints.responses import collect, stream_sse
-from hotspec.entrypoints.server_state import ServerState
+from hotspec.entrypoints.server_state import EngineClient, ServerState
 from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import SamplingParams
 
@@ -47,7 +46,7 @@ def or_400(fn: Callable[[], Any]) -> Any:
         raise _invalid(e) from None
 
 
-async def _submit(engine: AsyncEngine, ids: list[int], params: SamplingParams) -> RequestHandle:
+async def _submit(engine: EngineClient, ids: list[int], params: SamplingParams) -> RequestHandle:
     try:
         return await engine.submit(ids, params)
     except InvalidRequestError as e:
@@ -64,9 +63,9 @@ async def answer(request: Request, s: ServerState, body: _SamplingRequest, ids: 
                  whole: Callable[[fmt.Meta, str, RequestEvent], dict[str, Any]]) -> Response:
     """Run the request `body` on prompt `ids`; answer with `chunks` (stream) or `whole`."""
     params = or_400(lambda: body.sampling_params(default_max_tokens))
-    handle = await _submit(s.async_engine, ids, params)
+    handle = await _submit(s.engine, ids, params)
     meta = fmt.Meta(id_prefix + uuid.uuid4().hex, int(time.time()), s.settings.served_model_name)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return stream_sse(s.async_engine, handle, chunks(meta, include_usage))
-    return await collect(request, s.async_engine, handle, lambda text, ev: whole(meta, text, ev))
+        return stream_sse(s.engine, handle, chunks(meta, include_usage))
+    return await collect(request, s.engine, handle, lambda text, ev: whole(meta, text, ev))

@@ -1,0 +1,237 @@
+"""The engine in a process of its own, so that request handling (HTTP, JSON, SSE, tokenization)
+never holds the interpreter lock while a step is being built: `hotspec serve`'s default, as
+SGLang and vLLM run their engine cores.
+
+The child builds the Engine from the EngineConfig and runs the same EngineLoop as the thread
+variant (engine_loop.py), fed by a reader thread that turns the parent's messages into inbox
+commands; the loop's deliveries go back over a pipe. The parent (`ProcessEngine`, the interface of
+AsyncEngine) keeps each request's RequestHandle and hands what arrives to its event loop. Messages,
+each a tuple:
+
+    parent -> child   ("submit", cid, prompt_token_ids, params) | ("abort", cid) | ("metrics",) | ("stop",)
+    child -> parent   ("ready", max_model_len) | ("fatal", message) | ("metrics", text)
+                      | ("out", [(cid, event or exception or None)], step_errors, consecutive_errors)
+
+Metrics live in the child (its observer sees every step) and are rendered there on request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing as mp
+import threading
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from hotspec.config import EngineConfig
+from hotspec.core.request import Request
+from hotspec.entrypoints.engine_loop import Abort, Delivery, EngineLoop, Stop, Submit
+from hotspec.entrypoints.request_handle import EngineDeadError, RequestEvent, RequestHandle, deliver
+from hotspec.errors import HotspecError
+from hotspec.logs import setup_logging
+from hotspec.sampling_params import SamplingParams
+
+START_TIMEOUT_S = 1800.0  # model load and graph capture
+
+
+@dataclass(eq=False)
+class RemoteHandle:
+    """A request in the engine's process: the parent's id for it, and its Request once accepted."""
+
+    cid: int
+    req: Request | None = field(default=None, repr=False)
+
+
+def _child(cfg: EngineConfig, commands: Connection, results: Connection, log_level: str) -> None:
+    """The engine process: build the engine, answer messages, run the loop until "stop"."""
+    from hotspec.engine.engine import Engine
+    from hotspec.entrypoints.metrics import EngineMetrics
+
+    setup_logging(log_level)
+    try:
+        engine = Engine(cfg)
+    except BaseException as e:  # noqa: BLE001 - the parent reports it and exits
+        results.send(("fatal", f"{type(e).__name__}: {e}"))
+        return
+    metrics = EngineMetrics()
+    metrics.describe_engine(engine)
+    send_lock = threading.Lock()
+
+    def post(deliveries: list[Delivery]) -> None:
+        items = [(h.cid, item) for h, item in deliveries if isinstance(h, RemoteHandle)]
+        for cid, item in items:  # a request's last delivery: the reader forgets it
+            if isinstance(item, BaseException) or (isinstance(item, RequestEvent) and item.finish_reason):
+                handles.pop(cid, None)
+        with send_lock:
+            results.send(("out", items, loop.step_errors, loop.consecutive_step_errors))
+
+    loop = EngineLoop(engine, metrics, post=post)
+    handles: dict[int, RemoteHandle] = {}
+
+    def read() -> None:
+        while True:
+            try:
+                msg = commands.recv()
+            except EOFError:  # the parent is gone
+                msg = ("stop",)
+            if msg[0] == "submit":
+                h = handles[msg[1]] = RemoteHandle(msg[1])
+                with loop.lock:
+                    if loop.closed:
+                        post([(h, EngineDeadError("the engine is not running"))])
+                        continue
+                    loop.inbox.put(Submit(h, msg[2], msg[3]))
+            elif msg[0] == "abort":
+                gone = handles.pop(msg[1], None)
+                if gone is not None:
+                    loop.inbox.put(Abort(gone))
+            elif msg[0] == "metrics":
+                with send_lock:
+                    results.send(("metrics", metrics.render()))
+            else:
+                loop.inbox.put(Stop())
+                return
+
+    threading.Thread(target=read, name="hotspec-engine-reader", daemon=True).start()
+    results.send(("ready", engine.max_model_len))
+    loop.run()
+
+
+class ProcessEngine:
+    """AsyncEngine's interface over an engine in its own process. `start` blocks until the engine
+    is built (or raises HotspecError with the child's error)."""
+
+    def __init__(self, cfg: EngineConfig, log_level: str = "info") -> None:
+        self.cfg, self.log_level = cfg, log_level
+        self.max_model_len = 0
+        self.step_errors = self.consecutive_step_errors = 0
+        self._ids = itertools.count()
+        self._handles: dict[int, RequestHandle] = {}
+        self._cids: dict[RequestHandle, int] = {}
+        self._send_lock = threading.Lock()
+        self._metrics: list[bytes] = []
+        self._metrics_ready = threading.Condition()
+        self._proc: Any = None
+        self._dead = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")  # (a fork would copy CUDA and thread state)
+        cmd_r, self._commands = ctx.Pipe(duplex=False)
+        self._results, res_w = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_child, args=(self.cfg, cmd_r, res_w, self.log_level),
+                                 name="hotspec-engine", daemon=True)
+        self._proc.start()
+        cmd_r.close()
+        res_w.close()
+        if not self._results.poll(START_TIMEOUT_S):
+            self._proc.kill()
+            raise HotspecError(f"the engine process did not start within {START_TIMEOUT_S:g} s")
+        try:
+            msg = self._results.recv()
+        except EOFError:
+            raise HotspecError(f"the engine process exited at start-up (status "
+                               f"{self._proc.exitcode}); its log is above") from None
+        if msg[0] == "fatal":
+            self._proc.join(10)
+            raise HotspecError(f"the engine could not start: {msg[1]}")
+        self.max_model_len = msg[1]
+        threading.Thread(target=self._read, name="hotspec-engine-results", daemon=True).start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the engine process (it aborts every unfinished request first)."""
+        if self._proc is None:
+            return
+        if self._proc.is_alive():
+            self._send(("stop",))
+            self._proc.join(timeout)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive() and not self._dead
+
+    # -- requests (event loop) -----------------------------------------------------------------
+    async def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestHandle:
+        """As AsyncEngine.submit."""
+        if not self.is_alive:
+            raise EngineDeadError("the engine is not running")
+        loop = asyncio.get_running_loop()
+        handle = RequestHandle(loop, accepted=loop.create_future())
+        cid = next(self._ids)
+        self._handles[cid], self._cids[handle] = handle, cid
+        self._send(("submit", cid, list(prompt_token_ids), params))
+        assert handle.accepted is not None
+        try:
+            await handle.accepted
+        except asyncio.CancelledError:
+            self.abort(handle)
+            raise
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        cid = self._cids.get(handle)
+        if cid is not None and not handle.finished and self.is_alive:
+            self._send(("abort", cid))
+
+    async def metrics(self) -> bytes:
+        """The engine's Prometheus text (rendered in its process)."""
+        return await asyncio.to_thread(self._metrics_text)
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            try:
+                self._commands.send(msg)
+            except (BrokenPipeError, OSError):
+                self._dead = True
+
+    def _metrics_text(self) -> bytes:
+        with self._metrics_ready:
+            self._metrics.clear()
+            self._send(("metrics",))
+            self._metrics_ready.wait_for(lambda: bool(self._metrics) or self._dead, timeout=10.0)
+            return self._metrics[0] if self._metrics else b""
+
+    def _read(self) -> None:
+        """The results thread: hand each delivery to its request's event loop."""
+        while True:
+            try:
+                msg = self._results.recv()
+            except (EOFError, OSError):
+                break
+            if msg[0] == "metrics":
+                with self._metrics_ready:
+                    self._metrics.append(msg[1])
+                    self._metrics_ready.notify_all()
+                continue
+            _, items, self.step_errors, self.consecutive_step_errors = msg
+            self._deliver(items)
+        self._dead = True
+        with self._metrics_ready:
+            self._metrics_ready.notify_all()
+        # the process is gone: every request still open fails
+        self._deliver([(cid, RequestEvent("", [], "error", "the engine process exited"))
+                       for cid in list(self._handles)])
+
+    def _deliver(self, items: list[tuple[int, object]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, object]]] = {}
+        for cid, item in items:
+            handle = self._handles.get(cid)
+            if handle is None:
+                continue
+            done = isinstance(item, BaseException) or (
+                isinstance(item, RequestEvent) and item.finish_reason is not None)
+            if done:
+                del self._handles[cid]
+                self._cids.pop(handle, None)
+            by_loop.setdefault(handle.loop, []).append((handle, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(deliver, batch)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass

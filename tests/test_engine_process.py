@@ -1,0 +1,96 @@
+"""The engine in a process of its own (entrypoints/engine_process.py, `hotspec serve`'s default)
+behind the HTTP server: greedy answers equal the offline API's, streamed and whole; /metrics is
+the engine's; a client that hangs up is aborted; a model that cannot load fails `start` with the
+engine's error; an engine process that dies fails what was open and makes /health 503."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from engine_utils import save_tiny_llama
+
+from hotspec import LLM, SamplingParams
+from hotspec.config import EngineConfig
+from hotspec.entrypoints.server import BackgroundServer, ProcessEngine, ServerSettings, create_process_app
+from hotspec.errors import HotspecError
+from hotspec.models.loader import load_tokenizer, resolve_model_path
+
+PROMPTS = ["The capital of France is", "def add(a, b):"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tok = load_tokenizer(resolve_model_path(None))  # a real chat template
+    path = save_tiny_llama(tmp_path_factory.mktemp("proc") / "tiny", vocab=49152, hidden=64,
+                           layers=2, std=0.3, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    tok.save_pretrained(path)
+    return path
+
+
+def _cfg(model: Path, **kw: object) -> EngineConfig:
+    return EngineConfig(model=str(model), dtype="float32", device="cpu", block_size=8,
+                        num_kv_blocks=64, max_model_len=256, **kw)  # type: ignore[arg-type]
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def test_answers_equal_offline_and_metrics_come_from_the_engine(model: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    want = [o.text for o in LLM(**vars(_cfg(model))).generate(PROMPTS, params)]
+    client = ProcessEngine(_cfg(model), "warning")
+    client.start()
+    assert client.max_model_len == 256
+    with BackgroundServer(create_process_app(client, ServerSettings("tiny"))) as srv:
+        oa = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        for prompt, text in zip(PROMPTS, want):
+            r = oa.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                                      extra_body={"ignore_eos": True})
+            assert r.choices[0].text == text
+        chunks = list(oa.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12,
+                                            temperature=0, stream=True, extra_body={"ignore_eos": True}))
+        assert "".join(c.choices[0].text for c in chunks) == want[0]
+        # a client that hangs up mid-stream: the engine aborts its request
+        with httpx.stream("POST", srv.url + "/v1/completions", timeout=60, json={
+                "model": "tiny", "prompt": PROMPTS[1], "max_tokens": 200, "stream": True,
+                "ignore_eos": True}) as resp:
+            next(resp.iter_lines())
+        deadline = time.monotonic() + 60
+        while True:
+            text = httpx.get(srv.url + "/metrics").text
+            if _metric(text, "hotspec_requests_finished_total") >= 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert 'finish_reason="abort"' in text
+        assert _metric(text, "hotspec_generated_tokens_total") >= 36
+        assert _metric(text, "hotspec_kv_blocks_used") == 0
+        assert httpx.get(srv.url + "/health").status_code == 200
+    assert not client.is_alive  # the app stopped the engine process with it
+
+
+def test_a_model_that_cannot_load_fails_start(tmp_path: Path) -> None:
+    client = ProcessEngine(EngineConfig(model=str(tmp_path / "missing"), device="cpu"), "error")
+    with pytest.raises(HotspecError, match="the engine could not start: .*missing"):
+        client.start()
+    assert not client.is_alive
+
+
+def test_a_dead_engine_process_fails_open_requests_and_health(model: Path) -> None:
+    client = ProcessEngine(_cfg(model), "warning")
+    client.start()
+    with BackgroundServer(create_process_app(client, ServerSettings("tiny"))) as srv:
+        client._proc.kill()
+        client._proc.join()
+        deadline = time.monotonic() + 30
+        while client.is_alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert httpx.get(srv.url + "/health").status_code == 503
+        r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": "hi", "max_tokens": 4})
+        assert r.status_code == 503 and "not running" in r.text
