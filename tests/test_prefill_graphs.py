@@ -71,6 +71,9 @@ def test_graphed_prefill_equals_eager(spec, tiny, monkeypatch):
             for p in params]
     monkeypatch.setattr(EngineBuilder, "_graph_runner",
                         lambda self: GraphRunner(self.device, "static", [1, 2, 4]))
+    capped = LLM(**kw)  # the default buckets stop at the context, 128
+    assert capped.engine.worker.prefill_limits() == (128, 3)
+    del capped
     llm = LLM(**kw, cuda_graph_prefill_tokens=32)
     assert llm.engine.worker.prefill_limits() == (32, 3)
     report = llm.engine.graphs.report()

@@ -125,7 +125,10 @@ class EngineBuilder:
         self.graphs = self._graph_runner()
         executor = StepExecutor(self.graphs, self.block_size, self._blocks_for(self.max_model_len),
                                 self._overlap(), self.cfg.max_num_seqs,
-                                tuple(token_buckets(self.cfg.cuda_graph_prefill_tokens)),
+                                # (no step holds more tokens than the context; padding
+                                # positions stay inside the rotary tables)
+                                tuple(token_buckets(min(self.cfg.cuda_graph_prefill_tokens,
+                                                        self.max_model_len))),
                                 min(self.cfg.max_num_seqs, PREFILL_ROWS))
         worker: Worker
         if self.cfg.speculative_algorithm is None:
