@@ -59,6 +59,20 @@ def test_a_speculative_server_that_does_not_speculate_is_refused(tmp_path: Path)
     assert not (tmp_path / "out" / "bench_serve.json").exists()
 
 
+def test_server_options_reach_both_servers() -> None:
+    """The speculative server gets the engine options as given, the vanilla one without the
+    speculative ones and with --no-default-head; --serve-args go to both."""
+    from hotspec.cli.bench_serve import _server_options
+    from hotspec.cli.main import build_parser
+
+    args = build_parser().parse_args(["bench-serve", *ENGINE, *CHAIN, "--serve-args",
+                                      "--no-engine-process --max-body-bytes 999"])
+    spec, vanilla, float32 = _server_options(args)
+    assert float32 and "--speculative-num-steps" in spec and spec[spec.index("--device") + 1] == "cpu"
+    assert not any(a.startswith("--speculative") for a in vanilla) and "--no-default-head" in vanilla
+    assert spec[-3:] == vanilla[-3:] == ["--no-engine-process", "--max-body-bytes", "999"]
+
+
 def test_a_bad_engine_option_fails_before_any_server_starts(tmp_path: Path) -> None:
     r = _bench(tmp_path, "--device", "cpu", "--speculative-eagle-topk", "0", *LOAD)
     assert r.returncode == 2 and "topk must be >= 1" in r.stderr, r.stderr[-2000:]

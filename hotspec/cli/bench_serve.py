@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -79,6 +80,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--api-key", default=None, help="with --target: the servers' key")
     s.add_argument("--model-name", dest="served_model", default=None,
                    help="the model name requests send (default: ask /v1/models)")
+    s.add_argument("--serve-args", default="", metavar="OPTIONS",
+                   help="more `hotspec serve` options for both servers, one string (e.g. "
+                   "'--no-engine-process')")
     s.add_argument("--start-timeout", type=float, default=600.0,
                    help="seconds for the servers to come up (default: 600)")
     s.add_argument("--out", type=Path, default=Path("bench_serve"), metavar="DIR",
@@ -100,7 +104,8 @@ def _server_options(args: argparse.Namespace) -> tuple[list[str], list[str], boo
     spec = engine_cli_args(values)
     vanilla = engine_cli_args({k: v for k, v in values.items() if k not in SPECULATIVE})
     float32 = cfg.dtype == "float32" or (cfg.dtype == "auto" and cfg.device == "cpu")
-    return spec, [*vanilla, "--no-default-head"], float32
+    extra = shlex.split(args.serve_args)
+    return [*spec, *extra], [*vanilla, "--no-default-head", *extra], float32
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> None:
