@@ -133,6 +133,17 @@ def save_tiny_llama(path, *, vocab: int, hidden: int, layers: int, std: float, *
     return path
 
 
+def tiny_target_and_head(root, layers: int):
+    """A tiny llama target (vocab 96, hidden 64) under root/target and a random EAGLE-3 head for it
+    under root/head: (target folder, head folder)."""
+    from hotspec.models.draft_checkpoint import random_draft_checkpoint
+    from hotspec.models.loader import load_checkpoint
+
+    save_tiny_llama(root / "target", vocab=96, hidden=64, layers=layers, std=0.2)
+    mcfg = load_checkpoint(root / "target", torch.float32)[0]
+    return root / "target", random_draft_checkpoint(root / "head", mcfg, "EAGLE3", seed=0, scale=0.3)
+
+
 def write_gemma_gguf(path):
     """A minimal GGUF of an architecture hotspec does not run (gemma3)."""
     import gguf

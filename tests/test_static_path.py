@@ -7,22 +7,16 @@ import contextlib
 
 import pytest
 import torch
-from engine_utils import save_tiny_llama
+from engine_utils import tiny_target_and_head
 
 from hotspec import LLM, SamplingParams
 from hotspec.engine.builder import EngineBuilder
-from hotspec.models.draft_checkpoint import random_draft_checkpoint
-from hotspec.models.loader import load_checkpoint
 from hotspec.runtime.graph_runner import GraphRunner
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    save_tiny_llama(root / "target", vocab=96, hidden=64, layers=4, std=0.2)
-    mcfg = load_checkpoint(root / "target", torch.float32)[0]
-    head = random_draft_checkpoint(root / "head", mcfg, "EAGLE3", seed=0, scale=0.3)
-    return root / "target", head
+    return tiny_target_and_head(tmp_path_factory.mktemp("tiny"), layers=4)
 
 
 def _static(monkeypatch):
