@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing as mp
+import signal
 import threading
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -49,6 +50,9 @@ def _child(cfg: EngineConfig, commands: Connection, results: Connection, log_lev
     from hotspec.engine.engine import Engine
     from hotspec.entrypoints.metrics import EngineMetrics
 
+    # ^C at a terminal reaches the whole process group: the server stops the engine ("stop"), and
+    # the engine stops by itself when the server is gone (the pipe's end)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(log_level)
     try:
         engine = Engine(cfg)
