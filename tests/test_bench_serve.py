@@ -42,6 +42,7 @@ def test_bench_serve_compares_vanilla_with_speculative(tmp_path: Path) -> None:
     assert by["vanilla"]["tau_mean"] is None  # no verify pass at all
     assert by["speculative"]["tau_mean"] >= 1.0
     assert by["speculative"]["greedy_checked"] > 0 and by["speculative"]["greedy_mismatched"] == 0
+    assert set(by["speculative"]["shape_steps"]) == {"3/1/4"} and by["vanilla"]["shape_steps"] == {}
     assert (tmp_path / "bench_serve.png").stat().st_size > 0
     assert (tmp_path / "serve_vanilla.log").exists()
 
@@ -57,6 +58,12 @@ def test_a_speculative_server_that_does_not_speculate_is_refused(tmp_path: Path)
     assert r.returncode == 2, r.stdout[-4000:] + r.stderr[-2000:]
     assert "the speculative server does not speculate" in r.stderr
     assert not (tmp_path / "out" / "bench_serve.json").exists()
+
+
+def test_shape_shares_read_most_run_first() -> None:
+    from hotspec.benchmark.load_report import shares
+
+    assert shares({"off": 10, "3/1/4": 30}) == "3/1/4 75% off 25%" and shares({}) == "-"
 
 
 def test_server_options_reach_both_servers() -> None:

@@ -18,6 +18,7 @@ GAUGES = ("hotspec_num_requests_running", "hotspec_num_requests_waiting", "hotsp
           "hotspec_kv_blocks_total", "hotspec_generated_tokens_total", "hotspec_engine_step_errors_total",
           "hotspec_request_tau_sum", "hotspec_request_tau_count")
 FINISHED = re.compile(r'^hotspec_requests_finished_total\{finish_reason="(\w+)"\} (\S+)$', re.M)
+SHAPE_STEPS = re.compile(r'^hotspec_spec_steps_total\{shape="([^"]+)"\} (\S+)$', re.M)
 
 
 @dataclass
@@ -96,7 +97,8 @@ async def one_request(client: httpx.AsyncClient, url: str, job: Job) -> Result:
 
 
 async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """The GAUGES, plus `finished_<reason>` for each finish reason counted so far."""
+    """The GAUGES, plus `finished_<reason>` for each finish reason counted so far and
+    `steps_<shape>` for each speculation shape the engine ran (`off`: plain decoding)."""
     text = (await client.get(url + "/metrics")).text
     out = {}
     for name in GAUGES:
@@ -104,6 +106,8 @@ async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float]:
         out[name] = float(m.group(1)) if m else 0.0
     for reason, value in FINISHED.findall(text):
         out[f"finished_{reason}"] = float(value)
+    for shape, value in SHAPE_STEPS.findall(text):
+        out[f"steps_{shape}"] = float(value)
     return out
 
 

@@ -129,7 +129,9 @@ async def run_one(args: argparse.Namespace, label: str, url: str, rate: float,
         delta("hotspec_generated_tokens_total") / duration,
         percentile(ttft, 50), percentile(ttft, 99), percentile(itl, 50), percentile(itl, 99),
         statistics.median(tpot) if tpot else float("nan"),
-        delta("hotspec_request_tau_sum") / taus if taus else None, errors=errors)
+        delta("hotspec_request_tau_sum") / taus if taus else None,
+        shape_steps={k[6:]: int(delta(k)) for k in after if k.startswith("steps_") and delta(k) > 0},
+        errors=errors)
     return report, results
 
 
