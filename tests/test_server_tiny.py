@@ -405,6 +405,13 @@ MALFORMED: list[tuple[str, str, bytes, str | None, str]] = [
      "top_k", r"^top_k must be an int in \[-1, 2\*\*63\)"),
     ("max-tokens-float", "/v1/completions", b'{"model": "tiny", "prompt": "a", "max_tokens": 2.0}',
      "max_tokens", r"max_tokens: Input should be a valid integer"),
+    ("max-tokens-over-context", "/v1/completions",
+     b'{"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 1000000000}', "max_tokens",
+     r"maximum context length is 256 tokens\. However, you requested 1000000003 tokens \(3 in the "
+     r"prompt, 1000000000 for the completion\)"),
+    ("max-tokens-over-context-chat", "/v1/chat/completions",
+     b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 254}',
+     "max_tokens", r"maximum context length is 256 tokens\. However, you requested \d+ tokens"),
 ]
 # Fields of OpenAI's API this server does not implement: each refused by name, not ignored.
 UNSUPPORTED: list[tuple[str, dict[str, Any]]] = [

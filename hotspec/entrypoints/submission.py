@@ -61,8 +61,16 @@ async def answer(request: Request, s: ServerState, body: _SamplingRequest, ids: 
                  default_max_tokens: int, id_prefix: str,
                  chunks: Callable[[fmt.Meta, bool], fmt.ChunkWriter],
                  whole: Callable[[fmt.Meta, str, RequestEvent], dict[str, Any]]) -> Response:
-    """Run the request `body` on prompt `ids`; answer with `chunks` (stream) or `whole`."""
-    params = or_400(lambda: body.sampling_params(default_max_tokens))
+    """Run the request `body` on prompt `ids`; answer with `chunks` (stream) or `whole`. A
+    max_tokens the context cannot hold is refused with the numbers (as vLLM does); without one,
+    a request generates at most `default_max_tokens` and what the context leaves."""
+    requested, room = body.requested_max_tokens, s.max_model_len - len(ids)
+    if requested is not None and requested > room:
+        raise APIError(400, f"This model's maximum context length is {s.max_model_len} tokens. "
+                       f"However, you requested {len(ids) + requested} tokens ({len(ids)} in the "
+                       f"prompt, {requested} for the completion). Reduce the prompt or max_tokens.",
+                       param="max_tokens")
+    params = or_400(lambda: body.sampling_params(max(1, min(default_max_tokens, room))))
     handle = await _submit(s.engine, ids, params)
     meta = fmt.Meta(id_prefix + uuid.uuid4().hex, int(time.time()), s.settings.served_model_name)
     if body.stream:

@@ -7,8 +7,9 @@ A prefill step of T tokens from b requests replays the bucket P >= T: its tokens
 requests' chunks back to back, then P - T padding tokens, which row b owns (a padding request on
 the null block, writing the trash slot); rows after it have no tokens (q_len 0).
 `cu_seqlens_q`, lengths and block tables live in the graph's static buffers, and the attention
-grid covers every row at the bucket's size, its programs past a request's tokens doing no work. A step with more tokens or requests than the
-largest graph runs eagerly; the engine keeps its steps inside the graphs (`Worker.prefill_limits`).
+grid covers every row at the bucket's size, its programs past a request's tokens doing no work.
+A step with more tokens or requests than the largest graph runs eagerly; the engine keeps its
+steps inside the graphs (`Worker.prefill_limits`).
 """
 
 from __future__ import annotations
