@@ -123,8 +123,11 @@ def make_jobs(n: int, seed: int) -> list[Job]:
         if rng.random() < 0.15:
             params["stop"] = [rng.choice(["a", "e", " the"])]
         job = Job(prompt, params)
-        if i % 10 == 3:  # 10% hang up mid-stream (long enough that they are still running)
-            job.params.update(max_tokens=200, ignore_eos=True)
+        if i % 10 == 3:  # 10% hang up mid-stream (long enough that they are still running;
+            # a short prompt, so that prompt + max_tokens fit every engine's context)
+            job.prompt = [rng.randrange(49152) for _ in range(16)]
+            job.params.update(max_tokens=120, ignore_eos=True)
+            job.params.pop("stop", None)
             job.disconnect_after = rng.randint(1, 4)
         jobs.append(job)
     return jobs
