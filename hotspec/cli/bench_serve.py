@@ -82,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model name requests send (default: ask /v1/models)")
     s.add_argument("--serve-args", default="", metavar="OPTIONS",
                    help="more `hotspec serve` options for both servers, one string (e.g. "
-                   "'--no-engine-process')")
+                   "'--engine-process')")
     s.add_argument("--start-timeout", type=float, default=600.0,
                    help="seconds for the servers to come up (default: 600)")
     s.add_argument("--out", type=Path, default=Path("bench_serve"), metavar="DIR",
@@ -143,7 +143,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
         srv.stop(started)
     print(table(reports))
     if verify == 0:
-        print("greedy under load == alone: not checked (bf16 servers; --verify-greedy -1 checks)")
+        print("greedy under load == alone: not checked (--verify-greedy -1 checks it; only float32 "
+              "servers give outputs independent of the batch)")
     results = checks(reports, verify != 0)
     for ok, line in results:
         print(("PASS " if ok else "FAIL ") + line)

@@ -23,10 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model name clients send (default: the model folder or file name)")
     g.add_argument("--max-body-bytes", type=_positive_int, default=4 * 2**20,
                    help="largest request body accepted; larger ones get 413 (default: 4 MiB)")
-    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
                    help="run the engine in a process of its own, so that request handling never "
-                   "holds the interpreter while a step is built; --no-engine-process runs it on a "
-                   "thread of the server's process (default: on)")
+                   "holds the interpreter lock while a step is built (default: off, a thread of "
+                   "the server's process)")
     add_default_head_arg(g)
     p.set_defaults(func=cmd_serve)
 
