@@ -200,8 +200,8 @@ class EagleWorker(Worker):
                 raise RuntimeError(f"the phase graphs run the first shape {self.shapes[0].label}, "
                                    f"not {self.shape.label}")
             rows = self.phased.run(self.executor, reqs, self.profile)
-            self._count(self.shape, reqs)
-            return self._account(reqs, rows, spec=True)
+            self._count(self.shape, reqs, [row[0] for row in rows])
+            return [emitted_tokens(row) for row in rows]
         if self.profile and self.policy is None:
             raise RuntimeError("the phase graphs were not built: construct the engine with "
                                "profile_phases (or without fuse_spec_step) to run phases one by one")
@@ -282,26 +282,17 @@ class EagleWorker(Worker):
             for i, (r, toks) in enumerate(zip(c.reqs, c.tokens)):
                 if r.status is not Status.FINISHED:  # (its length already counts the token)
                     r.spec.pending.append((r.seq_len - 1, tag.feature[i], toks[-1]))
-        self._count(tag.shape, c.reqs)
-        for r, a in zip(c.reqs, c.accepted):
-            if r.status is not Status.FINISHED:
-                r.stats.spec_steps += 1
-                if not tag.shape.off:
-                    self.stats.accept_hist[a] += 1
+        self._count(tag.shape, c.reqs, c.accepted)
         return c.reqs, c.tokens
 
-    def _count(self, shape: SpecShape, reqs: list[Request]) -> None:
-        """Steps per shape, and the draft tokens a speculative step verified."""
+    def _count(self, shape: SpecShape, reqs: list[Request], accepted: list[int]) -> None:
+        """A step's statistics: steps per shape, and for each request still running a step,
+        and for a speculative step its accepted count and the draft tokens it verified."""
         self.stats.shape_steps[shape.label] += 1
-        if not shape.off:
-            self.stats.drafted += (shape.num_draft_tokens - 1) * sum(
-                r.status is not Status.FINISHED for r in reqs)
-
-    def _account(self, reqs: list[Request], rows: list[list[int]], spec: bool) -> list[list[int]]:
-        """The phased step's statistics; each request's new tokens."""
-        for r, row in zip(reqs, rows):
-            if r.status is not Status.FINISHED:
-                r.stats.spec_steps += 1
-                if spec:
-                    self.stats.accept_hist[row[0]] += 1
-        return [emitted_tokens(row) for row in rows]
+        for r, a in zip(reqs, accepted):
+            if r.status is Status.FINISHED:
+                continue
+            r.stats.spec_steps += 1
+            if not shape.off:
+                self.stats.accept_hist[a] += 1
+                self.stats.drafted += shape.num_draft_tokens - 1
