@@ -73,11 +73,11 @@ def test_server_options_reach_both_servers() -> None:
     from hotspec.cli.main import build_parser
 
     args = build_parser().parse_args(["bench-serve", *ENGINE, *CHAIN, "--serve-args",
-                                      "--engine-process --max-body-bytes 999"])
+                                      "--max-num-seqs 7 --max-body-bytes 999"])
     spec, vanilla, float32 = _server_options(args)
     assert float32 and "--speculative-num-steps" in spec and spec[spec.index("--device") + 1] == "cpu"
     assert not any(a.startswith("--speculative") for a in vanilla) and "--no-default-head" in vanilla
-    assert spec[-3:] == vanilla[-3:] == ["--engine-process", "--max-body-bytes", "999"]
+    assert spec[-4:] == vanilla[-4:] == ["--max-num-seqs", "7", "--max-body-bytes", "999"]
 
 
 def test_a_bad_engine_option_fails_before_any_server_starts(tmp_path: Path) -> None:

@@ -82,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model name requests send (default: ask /v1/models)")
     s.add_argument("--serve-args", default="", metavar="OPTIONS",
                    help="more `hotspec serve` options for both servers, one string (e.g. "
-                   "'--engine-process')")
+                   "'--max-num-seqs 128')")
     s.add_argument("--start-timeout", type=float, default=600.0,
                    help="seconds for the servers to come up (default: 600)")
     s.add_argument("--out", type=Path, default=Path("bench_serve"), metavar="DIR",

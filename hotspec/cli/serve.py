@@ -23,10 +23,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model name clients send (default: the model folder or file name)")
     g.add_argument("--max-body-bytes", type=_positive_int, default=4 * 2**20,
                    help="largest request body accepted; larger ones get 413 (default: 4 MiB)")
-    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
-                   help="run the engine in a process of its own, so that request handling never "
-                   "holds the interpreter lock while a step is built (default: off, a thread of "
-                   "the server's process)")
     add_default_head_arg(g)
     p.set_defaults(func=cmd_serve)
 
@@ -44,28 +40,20 @@ def served_model_name(args: argparse.Namespace) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     from hotspec.cli.engine_args import engine_config
-    from hotspec.engine.engine import Engine
-    from hotspec.entrypoints.server import (
-        ProcessEngine,
-        ServerSettings,
-        create_app,
-        create_process_app,
-        run,
-    )
+    from hotspec.entrypoints.server import ProcessEngine, ServerSettings, create_process_app, run
 
     # a bad option fails here, before any weight is read
     cfg = engine_config(args, args.default_head)
     settings = ServerSettings(served_model_name(args), args.api_key, args.max_body_bytes)
-    if args.engine_process:
-        client = ProcessEngine(cfg, args.log_level)
-        client.start()  # (a model that fails to load fails here, before the server listens)
-        try:
-            app = create_process_app(client, settings)
-        except BaseException:
-            client.shutdown()
-            raise
-    else:
-        app = create_app(Engine(cfg), settings)
+    # The engine runs in a process of its own: HTTP, JSON, SSE and tokenization never hold its
+    # interpreter lock (on the H200, rate inf: 1.87x the tok/s of the engine on a server thread).
+    client = ProcessEngine(cfg, args.log_level)
+    client.start()  # (a model that fails to load fails here, before the server listens)
+    try:
+        app = create_process_app(client, settings)
+    except BaseException:
+        client.shutdown()
+        raise
     run(app, args.host, args.port)
 
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +30,9 @@ from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import SamplingParams
 
 log = logging.getLogger("hotspec.server")
+# A step slower than this is logged: every running request's stream stalled that long (a kernel
+# compiled at first use, a host stall), which latency percentiles alone never explain.
+SLOW_STEP_S = 0.2
 
 
 class EngineObserver(Protocol):
@@ -159,13 +163,20 @@ class EngineLoop:
         return [(handle, _final(req, "abort"))]
 
     def _step(self) -> None:
+        engine = self.engine
+        rows = (len(engine.running), len(engine.prefilling))
+        t = time.perf_counter()
         try:
-            outputs = self.engine.step()
+            outputs = engine.step()
         except Exception as e:  # noqa: BLE001 - contained: the affected requests fail, not the server
             log.exception("engine step failed; failing the requests it was computing")
             self._fail(e)
             return
         self.consecutive_step_errors = 0
+        took = time.perf_counter() - t
+        if took > SLOW_STEP_S:
+            log.warning("slow engine step: %.0f ms (%d requests decoding, %d prefilling before it)",
+                        took * 1e3, *rows)
         out: list[Delivery] = []
         for o in outputs:
             req = o.request

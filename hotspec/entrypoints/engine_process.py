@@ -1,6 +1,6 @@
 """The engine in a process of its own, so that request handling (HTTP, JSON, SSE, tokenization)
 never holds the interpreter lock while a step is being built, as SGLang and vLLM run their
-engine cores (`hotspec serve --engine-process`).
+engine cores (how `hotspec serve` runs it).
 
 The child builds the Engine from the EngineConfig and runs the same EngineLoop as the thread
 variant (engine_loop.py), fed by a reader thread that turns the parent's messages into inbox

@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP server (FastAPI): /v1/completions, /v1/chat/completions, /v1/models,
 /health, /metrics.
 
-The Engine runs on a thread of this process (AsyncEngine) or in a process of its own
-(ProcessEngine, `hotspec serve --engine-process`); handlers only parse, tokenize (in a worker
+`hotspec serve` runs the Engine in a process of its own (ProcessEngine, create_process_app);
+create_app runs one on a thread of this process (AsyncEngine: for an engine built in Python, as
+the tests and BackgroundServer do). Either way handlers only parse, tokenize (in a worker
 thread), submit, and relay events, so no handler ever blocks the event loop on the engine. Prompts
 are built exactly as the offline `LLM` builds them (`generate`: tokenizer.encode(prompt); `chat`:
 the chat template, then encode without special tokens), so greedy results are the same.
