@@ -46,8 +46,10 @@ def run(engine: Engine, work: list[tuple[list[int], SamplingParams]], prof: cPro
         for _, item in items:
             if isinstance(item, RequestEvent):
                 tokens[0] += len(item.token_ids)
-                if item.finish_reason:
-                    left[0] -= 1
+                left[0] -= item.finish_reason is not None
+            elif isinstance(item, BaseException):  # rejected (e.g. over the context)
+                print(f"rejected: {item}")
+                left[0] -= 1
         sent[0] += len(pickle.dumps(("out", items, 0, 0)))
         if left[0] == 0:
             loop.inbox.put(Stop())

@@ -30,9 +30,10 @@ from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import SamplingParams
 
 log = logging.getLogger("hotspec.server")
-# A step slower than this is logged: every running request's stream stalled that long (a kernel
-# compiled at first use, a host stall), which latency percentiles alone never explain.
-SLOW_STEP_S = 0.2
+# A step slower than SLOW_STEP_S and SLOW_STEP_RATIO times the running mean is logged: every
+# running request's stream stalled that long (a kernel compiled at first use, a host stall), which
+# latency percentiles alone never explain.
+SLOW_STEP_S, SLOW_STEP_RATIO = 0.2, 10.0
 
 
 class EngineObserver(Protocol):
@@ -94,6 +95,7 @@ class EngineLoop:
         self.lock = threading.Lock()
         self.step_errors = 0
         self.consecutive_step_errors = 0
+        self._mean_step_s = 0.0  # exponential mean of step wall times
 
     def run(self) -> None:
         try:
@@ -174,7 +176,9 @@ class EngineLoop:
             return
         self.consecutive_step_errors = 0
         took = time.perf_counter() - t
-        if took > SLOW_STEP_S:
+        mean = self._mean_step_s or took  # (the first step is its own mean)
+        self._mean_step_s = 0.95 * mean + 0.05 * took
+        if took > SLOW_STEP_S and took > SLOW_STEP_RATIO * mean:
             log.warning("slow engine step: %.0f ms (%d requests decoding, %d prefilling before it)",
                         took * 1e3, *rows)
         out: list[Delivery] = []
