@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hotspec.core.logprobs import MAX_LOGPROBS
 from hotspec.errors import InvalidRequestError
 
 _INT64_END = 2**63  # top_k is a tensor of int64 on the device
@@ -45,6 +46,9 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True
+    # None: no logprobs; n in [0, 20]: each generated token's logprob and the n most likely tokens
+    # at its position (core/logprobs.py: the target's raw distribution)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -62,6 +66,9 @@ class SamplingParams:
             raise _fail("seed", self.seed, "an int or None")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise _fail("max_tokens", self.max_tokens, "an int >= 1")
+        if self.logprobs is not None and (not _is_int(self.logprobs)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise _fail("logprobs", self.logprobs, f"None or an int in [0, {MAX_LOGPROBS}]")
         for flag in ("ignore_eos", "skip_special_tokens", "detokenize"):
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, getattr(self, flag), "a bool")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hotspec.config import ConfigError, EngineConfig
+from hotspec.core.logprobs import TokenLogprob
 from hotspec.core.request import Request, Status
 from hotspec.engine.block_allocator import OutOfBlocks
 from hotspec.engine.builder import DTYPES, EngineBuilder, load_target, resolve_device_dtype
@@ -31,6 +32,8 @@ class StepOutput:
     request: Request
     text_delta: str
     new_token_ids: list[int]
+    # with params.logprobs: one per new token, in order (core/logprobs.py)
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Engine:

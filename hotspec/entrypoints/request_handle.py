@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from hotspec.core.logprobs import TokenLogprob
 from hotspec.core.request import Request
 from hotspec.errors import HotspecError
 
@@ -33,6 +34,8 @@ class RequestEvent:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0  # generated so far, this event's tokens included
+    # with SamplingParams.logprobs: one per token of `token_ids`, in order
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(eq=False)
