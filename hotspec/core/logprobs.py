@@ -20,3 +20,11 @@ class TokenLogprob:
     logprob: float
     # the `logprobs` most likely tokens at this position, most likely first: (token id, logprob)
     top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob_rows(tokens: list[int], logprobs: list[list[float]], top_ids: list[list[int]],
+                       n: int) -> list[TokenLogprob]:
+    """A request's TokenLogprobs from a step's read-back rows (layers/logprobs.py's layout: per
+    position the chosen token's logprob then the alternatives'), `n` alternatives each."""
+    return [TokenLogprob(t, lp[0], tuple(zip(ids[:n], lp[1 : 1 + n])))
+            for t, lp, ids in zip(tokens, logprobs, top_ids)]

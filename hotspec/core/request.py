@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
+from hotspec.core.logprobs import TokenLogprob
 from hotspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     checker: StopChecker | None = field(default=None, repr=False)
     spec: SpecState = field(default_factory=SpecState, repr=False)
+    # with params.logprobs: the logprobs of the tokens the last prefill or step read back gave this
+    # request, one per token, set by whoever read them and consumed by the engine's emit
+    step_logprobs: list[TokenLogprob] | None = field(default=None, repr=False)
     # `blocks` as int32 for the step's block table, kept with the list it was read from: the engine
     # only appends to that list or replaces it
     _block_array: tuple[list[int], np.ndarray] | None = field(default=None, repr=False)

@@ -340,7 +340,13 @@ class Engine:
                     self._finish(req, reason)
                     break
             req.stats.generated_tokens = len(req.output_token_ids)
-            outs.append(StepOutput(req, delta, taken))
+            logprobs = None
+            if req.params.logprobs is not None:
+                if req.step_logprobs is None or len(req.step_logprobs) < len(taken):
+                    raise RuntimeError(f"request {req.rid} asked for logprobs, but its step "
+                                       "produced none for these tokens")
+                logprobs, req.step_logprobs = req.step_logprobs[:len(taken)], None
+            outs.append(StepOutput(req, delta, taken, logprobs))
         return outs
 
     def _finish(self, req: Request, reason: str) -> None:

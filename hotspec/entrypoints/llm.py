@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from hotspec.config import EngineConfig
+from hotspec.core.logprobs import TokenLogprob
 from hotspec.core.request import Request, RequestStats
 from hotspec.engine.engine import Engine, StepOutput
 from hotspec.errors import InvalidRequestError
@@ -22,6 +23,8 @@ class RequestOutput:
     token_ids: list[int]  # generated ids only
     finish_reason: str | None
     stats: RequestStats
+    # with SamplingParams.logprobs: one per generated token (core/logprobs.py)
+    logprobs: list[TokenLogprob] | None = None
 
 
 class LLM:
@@ -79,10 +82,13 @@ class LLM:
             for r in reqs:
                 self.engine.abort(r)
             raise
-        for _ in self.stream_steps(use_tqdm):
-            pass
+        logprobs: dict[int, list[TokenLogprob]] = {r.rid: [] for r in reqs if r.params.logprobs is not None}
+        for outs in self.stream_steps(use_tqdm):
+            for o in outs:
+                if o.logprobs is not None and o.request.rid in logprobs:
+                    logprobs[o.request.rid] += o.logprobs
         return [RequestOutput(r.rid, t, r.prompt_token_ids, r.checker.text if r.checker else "",
-                              r.output_token_ids, r.finish_reason, r.stats)
+                              r.output_token_ids, r.finish_reason, r.stats, logprobs.get(r.rid))
                 for r, t in zip(reqs, texts)]
 
     def stream_steps(self, use_tqdm: bool = False) -> Iterator[list[StepOutput]]:

@@ -18,6 +18,7 @@ import torch
 
 from hotspec.core.forward_batch import ForwardBatch, ForwardMode
 from hotspec.layers.argmax import argmax
+from hotspec.layers.logprobs import token_logprobs
 from hotspec.runtime.carry import from_carry, to_carry
 from hotspec.runtime.decode_inputs import decode_inputs
 from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
@@ -57,6 +58,9 @@ class DecodeIn(Sampled):
 class DecodeOut(PhaseIO):
     emitted: torch.Tensor  # [B, 3] long: the executor's row layout with W = 1: 1, root, next token
     feature: torch.Tensor | None = None  # [B, F]: the target feature at the root (speculative)
+    # decode[sample]: the next token's logprob and the top alternatives (layers/logprobs.py)
+    logprobs: torch.Tensor | None = None  # [B, 1, 1 + MAX_LOGPROBS] float32
+    top_ids: torch.Tensor | None = None  # [B, 1, MAX_LOGPROBS] long
 
 
 class PlainDecode:
@@ -98,12 +102,15 @@ class PlainDecode:
             max_kv=self.max_kv)
         hidden, aux = self.runner.forward(fb)
         carry = self.carry
+        lp = top = None
         if x.temperature is None:
             # with the overlap schedule the argmax kernel writes the next root into the carry
             nxt = argmax(self.target.compute_logits(hidden, False),
                          also=carry["root"] if carry is not None else None)
         else:
-            nxt = x.sampling().sample(self.target.compute_logits(hidden))
+            logits = self.target.compute_logits(hidden)
+            nxt = x.sampling().sample(logits)
+            lp, top = token_logprobs(logits, nxt)
         one = torch.ones_like(nxt)
         if carry is not None:  # seq + 1, the next root (sampled), offset + 1
             values = {"seq": x.seq} | ({"root": nxt} if x.temperature is not None else {})
@@ -112,4 +119,6 @@ class PlainDecode:
                 values["offsets"], plus["offsets"] = x.offsets, one
             to_carry(carry, values, plus=plus)
         return DecodeOut(emitted=torch.stack([one, x.root, nxt], 1),
-                         feature=self.feature(hidden, aux) if self.feature is not None else None)
+                         feature=self.feature(hidden, aux) if self.feature is not None else None,
+                         logprobs=lp.unsqueeze(1) if lp is not None else None,
+                         top_ids=top.unsqueeze(1) if top is not None else None)

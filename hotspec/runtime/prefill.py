@@ -22,8 +22,10 @@ import numpy as np
 import torch
 
 from hotspec.core.forward_batch import ForwardBatch, ForwardMode
+from hotspec.core.logprobs import token_logprob_rows
 from hotspec.core.request import Request
 from hotspec.layers.argmax import argmax
+from hotspec.layers.logprobs import token_logprobs
 from hotspec.runtime.batch_builder import last_token_index, prefill_batch
 from hotspec.runtime.graph_runner import BucketGraph
 from hotspec.runtime.phase_io import PhaseIO, Sampled, sampling_fields
@@ -205,8 +207,16 @@ class Prefilled:
             logits = worker.target.compute_logits(hidden[self.last[rows]]) if rows else None
         self.next: list[int | None] = [None] * len(reqs)
         if logits is not None:
-            for i, t in zip(rows, sample_for([reqs[i] for i in rows], logits).tolist()):
+            sampled = sample_for([reqs[i] for i in rows], logits)
+            for i, t in zip(rows, sampled.tolist()):
                 self.next[i] = t
+            asked = [j for j, i in enumerate(rows) if reqs[i].params.logprobs is not None]
+            if asked:
+                lp, ids = token_logprobs(logits[asked], sampled[asked])
+                for j, lp_row, id_row in zip(asked, lp.tolist(), ids.tolist()):
+                    r = reqs[rows[j]]
+                    r.step_logprobs = token_logprob_rows([self.next[rows[j]] or 0], [lp_row],
+                                                         [id_row], r.params.logprobs or 0)
 
     def advance(self) -> list[list[int]]:
         """Each request's length grows by its chunk; returns the tokens the prefill emitted."""

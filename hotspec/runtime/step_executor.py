@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from hotspec.core.launches import HostCopy, Launches
+from hotspec.core.logprobs import token_logprob_rows
 from hotspec.core.request import Request, Status
 from hotspec.runtime.batch_builder import block_table_tensor
 from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
@@ -124,25 +125,46 @@ class StepExecutor:
         """Enqueue `program`'s step for `reqs` (no host sync) and return its outputs, which stay
         on the device; `tag` comes back with the step's tokens (`collect`)."""
         if rows is None:
-            rows = self.rows(reqs, sampled=any(r.params.temperature > 0 for r in reqs))
+            rows = self.rows(reqs, sampled=needs_sampled_graph(reqs))
         self.bound(program, reqs)
         graph = program.graph(rows.greedy)
         # (borrowed from the graph: published to a pinned slot, or copied out by HostCopy before
         # the next launch)
         out = graph.run(program.inputs(rows), borrow=("emitted",))
-        self.launches.push(reqs, (graph.read_back("emitted") or HostCopy(out.emitted), tag))
+        t = out.tensors()  # the sampled graphs' logprobs, read only when a request asks
+        asked = "logprobs" in t and any(r.params.logprobs is not None for r in reqs)
+        logprobs = (HostCopy(t["logprobs"]), HostCopy(t["top_ids"])) if asked else None
+        self.launches.push(reqs, (graph.read_back("emitted") or HostCopy(out.emitted), tag, logprobs))
         return out
 
     def collect(self) -> Collected:
         """The oldest launched step: the one host sync of a step. Each request that is still
         running advances by its accepted count; requests that finished since (a stop in the step
         before, an abort) keep their length and their tokens are dropped by the engine."""
-        reqs, (emitted, tag) = self.launches.pop()
+        reqs, (emitted, tag, logprobs) = self.launches.pop()
         rows = emitted.tolist()
         for r, row in zip(reqs, rows):
             if r.status is not Status.FINISHED:
                 r.seq_len += row[0]
-        return Collected(reqs, [emitted_tokens(row) for row in rows], [row[0] for row in rows], tag)
+        tokens = [emitted_tokens(row) for row in rows]
+        if logprobs is not None:
+            attach_logprobs(reqs, tokens, logprobs[0].tolist(), logprobs[1].tolist())
+        return Collected(reqs, tokens, [row[0] for row in rows], tag)
+
+
+def needs_sampled_graph(reqs: list[Request]) -> bool:
+    """Whether a step of `reqs` runs a program's sampled graph: a request samples, or asks for
+    logprobs (the sampled graphs compute them; greedy rows there keep the argmax)."""
+    return any(r.params.temperature > 0 or r.params.logprobs is not None for r in reqs)
+
+
+def attach_logprobs(reqs: list[Request], tokens: list[list[int]], logprobs: list[Any],
+                    top_ids: list[Any]) -> None:
+    """Each request that asks gets its new tokens' logprobs (`Request.step_logprobs`) from a
+    step's read-back rows [B, W, 1 + K] and [B, W, K]."""
+    for r, toks, lp, ids in zip(reqs, tokens, logprobs, top_ids):
+        if r.params.logprobs is not None:
+            r.step_logprobs = token_logprob_rows(toks, lp, ids, r.params.logprobs)
 
 
 def emitted_tokens(row: list[int]) -> list[int]:

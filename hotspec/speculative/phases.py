@@ -18,6 +18,7 @@ import torch
 
 from hotspec.core.forward_batch import ForwardBatch, ForwardMode
 from hotspec.layers.argmax import argmax
+from hotspec.layers.logprobs import token_logprobs
 from hotspec.layers.sampler import shape_logits_to_probs
 from hotspec.layers.topk_logp import topk_logp
 from hotspec.models.draft_head import DraftHead
@@ -167,9 +168,26 @@ class EaglePhases:
             kv.move_slots(c.src.reshape(-1), c.dst.reshape(-1))
         f = v.feature
         b, w = c.acc.path.shape
+        lp = top = None
+        if sampling.temperature is not None:  # the sampled graphs report logprobs too
+            lp, top = self._logprobs(v.logits, c.acc, c.tokens)
         return Accepted(acc_tokens=c.tokens, accept_len=c.acc.accept_len, bonus=c.acc.bonus,
                         acc_feature=torch.gather(f, 1, c.acc.path.unsqueeze(2).expand(b, w, f.shape[-1])),
-                        slots=slots[:, :w] if with_slots else None)
+                        slots=slots[:, :w] if with_slots else None, logprobs=lp, top_ids=top)
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, acc: Acceptance, tokens: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Emitted position d < W: token d + 1 of the path (the bonus at d = a - 1) under the
+        target's logits at path node d; rows past a - 1 hold the bonus (the host reads a)."""
+        b, w = acc.path.shape
+        d = torch.arange(w, device=tokens.device).unsqueeze(0)
+        nxt = torch.cat([tokens[:, 1:], acc.bonus.unsqueeze(1)], 1)
+        chosen = torch.where(d < (acc.accept_len - 1).unsqueeze(1), nxt, acc.bonus.unsqueeze(1))
+        vocab = logits.shape[-1]
+        rows = torch.gather(logits, 1, acc.path.unsqueeze(2).expand(b, w, vocab))
+        lp, top = token_logprobs(rows.reshape(b * w, vocab), chosen.reshape(-1))
+        return lp.view(b, w, -1), top.view(b, w, -1)
 
     def _rejection_sample(self, v: Verified, sampling: Sampled) -> Acceptance:
         st = sampling.sampling()
@@ -222,6 +240,6 @@ class EaglePhases:
             offsets = {"offsets": x.offsets} if x.offsets is not None else {}
             to_carry(self.carry, {"seq": x.seq, "root": acc.bonus} | offsets,
                      plus={"seq": a} | ({"offsets": a} if offsets else {}))
-        ext = self.draft_extend(ExtendIn(**rows.tensors(), **acc.tensors()))
+        ext = self.draft_extend(ExtendIn(**rows.tensors(), **acc.extend_tensors()))
         return StepOut(emitted=emitted, topk_logp=ext.topk_logp, topk_ids=ext.topk_ids,
-                       feature=ext.feature)
+                       feature=ext.feature, logprobs=acc.logprobs, top_ids=acc.top_ids)

@@ -19,7 +19,13 @@ from hotspec.core.request import DraftRow, Request
 from hotspec.core.spec_shape import SpecShape
 from hotspec.core.spec_stats import SpecStats
 from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
-from hotspec.runtime.step_executor import StepExecutor, StepRows
+from hotspec.runtime.step_executor import (
+    StepExecutor,
+    StepRows,
+    attach_logprobs,
+    emitted_tokens,
+    needs_sampled_graph,
+)
 from hotspec.speculative.io import (
     Accepted,
     DraftIn,
@@ -153,7 +159,7 @@ class PhasedStep:
     def run(self, executor: StepExecutor, reqs: list[Request], profile: bool) -> list[list[int]]:
         """One step of `reqs`: each request's emitted row (a, path root first, bonus)."""
         g, t0 = self.g, time.perf_counter()
-        rows = executor.rows(reqs, sampled=any(r.params.temperature > 0 for r in reqs))
+        rows = executor.rows(reqs, sampled=needs_sampled_graph(reqs))
         executor.bound(self.phases, reqs)
         state = self.states.of(reqs)
         tree = g.draft.run(DraftIn(seq=rows.seq, tables=rows.tables, root=rows.root,
@@ -162,12 +168,15 @@ class PhasedStep:
         acc = (g.verify if rows.greedy else g.verify_sample).run(
             VerifyIn(seq=rows.seq, tables=rows.tables, **tree.tensors(), **rows.sampling))
         t0 = self._timed("verify", t0, profile)
-        ext = g.draft_extend.run(ExtendIn(seq=rows.seq, tables=rows.tables, **acc.tensors()))
+        ext = g.draft_extend.run(ExtendIn(seq=rows.seq, tables=rows.tables, **acc.extend_tensors()))
         self._timed("draft_extend", t0, profile)
         emitted = emitted_rows(acc).tolist()  # the one host sync of the step
         self.states.set(reqs, ext)
         for r, row in zip(reqs, emitted):
             r.seq_len += row[0]
+        if acc.logprobs is not None and acc.top_ids is not None:
+            attach_logprobs(reqs, [emitted_tokens(row) for row in emitted], acc.logprobs.tolist(),
+                            acc.top_ids.tolist())
         return emitted
 
 
