@@ -421,7 +421,6 @@ UNSUPPORTED: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
     ("/v1/chat/completions", {"tool_choice": "auto"}),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}),
-    ("/v1/chat/completions", {"logprobs": True}),
     ("/v1/chat/completions", {"prompt": "a"}),  # a completions field
     ("/v1/completions", {"min_tokens": 2}),
     ("/v1/completions", {"presence_penalty": 0.5}),

@@ -114,7 +114,9 @@ def test_phases_never_read_device_values_on_the_host(tiny, monkeypatch):
                       speculative_num_draft_tokens=spec[2], fuse_spec_step=fused)
         llm = LLM(**kw)
         for p in (SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
-                  SamplingParams(temperature=0.9, seed=3, max_tokens=6, ignore_eos=True)):
+                  SamplingParams(temperature=0.9, seed=3, max_tokens=6, ignore_eos=True),
+                  SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)):
             llm.generate(prompt_token_ids=prompts, sampling_params=p)
-    assert seen == {"decode", "decode[sample]", "draft", "verify", "verify[sample]", "draft_extend",
-                    "step", "step[sample]"}
+    assert seen == {"decode", "decode[sample]", "decode[logprobs]", "draft", "verify",
+                    "verify[sample]", "verify[logprobs]", "draft_extend", "step", "step[sample]",
+                    "step[logprobs]"}

@@ -5,7 +5,8 @@ the fields of a body (and of each chat message): a field the model declares is i
 field in IGNORED_FIELDS changes nothing in the answer and is accepted; any other field is refused
 with a 400 that names it, unless it is null or its "off" value in NEUTRAL_VALUES (so clients that
 send OpenAI's defaults, e.g. n=1 or presence_penalty=0, keep working). Value ranges (temperature
->= 0, max_tokens >= 1, ...) are SamplingParams' to check, in one place.
+>= 0, max_tokens >= 1, ...) are SamplingParams' to check, in one place; the logprobs fields'
+ranges are checked here, under their own names (chat's top_logprobs is SamplingParams.logprobs).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from hotspec.core.logprobs import MAX_LOGPROBS
 from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import SamplingParams
 
@@ -26,17 +28,30 @@ IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "prompt
 # Fields hotspec does not implement, accepted at the values that turn them off.
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "n": (1,), "best_of": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
-    "repetition_penalty": (1,), "logit_bias": ({},), "logprobs": (False, 0), "top_logprobs": (0,),
+    "repetition_penalty": (1,), "logit_bias": ({},), "top_logprobs": (0,),
     "echo": (False,), "suffix": ("",), "min_tokens": (0,), "tools": ([],), "functions": ([],),
     "tool_choice": ("none",), "function_call": ("none",), "tool_calls": ([],),
     "response_format": ({"type": "text"},), "modalities": (["text"],),
 }
 
 
-class UnsupportedParameterError(InvalidRequestError):
+class InvalidParameterError(InvalidRequestError):
+    """A request refused because of one field: `param` names it."""
+
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+class UnsupportedParameterError(InvalidParameterError):
+    """A field (or value) this server does not implement."""
+
+
+def check_logprobs_range(name: str, value: int | None) -> None:
+    """A count of alternatives per token: None, or an int in [0, MAX_LOGPROBS]."""
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise InvalidParameterError(name, f"{name} must be an int in [0, {MAX_LOGPROBS}] (the most "
+                                    f"likely alternatives per token), got {value}")
 
 
 def _is_neutral(name: str, value: Any) -> bool:
@@ -94,6 +109,11 @@ class _SamplingRequest(BaseModel):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    @property
+    def requested_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: None (no logprobs) or the alternatives per token."""
+        return None
+
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """OpenAI's defaults (temperature 1, top_p 1) for fields not sent; range errors raise
         InvalidRequestError from SamplingParams."""
@@ -106,12 +126,21 @@ class _SamplingRequest(BaseModel):
             seed=self.seed,
             max_tokens=default_max_tokens if self.requested_max_tokens is None else self.requested_max_tokens,
             stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
-            skip_special_tokens=self.skip_special_tokens)
+            skip_special_tokens=self.skip_special_tokens, logprobs=self.requested_logprobs)
 
 
 class CompletionRequest(_SamplingRequest):
     # A string, or token ids (the OpenAI API allows both); a one-element batch of either.
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    logprobs: StrictInt | None = None  # legacy: each token's logprob and the n likeliest tokens
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        check_logprobs_range("logprobs", self.logprobs)
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
@@ -145,6 +174,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None  # OpenAI's newer name for max_tokens
+    logprobs: StrictBool | None = None  # each token's logprob in the answer
+    top_logprobs: StrictInt | None = None  # and its n likeliest alternatives (with logprobs)
 
     @classmethod
     def refuse_unsupported(cls, data: dict[str, Any]) -> None:
@@ -172,7 +203,14 @@ class ChatCompletionRequest(_SamplingRequest):
                 and self.max_completion_tokens != self.max_tokens:
             raise UnsupportedParameterError("max_completion_tokens", "max_tokens and "
                                             "max_completion_tokens differ; send one of them")
+        check_logprobs_range("top_logprobs", self.top_logprobs)
+        if self.top_logprobs and not self.logprobs:  # 0 is the "off" value: accepted alone
+            raise InvalidParameterError("top_logprobs", "top_logprobs needs logprobs=true")
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

@@ -28,7 +28,7 @@ def stream_sse(engine: EngineClient, handle: RequestHandle, chunks: fmt.ChunkWri
                     break
                 if last.finish_reason == "abort":  # cancelled by us: nobody is listening
                     return
-                for chunk in chunks.step("".join(e.text for e in batch), last):
+                for chunk in chunks.step(batch):
                     yield fmt.sse(chunk)
             yield "data: [DONE]\n\n"
         finally:  # the client went away (the response task was cancelled) or the stream ended
@@ -40,8 +40,9 @@ def stream_sse(engine: EngineClient, handle: RequestHandle, chunks: fmt.ChunkWri
 
 
 async def collect(request: Request, engine: EngineClient, handle: RequestHandle,
-                  build: Callable[[str, RequestEvent], dict[str, Any]]) -> Response:
-    """Wait for the whole result; a client that disconnects meanwhile cancels the request."""
+                  build: Callable[[list[RequestEvent]], dict[str, Any]]) -> Response:
+    """Wait for the whole result (every event, for `build`); a client that disconnects meanwhile
+    cancels the request."""
 
     async def watch() -> None:  # the body is read: the next message is the disconnect
         try:
@@ -51,19 +52,18 @@ async def collect(request: Request, engine: EngineClient, handle: RequestHandle,
             engine.abort(handle)
 
     watcher = asyncio.create_task(watch())
-    text: list[str] = []
-    last: RequestEvent | None = None
+    events: list[RequestEvent] = []
     try:
         async for batch in handle.stream():
-            text += [e.text for e in batch]
-            last = batch[-1]
+            events += batch
     finally:
         watcher.cancel()
         if not handle.finished:
             engine.abort(handle)
-    assert last is not None
+    assert events
+    last = events[-1]
     if last.finish_reason == "error":
         raise APIError(500, last.error or "internal error")
     if last.finish_reason == "abort":
         raise APIError(400, "the request was cancelled")  # the client is gone: never read
-    return JSONResponse(build("".join(text), last))
+    return JSONResponse(build(events))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from hotspec.entrypoints import logprobs_format as lpf
 from hotspec.entrypoints import openai_format as fmt
 from hotspec.entrypoints.api_errors import APIError
 from hotspec.entrypoints.protocol import ChatCompletionRequest
@@ -20,13 +22,16 @@ if TYPE_CHECKING:
 
 
 def add_routes(app: FastAPI, s: ServerState) -> None:
+    texts = lpf.token_texts(s.tokenizer)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await parse_request(request, s.settings, ChatCompletionRequest)
         ids = await _tokenize(s.tokenizer, [m.as_template_input() for m in body.messages])
         return await answer(request, s, body, ids,
                             default_max_tokens=s.max_model_len,  # up to the context limit
-                            id_prefix="chatcmpl-", chunks=fmt.chat_chunks, whole=fmt.chat_completion)
+                            id_prefix="chatcmpl-", chunks=fmt.chat_chunks, whole=fmt.chat_completion,
+                            logprobs=functools.partial(lpf.ChatLogprobs, texts))
 
 
 async def _tokenize(tok: PreTrainedTokenizerBase | None, messages: list[dict[str, str]]) -> list[int]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from hotspec.entrypoints import logprobs_format as lpf
 from hotspec.entrypoints import openai_format as fmt
 from hotspec.entrypoints.api_errors import APIError
 from hotspec.entrypoints.protocol import CompletionRequest
@@ -22,13 +24,16 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 def add_routes(app: FastAPI, s: ServerState) -> None:
+    texts = lpf.token_texts(s.tokenizer)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await parse_request(request, s.settings, CompletionRequest)
         prompt = or_400(body.single_prompt)
         ids = await _tokenize(s.tokenizer, prompt)
         return await answer(request, s, body, ids, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
-                            id_prefix="cmpl-", chunks=fmt.completion_chunks, whole=fmt.completion)
+                            id_prefix="cmpl-", chunks=fmt.completion_chunks, whole=fmt.completion,
+                            logprobs=functools.partial(lpf.CompletionLogprobs, texts))
 
 
 async def _tokenize(tok: PreTrainedTokenizerBase | None, prompt: str | list[int]) -> list[int]:

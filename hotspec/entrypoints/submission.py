@@ -14,6 +14,7 @@ from fastapi.responses import Response
 
 from hotspec.entrypoints import openai_format as fmt
 from hotspec.entrypoints.api_errors import APIError
+from hotspec.entrypoints.logprobs_format import LogprobsFormat
 from hotspec.entrypoints.protocol import _SamplingRequest
 from hotspec.entrypoints.request_handle import (
     EngineDeadError,
@@ -59,11 +60,13 @@ async def _submit(engine: EngineClient, ids: list[int], params: SamplingParams) 
 
 async def answer(request: Request, s: ServerState, body: _SamplingRequest, ids: list[int], *,
                  default_max_tokens: int, id_prefix: str,
-                 chunks: Callable[[fmt.Meta, bool], fmt.ChunkWriter],
-                 whole: Callable[[fmt.Meta, str, RequestEvent], dict[str, Any]]) -> Response:
-    """Run the request `body` on prompt `ids`; answer with `chunks` (stream) or `whole`. A
-    max_tokens the context cannot hold is refused with the numbers (as vLLM does); without one,
-    a request generates at most `default_max_tokens` and what the context leaves."""
+                 chunks: Callable[[fmt.Meta, bool, LogprobsFormat | None], fmt.ChunkWriter],
+                 whole: Callable[[fmt.Meta, list[RequestEvent], LogprobsFormat | None], dict[str, Any]],
+                 logprobs: Callable[[int], LogprobsFormat]) -> Response:
+    """Run the request `body` on prompt `ids`; answer with `chunks` (stream) or `whole`, choices'
+    logprobs written by `logprobs(n)` when the request asks for n alternatives. A max_tokens the
+    context cannot hold is refused with the numbers (as vLLM does); without one, a request
+    generates at most `default_max_tokens` and what the context leaves."""
     requested, room = body.requested_max_tokens, s.max_model_len - len(ids)
     if requested is not None and requested > room:
         raise APIError(400, f"This model's maximum context length is {s.max_model_len} tokens. "
@@ -71,9 +74,10 @@ async def answer(request: Request, s: ServerState, body: _SamplingRequest, ids: 
                        f"prompt, {requested} for the completion). Reduce the prompt or max_tokens.",
                        param="max_tokens")
     params = or_400(lambda: body.sampling_params(max(1, min(default_max_tokens, room))))
+    lp = None if params.logprobs is None else logprobs(params.logprobs)
     handle = await _submit(s.engine, ids, params)
     meta = fmt.Meta(id_prefix + uuid.uuid4().hex, int(time.time()), s.settings.served_model_name)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return stream_sse(s.engine, handle, chunks(meta, include_usage))
-    return await collect(request, s.engine, handle, lambda text, ev: whole(meta, text, ev))
+        return stream_sse(s.engine, handle, chunks(meta, include_usage, lp))
+    return await collect(request, s.engine, handle, lambda events: whole(meta, events, lp))

@@ -1,7 +1,7 @@
 """Log-probabilities of chosen tokens and the most likely alternatives, inside a step's graph:
-the raw target distribution (log_softmax of the float32 logits, core/logprobs.py), computed by
-the sampled graphs of every program for every emitted position, and read by the host only for
-requests that ask (`SamplingParams.logprobs`)."""
+the raw target distribution (log_softmax of the float32 logits, core/logprobs.py) at every
+emitted position, computed by each program's `[logprobs]` graphs, which run only the steps where
+a request asks (`SamplingParams.logprobs`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Plain decoding as a step program: one target pass over each request's root token, the next
 token by argmax or by its sampling parameters. Vanilla decoding runs it alone; the speculative
 engine runs it as the adaptive policy's "off" and keeps the target's feature at the root, which
-its draft reads when it catches up on these tokens. Its graphs are `decode` and `decode[sample]`.
+its draft reads when it catches up on these tokens. Its graphs are `decode`, `decode[sample]` and
+`decode[logprobs]` (sampled, and the next token's logprobs: only steps where a request asks run
+it, so the others pay nothing for the feature).
 
 A plain step advances a request by exactly one position; with the overlap schedule it still
 takes length, root and RNG offset from the carry (runtime/carry.py) like every program, so that
@@ -82,17 +84,20 @@ class PlainDecode:
         self.graphs = (graphs.register("decode", self.decode, example(False), DecodeOut,
                                        publish=("emitted",)),
                        graphs.register("decode[sample]", self.decode, example(True), DecodeOut,
-                                       publish=("emitted",)))
+                                       publish=("emitted",)),
+                       graphs.register("decode[logprobs]", lambda x: self.decode(x, logprobs=True),
+                                       example(True), DecodeOut, publish=("emitted",)))
 
-    def graph(self, greedy: bool) -> PhaseGraph[DecodeIn, DecodeOut]:
-        return self.graphs[0 if greedy else 1]
+    def graph(self, greedy: bool, logprobs: bool = False) -> PhaseGraph[DecodeIn, DecodeOut]:
+        return self.graphs[2 if logprobs else 0 if greedy else 1]
 
     def inputs(self, rows: StepRows) -> DecodeIn:
         return DecodeIn(**rows.fields())
 
-    def decode(self, x: DecodeIn) -> DecodeOut:
+    def decode(self, x: DecodeIn, logprobs: bool = False) -> DecodeOut:
         """`decode` (greedy: the argmax of the LM head's own output, no float32 copy: the same
-        index) and `decode[sample]` (one draw per row with its sampling parameters)."""
+        index) and `decode[sample]` (one draw per row with its sampling parameters), with
+        `logprobs` also the drawn token's logprob and the top alternatives."""
         if self.carry is not None:
             x = DecodeIn.of(from_carry(x.tensors(), self.carry))
         ids, loc, q_lens, kv_lens = decode_inputs(x.root, x.seq, x.tables, self.block_size)
@@ -110,7 +115,8 @@ class PlainDecode:
         else:
             logits = self.target.compute_logits(hidden)
             nxt = x.sampling().sample(logits)
-            lp, top = token_logprobs(logits, nxt)
+            if logprobs:
+                lp, top = token_logprobs(logits, nxt)
         one = torch.ones_like(nxt)
         if carry is not None:  # seq + 1, the next root (sampled), offset + 1
             values = {"seq": x.seq} | ({"root": nxt} if x.temperature is not None else {})

@@ -57,7 +57,7 @@ class Bounded(Protocol):
 class StepProgram(Bounded, Protocol):
     """One kind of step: its graphs (greedy and sampled), and its typed input from the rows."""
 
-    def graph(self, greedy: bool) -> PhaseGraph[Any, Any]: ...
+    def graph(self, greedy: bool, logprobs: bool = False) -> PhaseGraph[Any, Any]: ...
 
     def inputs(self, rows: StepRows) -> PhaseIO: ...
 
@@ -127,12 +127,12 @@ class StepExecutor:
         if rows is None:
             rows = self.rows(reqs, sampled=needs_sampled_graph(reqs))
         self.bound(program, reqs)
-        graph = program.graph(rows.greedy)
+        asked = any(r.params.logprobs is not None for r in reqs)
+        graph = program.graph(rows.greedy, asked)
         # (borrowed from the graph: published to a pinned slot, or copied out by HostCopy before
         # the next launch)
         out = graph.run(program.inputs(rows), borrow=("emitted",))
-        t = out.tensors()  # the sampled graphs' logprobs, read only when a request asks
-        asked = "logprobs" in t and any(r.params.logprobs is not None for r in reqs)
+        t = out.tensors()  # the [logprobs] graphs' logprobs
         logprobs = (HostCopy(t["logprobs"]), HostCopy(t["top_ids"])) if asked else None
         self.launches.push(reqs, (graph.read_back("emitted") or HostCopy(out.emitted), tag, logprobs))
         return out
@@ -154,7 +154,7 @@ class StepExecutor:
 
 def needs_sampled_graph(reqs: list[Request]) -> bool:
     """Whether a step of `reqs` runs a program's sampled graph: a request samples, or asks for
-    logprobs (the sampled graphs compute them; greedy rows there keep the argmax)."""
+    logprobs (the [logprobs] graphs sample too; greedy rows there keep the argmax)."""
     return any(r.params.temperature > 0 or r.params.logprobs is not None for r in reqs)
 
 

@@ -110,7 +110,7 @@ class Accepted(PhaseIO):
     bonus: torch.Tensor  # [B] long: the target's token after the path (the next root)
     acc_feature: torch.Tensor  # [B, W, F]: the target features of the path
     slots: torch.Tensor | None = None  # [B, W] long: KV slots of seq + 0..W-1 (the fused step)
-    # sampled verify: per emitted position d < W (the path's token d + 1, the bonus at a - 1) its
+    # verify[logprobs]: per emitted position d < W (the path's token d + 1, the bonus at a - 1) its
     # logprob and the top alternatives at path node d (layers/logprobs.py)
     logprobs: torch.Tensor | None = None  # [B, W, 1 + MAX_LOGPROBS] float32
     top_ids: torch.Tensor | None = None  # [B, W, MAX_LOGPROBS] long
@@ -152,7 +152,7 @@ class StepIn(DraftIn, Sampled):
 class StepOut(DraftState):
     # what the host reads: per request a, the accepted path (root first), the bonus
     emitted: torch.Tensor  # [B, 2 + W] long
-    logprobs: torch.Tensor | None = None  # step[sample]: as Accepted's
+    logprobs: torch.Tensor | None = None  # step[logprobs]: as Accepted's
     top_ids: torch.Tensor | None = None
 
 

@@ -153,12 +153,14 @@ class EaglePhases:
         logits = self.target.compute_logits(hidden).view(b, n, -1)
         return Verified(tree, logits, self.feature(hidden, aux).view(b, n, -1), slots)
 
-    def accept(self, v: Verified, sampling: Sampled, with_slots: bool = False) -> Accepted:
+    def accept(self, v: Verified, sampling: Sampled, with_slots: bool = False,
+               logprobs: bool = False) -> Accepted:
         """`accept`: the verdict (greedy, or tree rejection sampling when `sampling` has its
         fields; greedy rows of a sampled batch use a one-hot target), then the commit: the
         accepted nodes' target KV moves from seq + path[i] to seq + i; rows past the accepted
         length move trash. A chain's path is already a prefix, so a chain moves nothing.
-        `with_slots` passes the draft_extend rows' slots on (the fused step: no second lookup)."""
+        `with_slots` passes the draft_extend rows' slots on (the fused step: no second lookup);
+        `logprobs` (sampled only) adds each emitted token's logprobs."""
         kv, slots = self.target_runner.kv, v.slots
         if sampling.temperature is None:
             c = greedy_accept(v.tree, argmax(v.logits), slots, kv.trash_slot, self.num_steps)
@@ -169,7 +171,7 @@ class EaglePhases:
         f = v.feature
         b, w = c.acc.path.shape
         lp = top = None
-        if sampling.temperature is not None:  # the sampled graphs report logprobs too
+        if logprobs:
             lp, top = self._logprobs(v.logits, c.acc, c.tokens)
         return Accepted(acc_tokens=c.tokens, accept_len=c.acc.accept_len, bonus=c.acc.bonus,
                         acc_feature=torch.gather(f, 1, c.acc.path.unsqueeze(2).expand(b, w, f.shape[-1])),
@@ -202,9 +204,9 @@ class EaglePhases:
         probs = torch.where((st.temperature == 0).view(b, 1, 1), onehot, probs)
         return verify_stochastic(v.tree, probs, self.num_steps, st.seeds, st.offsets)
 
-    def verify_accept(self, x: VerifyIn) -> Accepted:
+    def verify_accept(self, x: VerifyIn, logprobs: bool = False) -> Accepted:
         """The `verify` graph: verify, then accept (sampled when `x` has sampling fields)."""
-        return self.accept(self.verify(x), x)
+        return self.accept(self.verify(x), x, logprobs=logprobs)
 
     def draft_extend(self, x: ExtendIn) -> ExtendOut:
         """`draft_extend`: the draft over the accepted tokens (shifted by one, the bonus last) at a
@@ -222,15 +224,15 @@ class EaglePhases:
         logp, ids, logits = self.draft_topk(h_logits[last], self.state_k)
         return ExtendOut(topk_logp=logp, topk_ids=ids, feature=h_feat[last], logits=logits)
 
-    def step(self, x: StepIn) -> StepOut:
+    def step(self, x: StepIn, logprobs: bool = False) -> StepOut:
         """`step`: draft -> verify -> accept -> draft_extend as one function (one graph per batch
-        size; sampled when `x` has sampling fields)."""
+        size; sampled when `x` has sampling fields; with `logprobs`, the emitted tokens')."""
         if self.carry is not None:
             x = StepIn.of(from_carry(x.tensors(), self.carry))
         tree = self.draft_tree(x)
         rows = Rows(seq=x.seq, tables=x.tables)
         verified = self.verify(VerifyIn(**rows.tensors(), **tree.tensors()))
-        acc = self.accept(verified, x, with_slots=True)
+        acc = self.accept(verified, x, with_slots=True, logprobs=logprobs)
         # What needs only the verdict runs before draft_extend, not after its LM head: small
         # plain kernels at a graph's tail slow every launch of the replay; here they sit between
         # two large phases instead.

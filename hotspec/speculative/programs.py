@@ -77,21 +77,22 @@ class DraftStates:
 
 
 class EagleStep:
-    """One shape's fused step: graphs `step` and `step[sample]` (suffixed `@S/K/N` for every shape
-    but the first)."""
+    """One shape's fused step: graphs `step`, `step[sample]` and `step[logprobs]` (suffixed
+    `@S/K/N` for every shape but the first)."""
 
     def __init__(self, phases: EaglePhases, graphs: GraphRunner, states: DraftStates, tag: str,
                  carried: bool) -> None:
         self.phases, self.states = phases, states
         s = phases.shapes
 
-        def reg(sampled: bool) -> PhaseGraph[StepIn, StepOut]:
+        def reg(name: str, sampled: bool, logprobs: bool) -> PhaseGraph[StepIn, StepOut]:
             return graphs.register(
-                ("step[sample]" if sampled else "step") + tag, phases.step,
+                name + tag, lambda x: phases.step(x, logprobs),
                 lambda bs: StepIn.example(s, bs, sampled=sampled, carried=carried), StepOut,
                 device_inputs=STATE, publish=("emitted",))
 
-        self.graphs = (reg(False), reg(True))
+        self.graphs = (reg("step", False, False), reg("step[sample]", True, False),
+                       reg("step[logprobs]", True, True))
         self._reqs: list[Request] = []
 
     @property
@@ -102,8 +103,8 @@ class EagleStep:
     def max_kv(self, value: int) -> None:
         self.phases.max_kv = value
 
-    def graph(self, greedy: bool) -> PhaseGraph[StepIn, StepOut]:
-        return self.graphs[0 if greedy else 1]
+    def graph(self, greedy: bool, logprobs: bool = False) -> PhaseGraph[StepIn, StepOut]:
+        return self.graphs[2 if logprobs else 0 if greedy else 1]
 
     def inputs(self, rows: StepRows) -> StepIn:
         return StepIn(**rows.fields(), **self.states.of(self._reqs).tensors())
@@ -121,12 +122,13 @@ class _Graphs:
     draft: PhaseGraph[DraftIn, DraftTree]
     verify: PhaseGraph[VerifyIn, Accepted]
     verify_sample: PhaseGraph[VerifyIn, Accepted]
+    verify_logprobs: PhaseGraph[VerifyIn, Accepted]
     draft_extend: PhaseGraph[ExtendIn, ExtendOut]
 
 
 class PhasedStep:
-    """The step as graphs `draft`, `verify` (`verify[sample]`: verify + accept) and
-    `draft_extend`, run and read one after the other; with `profile`, each phase's time."""
+    """The step as graphs `draft`, `verify` (`verify[sample]`, `verify[logprobs]`: verify +
+    accept) and `draft_extend`, run and read one after the other; with `profile`, each phase's time."""
 
     def __init__(self, phases: EaglePhases, graphs: GraphRunner, states: DraftStates,
                  stats: SpecStats) -> None:
@@ -139,6 +141,9 @@ class PhasedStep:
             graphs.register("verify", phases.verify_accept, lambda bs: VerifyIn.example(s, bs),
                             Accepted, device_inputs=tree),
             graphs.register("verify[sample]", phases.verify_accept,
+                            lambda bs: VerifyIn.example(s, bs, sampled=True), Accepted,
+                            device_inputs=tree),
+            graphs.register("verify[logprobs]", lambda x: phases.verify_accept(x, logprobs=True),
                             lambda bs: VerifyIn.example(s, bs, sampled=True), Accepted,
                             device_inputs=tree),
             graphs.register("draft_extend", phases.draft_extend, lambda bs: ExtendIn.example(s, bs),
@@ -165,7 +170,9 @@ class PhasedStep:
         tree = g.draft.run(DraftIn(seq=rows.seq, tables=rows.tables, root=rows.root,
                                    **state.tensors()))
         t0 = self._timed("draft", t0, profile)
-        acc = (g.verify if rows.greedy else g.verify_sample).run(
+        logprobs = any(r.params.logprobs is not None for r in reqs)
+        verify = g.verify_logprobs if logprobs else g.verify if rows.greedy else g.verify_sample
+        acc = verify.run(
             VerifyIn(seq=rows.seq, tables=rows.tables, **tree.tensors(), **rows.sampling))
         t0 = self._timed("verify", t0, profile)
         ext = g.draft_extend.run(ExtendIn(seq=rows.seq, tables=rows.tables, **acc.extend_tensors()))
