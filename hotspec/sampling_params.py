@@ -49,6 +49,9 @@ class SamplingParams:
     # None: no logprobs; n in [0, 20]: each generated token's logprob and the n most likely tokens
     # at its position (core/logprobs.py: the target's raw distribution)
     logprobs: int | None = None
+    # None: none; n in [0, 20]: the logprob of each prompt token after the first (given the ones
+    # before it) and the n most likely tokens there (`echo` with logprobs; vLLM's field)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -64,11 +67,13 @@ class SamplingParams:
             raise _fail("min_p", m, "a number in [0, 1] (0 = off)")
         if self.seed is not None and not _is_int(self.seed):
             raise _fail("seed", self.seed, "an int or None")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise _fail("max_tokens", self.max_tokens, "an int >= 1")
-        if self.logprobs is not None and (not _is_int(self.logprobs)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise _fail("logprobs", self.logprobs, f"None or an int in [0, {MAX_LOGPROBS}]")
+        if not _is_int(self.max_tokens) or self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
+            raise _fail("max_tokens", self.max_tokens, "an int >= 1 (0 with prompt_logprobs: the "
+                        "prompt scored, nothing generated)")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and (not _is_int(n) or not 0 <= n <= MAX_LOGPROBS):
+                raise _fail(name, n, f"None or an int in [0, {MAX_LOGPROBS}]")
         for flag in ("ignore_eos", "skip_special_tokens", "detokenize"):
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, getattr(self, flag), "a bool")

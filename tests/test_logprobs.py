@@ -125,3 +125,38 @@ def test_logprobs_zero_gives_the_chosen_token_alone(smol_llm: LLM) -> None:
 def test_logprobs_out_of_range_is_refused(bad: object) -> None:
     with pytest.raises(InvalidRequestError, match=r"logprobs must be None or an int in \[0, 20\]"):
         SamplingParams(logprobs=bad)  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("chunk", [None, 3], ids=["whole", "chunked-prefill-3"])
+def test_prompt_logprobs_are_transformers_and_max_tokens_zero_scores_only(chunk, hf_smol) -> None:
+    """`prompt_logprobs` (the API's `echo` with logprobs): each prompt token after the first
+    under the prefix before it, whole or over prefill chunks; max_tokens 0 generates nothing."""
+    llm = LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, max_prefill_tokens=chunk)
+    p = SamplingParams(temperature=0.0, max_tokens=0, prompt_logprobs=3)
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=p)
+    for out, ids in zip(outs, PROMPTS):
+        assert out.token_ids == [] and out.finish_reason == "length"
+        assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(ids)
+        assert out.prompt_logprobs[0] is None
+        ref = torch.log_softmax(hf_smol(torch.tensor([ids])).logits[0].float(), -1)
+        for pos, lp in enumerate(out.prompt_logprobs[1:]):
+            assert lp is not None and lp.token_id == ids[pos + 1] and len(lp.top) == 3
+            assert lp.logprob == pytest.approx(ref[pos, ids[pos + 1]].item(), abs=2e-3)
+            assert lp.top[0][0] == int(ref[pos].argmax())
+    one = llm.generate(prompt_token_ids=[[1]], sampling_params=p)[0]
+    assert one.prompt_logprobs == [None]
+
+
+def test_prompt_logprobs_with_generation_and_speculation(vanilla) -> None:
+    """With tokens generated too (speculative engine), the prompt's logprobs come once and the
+    generated tokens are vanilla's."""
+    p = SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True, logprobs=TOP, prompt_logprobs=1)
+    outs = spec_llm((3, 1, 4)).generate(prompt_token_ids=PROMPTS, sampling_params=p)
+    _assert_same(outs, vanilla["greedy"])
+    assert [len(o.prompt_logprobs or []) for o in outs] == [len(ids) for ids in PROMPTS]
+
+
+def test_max_tokens_zero_needs_prompt_logprobs() -> None:
+    with pytest.raises(InvalidRequestError, match="max_tokens must be an int >= 1"):
+        SamplingParams(max_tokens=0)

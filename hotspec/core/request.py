@@ -71,6 +71,9 @@ class Request:
     # with params.logprobs: the logprobs of the tokens the last prefill or step read back gave this
     # request, one per token, set by whoever read them and consumed by the engine's emit
     step_logprobs: list[TokenLogprob] | None = field(default=None, repr=False)
+    # with params.prompt_logprobs: one per prompt token scored so far (the first None), filled by
+    # prefill chunk by chunk
+    prompt_logprobs: list[TokenLogprob | None] | None = field(default=None, repr=False)
     # `blocks` as int32 for the step's block table, kept with the list it was read from: the engine
     # only appends to that list or replaces it
     _block_array: tuple[list[int], np.ndarray] | None = field(default=None, repr=False)

@@ -34,6 +34,8 @@ class StepOutput:
     new_token_ids: list[int]
     # with params.logprobs: one per new token, in order (core/logprobs.py)
     logprobs: list[TokenLogprob] | None = None
+    # with params.prompt_logprobs, on the request's first output: one per prompt token (first None)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Engine:
@@ -327,6 +329,11 @@ class Engine:
                 self.dropped_rows += 1
                 continue
             delta, taken = "", []
+            first = not req.output_token_ids  # (prompt logprobs go with the first output)
+            if req.params.max_tokens == 0:  # prompt scored (prompt_logprobs), nothing generated
+                toks = []
+                self.running.remove(req)
+                self._finish(req, "length")
             for t in toks:
                 req.output_token_ids.append(t)
                 taken.append(t)
@@ -346,7 +353,10 @@ class Engine:
                     raise RuntimeError(f"request {req.rid} asked for logprobs, but its step "
                                        "produced none for these tokens")
                 logprobs, req.step_logprobs = req.step_logprobs[:len(taken)], None
-            outs.append(StepOutput(req, delta, taken, logprobs))
+            prompt = None
+            if first and req.params.prompt_logprobs is not None:  # (a 1-token prompt: [None])
+                prompt = req.prompt_logprobs or [None]
+            outs.append(StepOutput(req, delta, taken, logprobs, prompt))
         return outs
 
     def _finish(self, req: Request, reason: str) -> None:

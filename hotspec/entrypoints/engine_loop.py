@@ -190,7 +190,7 @@ class EngineLoop:
             finished = req.finish_reason is not None
             out.append((handle, RequestEvent(o.text_delta, list(o.new_token_ids), req.finish_reason,
                                              None, len(req.prompt_token_ids), len(req.output_token_ids),
-                                             o.logprobs)))
+                                             o.logprobs, o.prompt_logprobs)))
             if finished:
                 del self._handles[req.rid]
                 self._observe("on_finished", req)

@@ -25,6 +25,8 @@ class RequestOutput:
     stats: RequestStats
     # with SamplingParams.logprobs: one per generated token (core/logprobs.py)
     logprobs: list[TokenLogprob] | None = None
+    # with SamplingParams.prompt_logprobs: one per prompt token, the first None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class LLM:
@@ -88,7 +90,9 @@ class LLM:
                 if o.logprobs is not None and o.request.rid in logprobs:
                     logprobs[o.request.rid] += o.logprobs
         return [RequestOutput(r.rid, t, r.prompt_token_ids, r.checker.text if r.checker else "",
-                              r.output_token_ids, r.finish_reason, r.stats, logprobs.get(r.rid))
+                              r.output_token_ids, r.finish_reason, r.stats, logprobs.get(r.rid),
+                              (r.prompt_logprobs or [None]) if r.params.prompt_logprobs is not None
+                              else None)
                 for r, t in zip(reqs, texts)]
 
     def stream_steps(self, use_tqdm: bool = False) -> Iterator[list[StepOutput]]:

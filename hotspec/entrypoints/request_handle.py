@@ -36,6 +36,9 @@ class RequestEvent:
     completion_tokens: int = 0  # generated so far, this event's tokens included
     # with SamplingParams.logprobs: one per token of `token_ids`, in order
     logprobs: list[TokenLogprob] | None = None
+    # with SamplingParams.prompt_logprobs, on the request's first event: one per prompt token, the
+    # first None (nothing before it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(eq=False)

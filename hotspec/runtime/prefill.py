@@ -31,6 +31,7 @@ from hotspec.runtime.graph_runner import BucketGraph
 from hotspec.runtime.phase_io import PhaseIO, Sampled, sampling_fields
 
 if TYPE_CHECKING:
+    from hotspec.runtime.decode import CausalLM
     from hotspec.runtime.step_executor import StepExecutor
     from hotspec.runtime.worker import Worker
 
@@ -192,7 +193,10 @@ class Prefilled:
         g = worker.prefill_graphs
         self.graphed: PrefillIn | None = None
         self.batch: ForwardBatch | None = None
-        if g is not None and g.fits(reqs, self.tokens):
+        # prompt logprobs need every position's logits: those chunks run the eager pass
+        scoring = [i for i, r in enumerate(reqs) if r.params.prompt_logprobs is not None
+                   and r.seq_len < len(r.prompt_token_ids) - 1]
+        if g is not None and not scoring and g.fits(reqs, self.tokens):
             self.graphed = g.inputs(reqs, self.tokens)
             out = g.run(self.graphed)
             assert isinstance(out, PrefillOut)
@@ -205,6 +209,9 @@ class Prefilled:
             self.last = last_token_index(self.batch)
             self.feature = worker.feature(hidden, aux) if worker.feature is not None else None
             logits = worker.target.compute_logits(hidden[self.last[rows]]) if rows else None
+            for i in scoring:
+                score_prompt(worker.target, reqs[i], self.tokens[i],
+                             hidden[sum(len(t) for t in self.tokens[:i]):])
         self.next: list[int | None] = [None] * len(reqs)
         if logits is not None:
             sampled = sample_for([reqs[i] for i in rows], logits)
@@ -223,6 +230,24 @@ class Prefilled:
         for r, t in zip(self.reqs, self.tokens):
             r.seq_len += len(t)
         return [[t] if t is not None else [] for t in self.next]
+
+
+def score_prompt(target: CausalLM, req: Request, chunk: list[int], hidden: torch.Tensor) -> None:
+    """`req.prompt_logprobs` grows by the prompt tokens this chunk's positions predict: position
+    p (hidden row p - seq_len) scores prompt token p + 1. A recompute after a preemption scores
+    nothing twice."""
+    n = req.params.prompt_logprobs
+    assert n is not None
+    if req.prompt_logprobs is None:
+        req.prompt_logprobs = [None]  # the first prompt token: nothing before it
+    first = max(req.seq_len, len(req.prompt_logprobs) - 1)
+    end = min(req.seq_len + len(chunk), len(req.prompt_token_ids) - 1)
+    if first >= end:
+        return
+    scored = req.prompt_token_ids[first + 1 : end + 1]
+    h = hidden[first - req.seq_len : end - req.seq_len]
+    lp, ids = token_logprobs(target.compute_logits(h), torch.tensor(scored, device=h.device))
+    req.prompt_logprobs += token_logprob_rows(scored, lp.tolist(), ids.tolist(), n)
 
 
 def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
