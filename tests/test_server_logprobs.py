@@ -174,8 +174,8 @@ BAD = [  # (path, body, param, message pattern)
     ("/v1/completions", {"model": NAME, "prompt": "a", "logprobs": 21}, "logprobs",
      r"logprobs must be an int in \[0, 20\].*got 21"),
     ("/v1/completions", {"model": NAME, "prompt": "a", "logprobs": True}, "logprobs", "valid integer"),
-    ("/v1/completions", {"model": NAME, "prompt": "a", "logprobs": 2, "echo": True}, "echo",
-     "echo is not supported"),  # prompt logprobs: not built
+    ("/v1/completions", {"model": NAME, "prompt": "a", "logprobs": 2, "max_tokens": 0}, "max_tokens",
+     r"max_tokens must be an int >= 1, got 0 \(0 needs echo=true"),  # scoring a prompt needs echo
 ]
 
 
@@ -246,12 +246,17 @@ def test_completion_logprobs_through_the_openai_client(server: str) -> None:
 
 
 def test_logprobs_cross_the_engine_process(model: Path) -> None:
-    """`hotspec serve`'s engine runs in a process of its own: the entries come back over its pipe."""
+    """`hotspec serve`'s engine runs in a process of its own: the entries (the prompt's too, with
+    echo) come back over its pipe."""
     client = ProcessEngine(EngineConfig(model=str(model), **ENGINE), "warning")  # type: ignore[arg-type]
     client.start()
     with BackgroundServer(create_process_app(client, ServerSettings(NAME))) as srv:
         r = httpx.post(srv.url + "/v1/completions", timeout=120, json={
             "model": NAME, "prompt": "a", "max_tokens": 5, "temperature": 0, "ignore_eos": True,
             "logprobs": 2}).json()
+        echo = httpx.post(srv.url + "/v1/completions", timeout=120, json={
+            "model": NAME, "prompt": [5, 6, 7], "max_tokens": 0, "echo": True, "logprobs": 2}).json()
     lp = r["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == 5 and all(len(d) == 2 for d in lp["top_logprobs"])
+    values = echo["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(values) == 3 and values[0] is None and all(v <= 0 for v in values[1:]), echo

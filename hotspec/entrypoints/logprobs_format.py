@@ -3,8 +3,9 @@
 "text_offset"}`, for a whole answer or for the tokens of one streamed chunk.
 
 Entries are one per generated token, in order, a stop token whose text is not emitted included
-(as vLLM does). A token's text is the tokenizer's decoding of that id alone (as vLLM reports it;
-`token_id:<id>` without a tokenizer), so a token holding part of a character reads "\\ufffd".
+(as vLLM does); with completions' `echo`, one per prompt token before them. A token's text is
+the tokenizer's decoding of that id alone (as vLLM reports it; `token_id:<id>` without a
+tokenizer), so a token holding part of a character reads "\\ufffd".
 JSON has no infinity: a logprob below -9999 (or NaN) is reported as -9999.0, vLLM's floor. An
 event with tokens but no entries (an engine that does not fill them) makes the whole part null.
 """
@@ -90,32 +91,45 @@ class CompletionLogprobs:
     likelier). `text_offset[i]` is where token i's text starts in the choice's text: each engine
     event's first token at the event's own text, the next ones after their predecessors' token
     texts, never past the end of the event's text (a stop token or a skipped special token sits
-    at the end of the text before it)."""
+    at the end of the text before it). With `echo`, `prompt` writes the prompt's part the same
+    way, its text the first one: an entry the engine has no value for (the first token's, or
+    every one when it does not fill them) is null in `token_logprobs` and `top_logprobs`."""
 
     def __init__(self, text: Callable[[int], str], top: int) -> None:
         self.text, self.top = text, top
 
     def __call__(self, events: Sequence[RequestEvent], start: int = 0) -> dict[str, Any] | None:
-        tokens: list[str] = []
-        token_logprobs: list[float] = []
-        top_logprobs: list[dict[str, float]] = []
-        text_offset: list[int] = []
+        out = empty_completion_logprobs()
         pos = start
         for event in events:
             got = entries(event)
             if got is None:
                 return None
-            end = pos + len(event.text)
-            for e in got:
-                s = self.text(e.token_id)
-                tokens.append(s)
-                token_logprobs.append(clamp(e.logprob))
-                top_logprobs.append(self.alternatives(e))
-                text_offset.append(min(pos, end))
-                pos += len(s)
-            pos = end
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-                "text_offset": text_offset}
+            pos = self.add(out, [(e.token_id, e) for e in got], pos, pos + len(event.text))
+        return out
+
+    def prompt(self, token_ids: Sequence[int], text: str,
+               got: Sequence[TokenLogprob | None] | None) -> dict[str, Any]:
+        """The prompt's part of an echoed choice: one entry per prompt token, from 0 over the
+        prompt's `text`; `got` is the first event's prompt_logprobs (None, or a list of another
+        length: not filled, every entry null)."""
+        if got is None or len(got) != len(token_ids):
+            got = [None] * len(token_ids)
+        out = empty_completion_logprobs()
+        self.add(out, list(zip(token_ids, got)), 0, len(text))
+        return out
+
+    def add(self, out: dict[str, Any], items: Sequence[tuple[int, TokenLogprob | None]], pos: int,
+            end: int) -> int:
+        """Append the entries of a text span [pos, end) to `out`; returns `end`."""
+        for token_id, e in items:
+            s = self.text(token_id)
+            out["tokens"].append(s)
+            out["token_logprobs"].append(None if e is None else clamp(e.logprob))
+            out["top_logprobs"].append(None if e is None else self.alternatives(e))
+            out["text_offset"].append(min(pos, end))
+            pos += len(s)
+        return end
 
     def alternatives(self, e: TokenLogprob) -> dict[str, float]:
         """One entry of `top_logprobs`."""
@@ -124,3 +138,16 @@ class CompletionLogprobs:
             out.setdefault(self.text(token_id), clamp(logprob))
         out.setdefault(self.text(e.token_id), clamp(e.logprob))
         return out
+
+
+def empty_completion_logprobs() -> dict[str, Any]:
+    """Completions' `logprobs` with no entries."""
+    return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+
+def joined(head: dict[str, Any] | None, tail: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Completions' `logprobs` of two spans, `head` first (None: no head); null when `tail` is
+    (the engine did not fill the entries)."""
+    if head is None or tail is None:
+        return tail
+    return {key: head[key] + tail[key] for key in head}
