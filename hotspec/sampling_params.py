@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hotspec.core.logprobs import MAX_LOGPROBS
@@ -52,6 +53,17 @@ class SamplingParams:
     # None: none; n in [0, 20]: the logprob of each prompt token after the first (given the ones
     # before it) and the n most likely tokens there (`echo` with logprobs; vLLM's field)
     prompt_logprobs: int | None = None
+    # Logits processing, as vLLM applies it, in this order: logit_bias added ({token id: bias in
+    # [-100, 100]}), the stop tokens (EOS unless ignore_eos, stop_token_ids) masked while fewer
+    # than min_tokens are generated, repetition_penalty over prompt and generated tokens (a
+    # positive logit divided by it, a negative one multiplied), presence_penalty (once) and
+    # frequency_penalty (per occurrence) subtracted for generated tokens. Logprobs stay the raw
+    # distribution's.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] | None = None
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -74,6 +86,16 @@ class SamplingParams:
             n = getattr(self, name)
             if n is not None and (not _is_int(n) or not 0 <= n <= MAX_LOGPROBS):
                 raise _fail(name, n, f"None or an int in [0, {MAX_LOGPROBS}]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_real(v) or not -2 <= v <= 2:
+                raise _fail(name, v, "a number in [-2, 2] (0 = off)")
+        r = self.repetition_penalty
+        if not _is_real(r) or not math.isfinite(r) or r <= 0:
+            raise _fail("repetition_penalty", r, "a finite number > 0 (1 = off)")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise _fail("min_tokens", self.min_tokens, f"an int in [0, max_tokens={self.max_tokens}]")
+        object.__setattr__(self, "logit_bias", _normalise_bias(self.logit_bias))
         for flag in ("ignore_eos", "skip_special_tokens", "detokenize"):
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, getattr(self, flag), "a bool")
@@ -85,9 +107,24 @@ class SamplingParams:
                                       "stop_token_ids, or detokenize=True")
 
     @property
+    def processes_logits(self) -> bool:
+        """Whether any logits processing applies (penalties, logit_bias, min_tokens)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias or self.min_tokens)
+
+    @property
     def greedy(self) -> bool:
         """True when sampling reduces to argmax: temperature 0 or top-k of 1."""
         return self.temperature == 0 or self.top_k == 1
+
+
+def _normalise_bias(bias: Mapping[int, float] | None) -> Mapping[int, float] | None:
+    if bias is None:
+        return None
+    if not isinstance(bias, Mapping) or not all(
+            _is_int(k) and k >= 0 and _is_real(v) and -100 <= v <= 100 for k, v in bias.items()):
+        raise _fail("logit_bias", bias, "a mapping of token ids >= 0 to numbers in [-100, 100]")
+    return types.MappingProxyType(dict(bias))
 
 
 def _normalise_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:

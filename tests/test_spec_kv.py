@@ -204,7 +204,7 @@ def check_against_fresh_prefill(engine: Engine, req: Request, monkeypatch: pytes
         # EagleWorker.prefill as is, except that its sampled token is the request's real root.
         with monkeypatch.context() as m:
             m.setattr(worker_base, "sample_for",
-                      lambda reqs, logits: torch.tensor([req.last_token], device=logits.device))
+                      lambda reqs, logits, state=None: torch.tensor([req.last_token], device=logits.device))
             assert worker.prefill([fresh]) == [[req.last_token]]
         got, ref = req.spec.draft, fresh.spec.draft
         assert max_rel_err(got.feature.unsqueeze(0), ref.feature.unsqueeze(0), 0) < REL_TOL

@@ -312,3 +312,54 @@ def test_sampling_stays_exact_across_shape_switches(models: Models) -> None:
     pvals = depth_pvalues(tokens, exact_joint(models, temperature, top_p))
     print("adaptive p-values", pvals, dict(picked))
     assert min(pvals) > ALPHA, pvals
+
+
+# -- logits processing (penalties, logit_bias) ------------------------------------------------
+PENALTIES = dict(presence_penalty=0.8, frequency_penalty=0.5, repetition_penalty=1.3,
+                 logit_bias={3: 1.5, 11: -2.0})
+
+
+def exact_joint_penalized(models: Models, temperature: float) -> np.ndarray:
+    """As exact_joint, each position's logits processed first (SamplingParams' order): bias,
+    repetition over prompt and generated tokens, presence and frequency over generated ones."""
+    pairs = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))
+    ids = torch.cat([torch.tensor(PROMPT).expand(len(pairs), -1), pairs], dim=1)
+    with torch.no_grad():
+        logits = models.hf(ids).logits[:, len(PROMPT) - 1 :].double()  # [256, 3, V]
+    counts = torch.zeros_like(logits)
+    one_a = torch.nn.functional.one_hot(pairs[:, 0], VOCAB).double()
+    counts[:, 1] = one_a
+    counts[:, 2] = one_a + torch.nn.functional.one_hot(pairs[:, 1], VOCAB).double()
+    bias = torch.zeros(VOCAB, dtype=torch.float64)
+    for t, v in PENALTIES["logit_bias"].items():  # type: ignore[attr-defined]
+        bias[t] = v
+    prompt = torch.zeros(VOCAB, dtype=torch.bool)
+    prompt[PROMPT] = True
+    x = logits + bias
+    r = PENALTIES["repetition_penalty"]
+    x = torch.where(prompt | (counts > 0), torch.where(x > 0, x / r, x * r), x)
+    x = x - PENALTIES["presence_penalty"] * (counts > 0) - PENALTIES["frequency_penalty"] * counts
+    probs, _ = shape_reference(x, temperature, 1.0)
+    p1, p2, p3 = probs[0, 0], probs[::VOCAB, 1], probs[:, 2].reshape(VOCAB, VOCAB, VOCAB)
+    joint = (p1[:, None, None] * p2[:, :, None] * p3).numpy()
+    assert abs(joint.sum() - 1) < 1e-9
+    return joint
+
+
+@pytest.mark.parametrize("shape", ["vanilla", *SHAPES])
+def test_sampling_with_penalties_is_exact(models: Models, shape: str) -> None:
+    """Penalties and logit_bias applied to every tree node with the counts along its path keep
+    speculative sampling exact (vanilla validates the reference)."""
+    kw = {} if shape == "vanilla" else spec_kwargs(models, "EAGLE3", shape)
+    llm = LLM(model=str(models.target), dtype="float32", device="cpu", skip_tokenizer_init=True,
+              max_num_seqs=BATCH, num_kv_blocks=3 * BATCH, block_size=8, **kw)
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=3, ignore_eos=True,
+                             **PENALTIES) for i in range(NUM_SAMPLES)]  # type: ignore[arg-type]
+    outs = llm.generate(prompt_token_ids=[PROMPT] * NUM_SAMPLES, sampling_params=params)
+    tokens = np.array([o.token_ids for o in outs], dtype=np.int64)
+    if shape != "vanilla":
+        hist = llm.engine.worker.stats.accept_hist
+        assert sum(n for a, n in hist.items() if a > 1) > 100 and hist[1] > 100
+    pvals = depth_pvalues(tokens, exact_joint_penalized(models, 0.8))
+    print(shape, "p-values", pvals)
+    assert min(pvals) > ALPHA, pvals

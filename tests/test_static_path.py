@@ -115,8 +115,10 @@ def test_phases_never_read_device_values_on_the_host(tiny, monkeypatch):
         llm = LLM(**kw)
         for p in (SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
                   SamplingParams(temperature=0.9, seed=3, max_tokens=6, ignore_eos=True),
-                  SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)):
+                  SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2),
+                  SamplingParams(temperature=0.7, seed=2, max_tokens=6, frequency_penalty=0.5,
+                                 logit_bias={3: 5.0}, min_tokens=2)):
             llm.generate(prompt_token_ids=prompts, sampling_params=p)
-    assert seen == {"decode", "decode[sample]", "decode[logprobs]", "draft", "verify",
-                    "verify[sample]", "verify[logprobs]", "draft_extend", "step", "step[sample]",
-                    "step[logprobs]"}
+    assert seen == {"decode", "decode[sample]", "decode[full]", "draft", "verify",
+                    "verify[sample]", "verify[full]", "draft_extend", "step", "step[sample]",
+                    "step[full]"}

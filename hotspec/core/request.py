@@ -74,6 +74,8 @@ class Request:
     # with params.prompt_logprobs: one per prompt token scored so far (the first None), filled by
     # prefill chunk by chunk
     prompt_logprobs: list[TokenLogprob | None] | None = field(default=None, repr=False)
+    # with logits processing (params.processes_logits): its row of runtime/logits_state.py, -1: none
+    logits_slot: int = -1
     # `blocks` as int32 for the step's block table, kept with the list it was read from: the engine
     # only appends to that list or replaces it
     _block_array: tuple[list[int], np.ndarray] | None = field(default=None, repr=False)

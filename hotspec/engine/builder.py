@@ -21,6 +21,7 @@ from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.attention.torch_ref import TorchRefBackend
 from hotspec.models.draft_head import DraftHead
 from hotspec.runtime.graph_runner import GraphRunner, default_batch_sizes
+from hotspec.runtime.logits_state import LogitsState
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.prefill import PREFILL_ROWS, token_buckets
 from hotspec.runtime.step_executor import StepExecutor
@@ -129,7 +130,8 @@ class EngineBuilder:
                                 # positions stay inside the rotary tables)
                                 tuple(token_buckets(min(self.cfg.cuda_graph_prefill_tokens,
                                                         self.max_model_len))),
-                                min(self.cfg.max_num_seqs, PREFILL_ROWS))
+                                min(self.cfg.max_num_seqs, PREFILL_ROWS),
+                                LogitsState(self.cfg.max_num_seqs, c.vocab_size, self.device))
         worker: Worker
         if self.cfg.speculative_algorithm is None:
             num_blocks = self._kv_blocks(per_slot)

@@ -2,8 +2,8 @@
 token by argmax or by its sampling parameters. Vanilla decoding runs it alone; the speculative
 engine runs it as the adaptive policy's "off" and keeps the target's feature at the root, which
 its draft reads when it catches up on these tokens. Its graphs are `decode`, `decode[sample]` and
-`decode[logprobs]` (sampled, and the next token's logprobs: only steps where a request asks run
-it, so the others pay nothing for the feature).
+`decode[full]` (sampled, with logits processing and the next token's logprobs: only steps where a
+request asks for either run it, so the others pay nothing for the features).
 
 A plain step advances a request by exactly one position; with the overlap schedule it still
 takes length, root and RNG offset from the carry (runtime/carry.py) like every program, so that
@@ -24,6 +24,7 @@ from hotspec.layers.logprobs import token_logprobs
 from hotspec.runtime.carry import from_carry, to_carry
 from hotspec.runtime.decode_inputs import decode_inputs
 from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
+from hotspec.runtime.logits_state import LogitsState, processed
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.phase_io import PhaseIO, Sampled, Tensors, example_sampling
 from hotspec.runtime.step_executor import StepRows
@@ -46,14 +47,15 @@ class DecodeIn(Sampled):
 
     @classmethod
     def example(cls, bs: int, max_blocks: int, device: torch.device, sampled: bool,
-                carried: bool) -> DecodeIn:
-        """Static shapes; padding rows read token 0 at position 1 of the null block 0."""
+                carried: bool, identity: int | None = None) -> DecodeIn:
+        """Static shapes; padding rows read token 0 at position 1 of the null block 0 (and, with
+        `identity`, the logits state's identity row)."""
         def long(fill: int) -> torch.Tensor:
             return torch.full((bs,), fill, dtype=torch.long, device=device)
 
         return cls(seq=long(1), tables=torch.zeros(bs, max_blocks, dtype=torch.int32, device=device),
                    root=long(0), src=long(-1) if carried else None,
-                   **(example_sampling(bs, device) if sampled else {}))
+                   **(example_sampling(bs, device, identity) if sampled else {}))
 
 
 @dataclass(kw_only=True)
@@ -72,32 +74,35 @@ class PlainDecode:
 
     def __init__(self, graphs: GraphRunner, runner: ModelRunner, target: CausalLM,
                  max_blocks_per_seq: int, carry: Tensors | None,
-                 feature: Feature | None = None) -> None:
+                 feature: Feature | None = None, logits_state: LogitsState | None = None) -> None:
         self.runner, self.target, self.carry, self.feature = runner, target, carry, feature
         self.block_size = runner.kv.block_size
         self.max_kv = max_blocks_per_seq * self.block_size
 
-        def example(sampled: bool) -> Callable[[int], DecodeIn]:
+        state = self.logits_state = logits_state
+        identity = state.identity if state is not None else 0
+
+        def example(sampled: bool, full: bool = False) -> Callable[[int], DecodeIn]:
             return lambda bs: DecodeIn.example(bs, max_blocks_per_seq, graphs.device, sampled,
-                                               carry is not None)
+                                               carry is not None, identity if full else None)
 
         self.graphs = (graphs.register("decode", self.decode, example(False), DecodeOut,
                                        publish=("emitted",)),
                        graphs.register("decode[sample]", self.decode, example(True), DecodeOut,
                                        publish=("emitted",)),
-                       graphs.register("decode[logprobs]", lambda x: self.decode(x, logprobs=True),
-                                       example(True), DecodeOut, publish=("emitted",)))
+                       graphs.register("decode[full]", lambda x: self.decode(x, full=True),
+                                       example(True, full=True), DecodeOut, publish=("emitted",)))
 
-    def graph(self, greedy: bool, logprobs: bool = False) -> PhaseGraph[DecodeIn, DecodeOut]:
-        return self.graphs[2 if logprobs else 0 if greedy else 1]
+    def graph(self, greedy: bool, full: bool = False) -> PhaseGraph[DecodeIn, DecodeOut]:
+        return self.graphs[2 if full else 0 if greedy else 1]
 
     def inputs(self, rows: StepRows) -> DecodeIn:
         return DecodeIn(**rows.fields())
 
-    def decode(self, x: DecodeIn, logprobs: bool = False) -> DecodeOut:
+    def decode(self, x: DecodeIn, full: bool = False) -> DecodeOut:
         """`decode` (greedy: the argmax of the LM head's own output, no float32 copy: the same
-        index) and `decode[sample]` (one draw per row with its sampling parameters), with
-        `logprobs` also the drawn token's logprob and the top alternatives."""
+        index) and `decode[sample]` (one draw per row with its sampling parameters); `full`
+        (`decode[full]`) draws from the processed logits and adds the token's logprobs."""
         if self.carry is not None:
             x = DecodeIn.of(from_carry(x.tensors(), self.carry))
         ids, loc, q_lens, kv_lens = decode_inputs(x.root, x.seq, x.tables, self.block_size)
@@ -114,9 +119,14 @@ class PlainDecode:
                          also=carry["root"] if carry is not None else None)
         else:
             logits = self.target.compute_logits(hidden)
-            nxt = x.sampling().sample(logits)
-            if logprobs:
+            if full:
+                state = self.logits_state
+                assert state is not None and x.slot is not None and x.offsets is not None
+                nxt = x.sampling().sample(processed(state, x, logits, x.offsets))
+                state.count(x.slot, nxt.unsqueeze(1), torch.ones_like(nxt, dtype=torch.bool).unsqueeze(1))
                 lp, top = token_logprobs(logits, nxt)
+            else:
+                nxt = x.sampling().sample(logits)
         one = torch.ones_like(nxt)
         if carry is not None:  # seq + 1, the next root (sampled), offset + 1
             values = {"seq": x.seq} | ({"root": nxt} if x.temperature is not None else {})

@@ -53,6 +53,13 @@ class Sampled(PhaseIO):
     min_p: torch.Tensor | None = None  # [B] float32
     seeds: torch.Tensor | None = None  # [B] long
     offsets: torch.Tensor | None = None  # [B] long: tokens generated so far (the RNG offset)
+    # the [full] graphs' logits processing (runtime/logits_state.py): each row's state row,
+    # min_tokens, and penalties (padding rows: the identity row, 0, 0, 0, 1)
+    slot: torch.Tensor | None = None  # [B] long
+    min_tokens: torch.Tensor | None = None  # [B] long
+    presence: torch.Tensor | None = None  # [B] float32
+    frequency: torch.Tensor | None = None  # [B] float32
+    repetition: torch.Tensor | None = None  # [B] float32
 
     def sampling(self) -> SamplingTensors:
         if self.temperature is None or self.top_p is None or self.top_k is None or \
@@ -63,19 +70,37 @@ class Sampled(PhaseIO):
 
 
 def sampling_fields(reqs: Sequence[Request], device: torch.device,
-                    ahead: Sequence[int] | None = None) -> dict[str, Any]:
+                    ahead: Sequence[int] | None = None, identity: int | None = None) -> dict[str, Any]:
     """The `Sampled` fields for `reqs`; the RNG offset is the request's generated-token count
-    (plus `ahead[i]` tokens of launched steps the host has not read yet)."""
+    (plus `ahead[i]` tokens of launched steps the host has not read yet). With `identity` (the
+    logits state's identity row) the processing fields too."""
     counts = [len(r.output_token_ids) + (ahead[i] if ahead else 0) for i, r in enumerate(reqs)]
     st = SamplingTensors.from_params([r.params for r in reqs], [r.seed for r in reqs], counts, device)
-    return {"temperature": st.temperature, "top_p": st.top_p, "top_k": st.top_k,
-            "min_p": st.min_p, "seeds": st.seeds, "offsets": st.offsets}
+    out = {"temperature": st.temperature, "top_p": st.top_p, "top_k": st.top_k,
+           "min_p": st.min_p, "seeds": st.seeds, "offsets": st.offsets}
+    if identity is not None:
+        ps = [r.params for r in reqs]
+        f32 = torch.float32
+        out |= {"slot": torch.tensor([r.logits_slot if r.logits_slot >= 0 else identity for r in reqs],
+                                     dtype=torch.long, device=device),
+                "min_tokens": torch.tensor([p.min_tokens for p in ps], dtype=torch.long, device=device),
+                "presence": torch.tensor([p.presence_penalty for p in ps], dtype=f32, device=device),
+                "frequency": torch.tensor([p.frequency_penalty for p in ps], dtype=f32, device=device),
+                "repetition": torch.tensor([p.repetition_penalty for p in ps], dtype=f32, device=device)}
+    return out
 
 
-def example_sampling(bs: int, device: torch.device) -> dict[str, Any]:
-    """Static shapes (and padding rows: greedy) of the `Sampled` fields."""
+def example_sampling(bs: int, device: torch.device, identity: int | None = None) -> dict[str, Any]:
+    """Static shapes (and padding rows: greedy) of the `Sampled` fields (with `identity`, the
+    logits state's identity row: the [full] graphs' processing fields too)."""
     f, i = torch.float32, torch.long
-    return {"temperature": torch.zeros(bs, dtype=f, device=device),
+    full = {} if identity is None else {
+        "slot": torch.full((bs,), identity, dtype=i, device=device),
+        "min_tokens": torch.zeros(bs, dtype=i, device=device),
+        "presence": torch.zeros(bs, dtype=f, device=device),
+        "frequency": torch.zeros(bs, dtype=f, device=device),
+        "repetition": torch.ones(bs, dtype=f, device=device)}
+    return full | {"temperature": torch.zeros(bs, dtype=f, device=device),
             "top_p": torch.ones(bs, dtype=f, device=device),
             "top_k": torch.full((bs,), -1, dtype=i, device=device),
             "min_p": torch.zeros(bs, dtype=f, device=device),

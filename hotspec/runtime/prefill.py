@@ -28,10 +28,12 @@ from hotspec.layers.argmax import argmax
 from hotspec.layers.logprobs import token_logprobs
 from hotspec.runtime.batch_builder import last_token_index, prefill_batch
 from hotspec.runtime.graph_runner import BucketGraph
+from hotspec.runtime.logits_state import processed
 from hotspec.runtime.phase_io import PhaseIO, Sampled, sampling_fields
 
 if TYPE_CHECKING:
     from hotspec.runtime.decode import CausalLM
+    from hotspec.runtime.logits_state import LogitsState
     from hotspec.runtime.step_executor import StepExecutor
     from hotspec.runtime.worker import Worker
 
@@ -214,7 +216,7 @@ class Prefilled:
                              hidden[sum(len(t) for t in self.tokens[:i]):])
         self.next: list[int | None] = [None] * len(reqs)
         if logits is not None:
-            sampled = sample_for([reqs[i] for i in rows], logits)
+            sampled = sample_for([reqs[i] for i in rows], logits, worker.executor.logits_state)
             for i, t in zip(rows, sampled.tolist()):
                 self.next[i] = t
             asked = [j for j, i in enumerate(rows) if reqs[i].params.logprobs is not None]
@@ -250,10 +252,18 @@ def score_prompt(target: CausalLM, req: Request, chunk: list[int], hidden: torch
     req.prompt_logprobs += token_logprob_rows(scored, lp.tolist(), ids.tolist(), n)
 
 
-def sample_for(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
+def sample_for(reqs: list[Request], logits: torch.Tensor, state: LogitsState | None = None
+               ) -> torch.Tensor:
     """Each row's next token: the argmax when every request is greedy, else drawn with its
-    sampling parameters (greedy rows keep the argmax)."""
-    if all(r.params.temperature == 0 for r in reqs):
+    sampling parameters (greedy rows keep the argmax), from logits processed as the requests ask
+    (`state`: runtime/logits_state.py; the drawn tokens join their counts)."""
+    full = state is not None and any(r.params.processes_logits for r in reqs)
+    if not full and all(r.params.temperature == 0 for r in reqs):
         return argmax(logits)
-    fields: dict[str, Any] = sampling_fields(reqs, logits.device)
-    return Sampled(**fields).sampling().sample(logits)
+    x = Sampled(**sampling_fields(reqs, logits.device, identity=state.identity if full and state else None))
+    if not full:
+        return x.sampling().sample(logits)
+    assert state is not None and x.offsets is not None and x.slot is not None
+    nxt = x.sampling().sample(processed(state, x, logits, x.offsets))
+    state.count(x.slot, nxt.unsqueeze(1), torch.ones_like(nxt, dtype=torch.bool).unsqueeze(1))
+    return nxt

@@ -24,6 +24,7 @@ from hotspec.core.logprobs import token_logprob_rows
 from hotspec.core.request import Request, Status
 from hotspec.runtime.batch_builder import block_table_tensor
 from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
+from hotspec.runtime.logits_state import LogitsState
 from hotspec.runtime.phase_io import PhaseIO, Tensors, sampling_fields
 
 _CPU = torch.device("cpu")  # the graph runner moves host inputs to the device itself
@@ -44,6 +45,11 @@ class StepRows:
     def greedy(self) -> bool:
         return not self.sampling
 
+    @property
+    def full(self) -> bool:
+        """The [full] graphs' step: logprobs or logits processing (Sampled's `slot` field)."""
+        return "slot" in self.sampling
+
     def fields(self) -> dict[str, Any]:
         """The keyword arguments of a program input that reads every row field."""
         return {"seq": self.seq, "tables": self.tables, "root": self.root, "src": self.src,
@@ -57,7 +63,7 @@ class Bounded(Protocol):
 class StepProgram(Bounded, Protocol):
     """One kind of step: its graphs (greedy and sampled), and its typed input from the rows."""
 
-    def graph(self, greedy: bool, logprobs: bool = False) -> PhaseGraph[Any, Any]: ...
+    def graph(self, greedy: bool, full: bool = False) -> PhaseGraph[Any, Any]: ...
 
     def inputs(self, rows: StepRows) -> PhaseIO: ...
 
@@ -81,9 +87,11 @@ class StepExecutor:
 
     def __init__(self, graphs: GraphRunner, block_size: int, max_blocks_per_seq: int,
                  overlap: bool, max_rows: int, prefill_sizes: tuple[int, ...] = (),
-                 prefill_rows: int = 0) -> None:
+                 prefill_rows: int = 0, logits_state: LogitsState | None = None) -> None:
         """`prefill_sizes`: the token buckets prefill is captured at (runtime/prefill.py), over
-        `prefill_rows` requests at most; none: prefill runs eagerly."""
+        `prefill_rows` requests at most; none: prefill runs eagerly. `logits_state`: the rows
+        of logits processing (runtime/logits_state.py) the [full] graphs read."""
+        self.logits_state = logits_state
         self.graphs, self.block_size = graphs, block_size
         self.prefill_sizes = prefill_sizes if graphs.mode != "eager" else ()
         self.prefill_rows = prefill_rows
@@ -112,7 +120,9 @@ class StepExecutor:
                               dtype=torch.long),
             src=torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
             if self.overlap else None,
-            sampling=sampling_fields(reqs, _CPU, ahead) if sampled else {})
+            sampling=sampling_fields(reqs, _CPU, ahead, self.logits_state.identity
+                                     if self.logits_state is not None and needs_full_graph(reqs)
+                                     else None) if sampled else {})
 
     def bound(self, program: Bounded, reqs: list[Request]) -> None:
         """Eager passes attend over the longest request's kv indices, not the whole table."""
@@ -126,13 +136,15 @@ class StepExecutor:
         on the device; `tag` comes back with the step's tokens (`collect`)."""
         if rows is None:
             rows = self.rows(reqs, sampled=needs_sampled_graph(reqs))
+        if needs_full_graph(reqs) and not rows.full:
+            raise RuntimeError("logprobs and logits processing need the executor's logits_state")
         self.bound(program, reqs)
         asked = any(r.params.logprobs is not None for r in reqs)
-        graph = program.graph(rows.greedy, asked)
+        graph = program.graph(rows.greedy, rows.full)
         # (borrowed from the graph: published to a pinned slot, or copied out by HostCopy before
         # the next launch)
         out = graph.run(program.inputs(rows), borrow=("emitted",))
-        t = out.tensors()  # the [logprobs] graphs' logprobs
+        t = out.tensors()  # the [full] graphs' logprobs
         logprobs = (HostCopy(t["logprobs"]), HostCopy(t["top_ids"])) if asked else None
         self.launches.push(reqs, (graph.read_back("emitted") or HostCopy(out.emitted), tag, logprobs))
         return out
@@ -152,10 +164,16 @@ class StepExecutor:
         return Collected(reqs, tokens, [row[0] for row in rows], tag)
 
 
+def needs_full_graph(reqs: list[Request]) -> bool:
+    """Whether a step of `reqs` runs a program's [full] graph: a request asks for logprobs or
+    logits processing (penalties, logit_bias, min_tokens)."""
+    return any(r.params.logprobs is not None or r.params.processes_logits for r in reqs)
+
+
 def needs_sampled_graph(reqs: list[Request]) -> bool:
-    """Whether a step of `reqs` runs a program's sampled graph: a request samples, or asks for
-    logprobs (the [logprobs] graphs sample too; greedy rows there keep the argmax)."""
-    return any(r.params.temperature > 0 or r.params.logprobs is not None for r in reqs)
+    """Whether a step of `reqs` runs a program's sampled graph: a request samples, or needs the
+    [full] graph (which samples too; greedy rows there keep the argmax)."""
+    return any(r.params.temperature > 0 for r in reqs) or needs_full_graph(reqs)
 
 
 def attach_logprobs(reqs: list[Request], tokens: list[list[int]], logprobs: list[Any],

@@ -17,7 +17,7 @@ class VanillaWorker(Worker):
     def __init__(self, executor: StepExecutor, target: CausalLM, runner: ModelRunner) -> None:
         super().__init__(executor, target, runner)
         self.decode = PlainDecode(executor.graphs, runner, target, executor.max_blocks_per_seq,
-                                  executor.carry)
+                                  executor.carry, logits_state=executor.logits_state)
 
     @torch.inference_mode()
     def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:

@@ -92,13 +92,14 @@ class DraftIn(Rows, DraftState):
 @dataclass(kw_only=True)
 class VerifyIn(Rows, DraftTree, Sampled):
     @classmethod
-    def example(cls, s: SpecShapes, bs: int, sampled: bool = False) -> VerifyIn:
+    def example(cls, s: SpecShapes, bs: int, sampled: bool = False,
+                identity: int | None = None) -> VerifyIn:
         n = s.num_draft_tokens
         eye = torch.eye(n, dtype=torch.bool, device=s.device)
         return cls(seq=s._long(bs, fill=1), tables=s._tables(bs), tokens=s._long(bs, n),
                    parents=s._long(bs, n), depth=s._long(bs, n),
                    mask=eye.expand(bs, n, n).contiguous(),
-                   **(example_sampling(bs, s.device) if sampled else {}))
+                   **(example_sampling(bs, s.device, identity) if sampled else {}))
 
 
 @dataclass(kw_only=True)
@@ -142,9 +143,9 @@ class StepIn(DraftIn, Sampled):
 
     @classmethod
     def example(cls, s: SpecShapes, bs: int, sampled: bool = False,  # type: ignore[override]
-                carried: bool = False) -> StepIn:
+                carried: bool = False, identity: int | None = None) -> StepIn:
         d = DraftIn.example(s, bs).tensors()
-        return cls(**d, **(example_sampling(bs, s.device) if sampled else {}),
+        return cls(**d, **(example_sampling(bs, s.device, identity) if sampled else {}),
                    src=s._long(bs, fill=-1) if carried else None)
 
 

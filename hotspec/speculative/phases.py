@@ -24,6 +24,7 @@ from hotspec.layers.topk_logp import topk_logp
 from hotspec.models.draft_head import DraftHead
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.carry import from_carry, to_carry
+from hotspec.runtime.logits_state import LogitsState, path_counts, processed
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.phase_io import Sampled, Tensors
 from hotspec.speculative.frontier import next_frontier
@@ -79,12 +80,13 @@ class EaglePhases:
     with `src` >= 0 and writes for the next step; None: no overlap schedule."""
 
     def __init__(self, models: EagleModels, block_size: int, shapes: SpecShapes,
-                 carry: Tensors | None = None) -> None:
+                 carry: Tensors | None = None, logits_state: LogitsState | None = None) -> None:
         self.models = models
         self.target, self.draft = models.target, models.draft
         self.target_runner, self.draft_runner = models.target_runner, models.draft_runner
         self.feature, self.draft_topk = models.feature, models.draft_topk
         self.block_size, self.shapes, self.carry = block_size, shapes, carry
+        self.logits_state = logits_state  # the [full] graphs' logits processing
         self.num_steps, self.topk, self.state_k = shapes.num_steps, shapes.topk, shapes.state_k
         self.num_draft_tokens, self.width = shapes.num_draft_tokens, shapes.width
         self.scratch = self.topk * (self.num_steps - 1)  # draft-tree KV slots per request
@@ -154,14 +156,18 @@ class EaglePhases:
         return Verified(tree, logits, self.feature(hidden, aux).view(b, n, -1), slots)
 
     def accept(self, v: Verified, sampling: Sampled, with_slots: bool = False,
-               logprobs: bool = False) -> Accepted:
+               full: bool = False) -> Accepted:
         """`accept`: the verdict (greedy, or tree rejection sampling when `sampling` has its
         fields; greedy rows of a sampled batch use a one-hot target), then the commit: the
         accepted nodes' target KV moves from seq + path[i] to seq + i; rows past the accepted
         length move trash. A chain's path is already a prefix, so a chain moves nothing.
         `with_slots` passes the draft_extend rows' slots on (the fused step: no second lookup);
-        `logprobs` (sampled only) adds each emitted token's logprobs."""
+        `full` (sampled only) judges every node by its processed logits (penalties counted along
+        its path: runtime/logits_state.py), counts the emitted tokens, and adds their logprobs."""
         kv, slots = self.target_runner.kv, v.slots
+        raw = v.logits
+        if full:
+            v = v._replace(logits=self._processed(v, sampling))
         if sampling.temperature is None:
             c = greedy_accept(v.tree, argmax(v.logits), slots, kv.trash_slot, self.num_steps)
         else:
@@ -171,25 +177,36 @@ class EaglePhases:
         f = v.feature
         b, w = c.acc.path.shape
         lp = top = None
-        if logprobs:
-            lp, top = self._logprobs(v.logits, c.acc, c.tokens)
+        if full:
+            assert self.logits_state is not None and sampling.slot is not None
+            chosen = self._emitted(c.acc, c.tokens)
+            valid = torch.arange(w, device=chosen.device).unsqueeze(0) < c.acc.accept_len.unsqueeze(1)
+            self.logits_state.count(sampling.slot, chosen, valid)
+            lp, top = token_logprobs(raw.gather(1, c.acc.path.unsqueeze(2).expand(b, w, raw.shape[-1]))
+                                     .reshape(b * w, -1), chosen.reshape(-1))
+            lp, top = lp.view(b, w, -1), top.view(b, w, -1)
         return Accepted(acc_tokens=c.tokens, accept_len=c.acc.accept_len, bonus=c.acc.bonus,
                         acc_feature=torch.gather(f, 1, c.acc.path.unsqueeze(2).expand(b, w, f.shape[-1])),
                         slots=slots[:, :w] if with_slots else None, logprobs=lp, top_ids=top)
 
     @staticmethod
-    def _logprobs(logits: torch.Tensor, acc: Acceptance, tokens: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Emitted position d < W: token d + 1 of the path (the bonus at d = a - 1) under the
-        target's logits at path node d; rows past a - 1 hold the bonus (the host reads a)."""
-        b, w = acc.path.shape
-        d = torch.arange(w, device=tokens.device).unsqueeze(0)
+    def _emitted(acc: Acceptance, tokens: torch.Tensor) -> torch.Tensor:
+        """[B, W]: the token emitted at path position d, chosen at path node d: token d + 1 of
+        the path, the bonus at d = a - 1 (and past it: the host reads a)."""
+        d = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
         nxt = torch.cat([tokens[:, 1:], acc.bonus.unsqueeze(1)], 1)
-        chosen = torch.where(d < (acc.accept_len - 1).unsqueeze(1), nxt, acc.bonus.unsqueeze(1))
-        vocab = logits.shape[-1]
-        rows = torch.gather(logits, 1, acc.path.unsqueeze(2).expand(b, w, vocab))
-        lp, top = token_logprobs(rows.reshape(b * w, vocab), chosen.reshape(-1))
-        return lp.view(b, w, -1), top.view(b, w, -1)
+        return torch.where(d < (acc.accept_len - 1).unsqueeze(1), nxt, acc.bonus.unsqueeze(1))
+
+    def _processed(self, v: Verified, x: Sampled) -> torch.Tensor:
+        """Every node's logits processed as plain decoding would at its position: its request's
+        counts plus the drafted tokens on its path, its depth's generated count."""
+        assert self.logits_state is not None and x.offsets is not None
+        t = v.tree
+        b, n, vocab = v.logits.shape
+        extra = path_counts(t.tokens, t.mask, t.depth, vocab).view(b * n, vocab)
+        generated = (x.offsets.unsqueeze(1) + t.depth).reshape(-1)
+        return processed(self.logits_state, x, v.logits.reshape(b * n, vocab), generated, extra,
+                         per_row=n).view(b, n, vocab)
 
     def _rejection_sample(self, v: Verified, sampling: Sampled) -> Acceptance:
         st = sampling.sampling()
@@ -204,9 +221,9 @@ class EaglePhases:
         probs = torch.where((st.temperature == 0).view(b, 1, 1), onehot, probs)
         return verify_stochastic(v.tree, probs, self.num_steps, st.seeds, st.offsets)
 
-    def verify_accept(self, x: VerifyIn, logprobs: bool = False) -> Accepted:
+    def verify_accept(self, x: VerifyIn, full: bool = False) -> Accepted:
         """The `verify` graph: verify, then accept (sampled when `x` has sampling fields)."""
-        return self.accept(self.verify(x), x, logprobs=logprobs)
+        return self.accept(self.verify(x), x, full=full)
 
     def draft_extend(self, x: ExtendIn) -> ExtendOut:
         """`draft_extend`: the draft over the accepted tokens (shifted by one, the bonus last) at a
@@ -224,15 +241,15 @@ class EaglePhases:
         logp, ids, logits = self.draft_topk(h_logits[last], self.state_k)
         return ExtendOut(topk_logp=logp, topk_ids=ids, feature=h_feat[last], logits=logits)
 
-    def step(self, x: StepIn, logprobs: bool = False) -> StepOut:
+    def step(self, x: StepIn, full: bool = False) -> StepOut:
         """`step`: draft -> verify -> accept -> draft_extend as one function (one graph per batch
-        size; sampled when `x` has sampling fields; with `logprobs`, the emitted tokens')."""
+        size; sampled when `x` has sampling fields; `full`: as `accept`'s)."""
         if self.carry is not None:
             x = StepIn.of(from_carry(x.tensors(), self.carry))
         tree = self.draft_tree(x)
         rows = Rows(seq=x.seq, tables=x.tables)
         verified = self.verify(VerifyIn(**rows.tensors(), **tree.tensors()))
-        acc = self.accept(verified, x, with_slots=True, logprobs=logprobs)
+        acc = self.accept(verified, x, with_slots=True, full=full)
         # What needs only the verdict runs before draft_extend, not after its LM head: small
         # plain kernels at a graph's tail slow every launch of the replay; here they sit between
         # two large phases instead.

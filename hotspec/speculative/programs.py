@@ -77,22 +77,25 @@ class DraftStates:
 
 
 class EagleStep:
-    """One shape's fused step: graphs `step`, `step[sample]` and `step[logprobs]` (suffixed
-    `@S/K/N` for every shape but the first)."""
+    """One shape's fused step: graphs `step`, `step[sample]` and `step[full]` (logprobs and logits
+    processing; suffixed `@S/K/N` for every shape but the first)."""
 
     def __init__(self, phases: EaglePhases, graphs: GraphRunner, states: DraftStates, tag: str,
                  carried: bool) -> None:
         self.phases, self.states = phases, states
         s = phases.shapes
 
-        def reg(name: str, sampled: bool, logprobs: bool) -> PhaseGraph[StepIn, StepOut]:
+        identity = phases.logits_state.identity if phases.logits_state is not None else None
+
+        def reg(name: str, sampled: bool, full: bool) -> PhaseGraph[StepIn, StepOut]:
             return graphs.register(
-                name + tag, lambda x: phases.step(x, logprobs),
-                lambda bs: StepIn.example(s, bs, sampled=sampled, carried=carried), StepOut,
+                name + tag, lambda x: phases.step(x, full),
+                lambda bs: StepIn.example(s, bs, sampled=sampled, carried=carried,
+                                          identity=identity if full else None), StepOut,
                 device_inputs=STATE, publish=("emitted",))
 
         self.graphs = (reg("step", False, False), reg("step[sample]", True, False),
-                       reg("step[logprobs]", True, True))
+                       reg("step[full]", True, True))
         self._reqs: list[Request] = []
 
     @property
@@ -103,8 +106,8 @@ class EagleStep:
     def max_kv(self, value: int) -> None:
         self.phases.max_kv = value
 
-    def graph(self, greedy: bool, logprobs: bool = False) -> PhaseGraph[StepIn, StepOut]:
-        return self.graphs[2 if logprobs else 0 if greedy else 1]
+    def graph(self, greedy: bool, full: bool = False) -> PhaseGraph[StepIn, StepOut]:
+        return self.graphs[2 if full else 0 if greedy else 1]
 
     def inputs(self, rows: StepRows) -> StepIn:
         return StepIn(**rows.fields(), **self.states.of(self._reqs).tensors())
@@ -122,19 +125,20 @@ class _Graphs:
     draft: PhaseGraph[DraftIn, DraftTree]
     verify: PhaseGraph[VerifyIn, Accepted]
     verify_sample: PhaseGraph[VerifyIn, Accepted]
-    verify_logprobs: PhaseGraph[VerifyIn, Accepted]
+    verify_full: PhaseGraph[VerifyIn, Accepted]
     draft_extend: PhaseGraph[ExtendIn, ExtendOut]
 
 
 class PhasedStep:
-    """The step as graphs `draft`, `verify` (`verify[sample]`, `verify[logprobs]`: verify +
-    accept) and `draft_extend`, run and read one after the other; with `profile`, each phase's time."""
+    """The step as graphs `draft`, `verify` (`verify[sample]`, `verify[full]`: verify + accept)
+    and `draft_extend`, run and read one after the other; with `profile`, each phase's time."""
 
     def __init__(self, phases: EaglePhases, graphs: GraphRunner, states: DraftStates,
                  stats: SpecStats) -> None:
         self.phases, self.states, self.stats = phases, states, stats
         s = phases.shapes
         tree = ("tokens", "parents", "depth", "mask")
+        identity = phases.logits_state.identity if phases.logits_state is not None else None
         self.g = _Graphs(
             graphs.register("draft", phases.draft_tree, lambda bs: DraftIn.example(s, bs),
                             DraftTree, device_inputs=STATE),
@@ -143,9 +147,9 @@ class PhasedStep:
             graphs.register("verify[sample]", phases.verify_accept,
                             lambda bs: VerifyIn.example(s, bs, sampled=True), Accepted,
                             device_inputs=tree),
-            graphs.register("verify[logprobs]", lambda x: phases.verify_accept(x, logprobs=True),
-                            lambda bs: VerifyIn.example(s, bs, sampled=True), Accepted,
-                            device_inputs=tree),
+            graphs.register("verify[full]", lambda x: phases.verify_accept(x, full=True),
+                            lambda bs: VerifyIn.example(s, bs, sampled=True, identity=identity),
+                            Accepted, device_inputs=tree),
             graphs.register("draft_extend", phases.draft_extend, lambda bs: ExtendIn.example(s, bs),
                             ExtendOut, device_inputs=("acc_tokens", "accept_len", "bonus",
                                                       "acc_feature")))
@@ -170,8 +174,7 @@ class PhasedStep:
         tree = g.draft.run(DraftIn(seq=rows.seq, tables=rows.tables, root=rows.root,
                                    **state.tensors()))
         t0 = self._timed("draft", t0, profile)
-        logprobs = any(r.params.logprobs is not None for r in reqs)
-        verify = g.verify_logprobs if logprobs else g.verify if rows.greedy else g.verify_sample
+        verify = g.verify_full if rows.full else g.verify if rows.greedy else g.verify_sample
         acc = verify.run(
             VerifyIn(seq=rows.seq, tables=rows.tables, **tree.tensors(), **rows.sampling))
         t0 = self._timed("verify", t0, profile)

@@ -71,7 +71,7 @@ class EagleWorker(Worker):
             s: EaglePhases(models, executor.block_size, SpecShapes(
                 s, executor.max_blocks_per_seq,
                 draft.hidden_size, draft.target_feature_size, models.target.lm_head.weight.dtype,
-                dev, state_topk=state_k), executor.carry)
+                dev, state_topk=state_k), executor.carry, executor.logits_state)
             for s in self.shapes if not s.off}
         primary = next(s for s in self.shapes if not s.off)
         self.phases = self.phases_of[primary]
@@ -84,7 +84,8 @@ class EagleWorker(Worker):
         self.phased = PhasedStep(self.phases, g, self.states, self.stats) \
             if not fuse_step or profile else None
         self.off = PlainDecode(g, models.target_runner, models.target, executor.max_blocks_per_seq,
-                               executor.carry, feature=models.feature) if OFF in self.shapes else None
+                               executor.carry, feature=models.feature,
+                               logits_state=executor.logits_state) if OFF in self.shapes else None
         self.prefill_draft: PrefillGraphs | None = None
         if self.prefill_graphs is not None:  # the draft's prefill over the target's feature
             self.prefill_draft = PrefillGraphs(

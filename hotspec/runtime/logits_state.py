@@ -1,0 +1,117 @@
+"""Logits processing (penalties, logit_bias, min_tokens; SamplingParams) inside the step graphs.
+
+What a request's processing reads lives on the device in rows of static buffers, one row per
+request that asks (its `Request.logits_slot`), like the KV cache: the generated tokens' counts,
+which the graphs themselves bump for each emitted token (so the overlap schedule's next step,
+launched before this one is read, sees them), the prompt's tokens (repetition penalty), the dense
+logit_bias and the stop tokens min_tokens masks. The last row is the identity (zeros): rows of
+requests without processing and padding rows read it, and it is never written.
+
+`process` applies SamplingParams' order to logits [R, V]: bias, min_tokens mask, repetition,
+presence and frequency. Within a speculative step a tree node's counts are its request's plus
+the drafted tokens on its path (`path_counts`), so each node is processed exactly as plain
+decoding would process that position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from hotspec.core.request import Request
+from hotspec.runtime.phase_io import Sampled
+
+
+class LogitsState:
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self.rows, self.vocab = rows, vocab
+        self.counts = torch.zeros(rows + 1, vocab, dtype=torch.float32, device=device)
+        self.prompt = torch.zeros(rows + 1, vocab, dtype=torch.bool, device=device)
+        self.bias = torch.zeros(rows + 1, vocab, dtype=torch.float32, device=device)
+        self.stops = torch.zeros(rows + 1, vocab, dtype=torch.bool, device=device)
+        self._free = list(range(rows - 1, -1, -1))
+
+    @property
+    def identity(self) -> int:
+        """The row of requests without processing (and of padding rows)."""
+        return self.rows
+
+    def has_room(self) -> bool:
+        return bool(self._free)
+
+    def acquire(self, req: Request, eos_ids: Iterable[int]) -> None:
+        """A row for `req`, filled from its prompt, the tokens it generated already (a
+        preempted request's recompute) and its parameters."""
+        if req.logits_slot >= 0:
+            return
+        slot = self._free.pop()
+        req.logits_slot = slot
+        p, dev = req.params, self.counts.device
+        self.counts[slot].zero_()
+        if req.output_token_ids:
+            ids = torch.tensor(req.output_token_ids, device=dev)
+            self.counts[slot].index_add_(0, ids, torch.ones(len(ids), device=dev))
+        self.prompt[slot].zero_()
+        self.prompt[slot, torch.tensor(req.prompt_token_ids, device=dev)] = True
+        self.bias[slot].zero_()
+        if p.logit_bias:
+            self.bias[slot, torch.tensor(list(p.logit_bias), device=dev)] = torch.tensor(
+                list(p.logit_bias.values()), dtype=torch.float32, device=dev)
+        self.stops[slot].zero_()
+        stops = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(eos_ids))
+        if p.min_tokens and stops:
+            self.stops[slot, torch.tensor(sorted(stops), device=dev)] = True
+
+    def release(self, req: Request) -> None:
+        if req.logits_slot >= 0:
+            self._free.append(req.logits_slot)
+            req.logits_slot = -1
+
+    def slot_of(self, req: Request) -> int:
+        return req.logits_slot if req.logits_slot >= 0 else self.identity
+
+    # -- device code (graph-capturable) ---------------------------------------------------------
+    def process(self, logits: torch.Tensor, slot: torch.Tensor, generated: torch.Tensor,
+                min_tokens: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor,
+                repetition: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [R, V] float32 of rows reading state row `slot` [R], each `generated` [R]
+        tokens into its answer; `extra` [R, V]: counts on top of the row's (a node's path)."""
+        counts = self.counts[slot]
+        if extra is not None:
+            counts = counts + extra
+        out = logits + self.bias[slot]
+        early = (generated < min_tokens).unsqueeze(1) & self.stops[slot]
+        out = out.masked_fill(early, float("-inf"))
+        seen = self.prompt[slot] | (counts > 0)
+        r = repetition.unsqueeze(1)
+        out = torch.where(seen, torch.where(out > 0, out / r, out * r), out)
+        return out - presence.unsqueeze(1) * (counts > 0) - frequency.unsqueeze(1) * counts
+
+    def count(self, slot: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """The emitted tokens [R, W] (where `valid`) join their rows' counts; the identity row
+        stays zero."""
+        keep = valid & (slot != self.identity).unsqueeze(1)
+        index = (slot.unsqueeze(1) * self.vocab + tokens).reshape(-1)
+        self.counts.view(-1).scatter_add_(0, index, keep.reshape(-1).float())
+
+
+def processed(state: LogitsState, x: Sampled, logits: torch.Tensor, generated: torch.Tensor,
+              extra: torch.Tensor | None = None, per_row: int = 1) -> torch.Tensor:
+    """`state.process` with `x`'s processing fields, each row's repeated `per_row` times (a
+    tree's nodes)."""
+    f = (x.slot, x.min_tokens, x.presence, x.frequency, x.repetition)
+    if any(t is None for t in f):
+        raise ValueError("no logits-processing inputs: not a [full] graph's")
+    slot, min_tokens, presence, frequency, repetition = (
+        t.repeat_interleave(per_row) if per_row > 1 else t for t in f if t is not None)
+    return state.process(logits, slot, generated, min_tokens, presence, frequency, repetition, extra)
+
+
+def path_counts(tokens: torch.Tensor, mask: torch.Tensor, depth: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, N, V]: per tree node, the drafted tokens on its path (itself included, the root not):
+    what it has generated beyond its request's counts. mask [B, N, N]: node j's ancestors."""
+    b, n = tokens.shape
+    on_path = (mask & (depth > 0).unsqueeze(1)).float()  # [B, j, k]
+    out = torch.zeros(b, n, vocab, dtype=torch.float32, device=tokens.device)
+    return out.scatter_add_(2, tokens.unsqueeze(1).expand(b, n, n), on_path)
