@@ -16,10 +16,12 @@ from hotspec.core.logprobs import TokenLogprob
 from hotspec.core.request import Request, Status
 from hotspec.engine.block_allocator import OutOfBlocks
 from hotspec.engine.builder import DTYPES, EngineBuilder, load_target, resolve_device_dtype
+from hotspec.engine.prefix_share import SharedPrefixes
 from hotspec.engine.stop_checker import StopChecker
 from hotspec.errors import InvalidRequestError
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
+from hotspec.runtime.logits_state import LogitsState
 from hotspec.runtime.worker import Worker
 from hotspec.sampling_params import SamplingParams
 
@@ -91,6 +93,7 @@ class Engine:
         parts = EngineBuilder(cfg, model_cfg, target, device, dtype, self.max_model_len).build()
         self.worker: Worker = parts.worker
         self.graphs, self.allocator, self.draft = parts.graphs, parts.allocator, parts.draft
+        self.prefixes = SharedPrefixes(self.allocator, self.block_size)
         # Rows of launched steps dropped because their request had finished by the time they were
         # read (overlap schedule: EOS, stop strings, aborts), a metric of the schedule's waste.
         self.dropped_rows = 0
@@ -117,6 +120,10 @@ class Engine:
                 f"prompt of {len(prompt_token_ids)} tokens does not fit the context of "
                 f"{self.max_model_len} tokens (at most {room - 1} prompt tokens leave room to "
                 f"generate); the context is limited by {limit}")
+        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if bad:
+            raise InvalidRequestError(f"logit_bias token ids {bad[:5]} are outside the vocabulary "
+                                      f"[0, {vocab})")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this engine was started with "
                                       "skip_tokenizer_init: use stop_token_ids instead")
@@ -272,6 +279,8 @@ class Engine:
             budget -= chunks[-1]
         self.in_flight = batch
         tokens = self.worker.prefill(batch, chunks)
+        for r in batch:
+            self.prefixes.register(r)
         done = [(r, t) for r, t in zip(batch, tokens) if self._pending(r) == 0]
         for r, _ in done:
             self.prefilling.remove(r)
@@ -293,11 +302,19 @@ class Engine:
         busy = len(self.running) + len(self.prefilling)
         while self.waiting and busy + len(admitted) < self.cfg.max_num_seqs:
             req = self.waiting[0]
+            if self.prefixes.waits(req, self.prefilling + admitted):
+                break  # its prompt's first block is being computed: shared next step
+            shared = self.prefixes.lookup(req)
             n = len(req.prompt_token_ids) + len(req.output_token_ids) + self.worker.reserve
-            if self._blocks_for(n) > self.allocator.num_free:
+            if self._blocks_for(n) - len(shared) > self.allocator.num_free:
                 break
             self.waiting.popleft()
+            if shared:
+                self.prefixes.share(req, shared)
+            self.prefixes.admitted(req)
             self._grow_to(req, n)
+            if req.params.processes_logits:  # (max_num_seqs rows: one for every busy request)
+                self._logits_rows().acquire(req, self.eos_token_ids)
             req.status = Status.RUNNING
             admitted.append(req)
         self.prefilling += admitted
@@ -318,7 +335,8 @@ class Engine:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.allocator.free(req.blocks)
+        self._free_blocks(req)
+        self._logits_rows().release(req)  # (its row is rebuilt from its tokens when admitted)
         req.blocks, req.seq_len, req.status = [], 0, Status.WAITING
         self.waiting.appendleft(req)
 
@@ -361,6 +379,15 @@ class Engine:
 
     def _finish(self, req: Request, reason: str) -> None:
         req.status, req.finish_reason = Status.FINISHED, reason
-        if req.blocks:
-            self.allocator.free(req.blocks)
+        self._free_blocks(req)
         req.blocks = []
+        self._logits_rows().release(req)
+
+    def _free_blocks(self, req: Request) -> None:
+        self.allocator.free(req.blocks)
+        self.prefixes.release(req, req.blocks)
+
+    def _logits_rows(self) -> LogitsState:
+        state = self.worker.executor.logits_state
+        assert state is not None, "the builder gives every executor its logits state"
+        return state
