@@ -79,9 +79,9 @@ class SamplingParams:
             raise _fail("min_p", m, "a number in [0, 1] (0 = off)")
         if self.seed is not None and not _is_int(self.seed):
             raise _fail("seed", self.seed, "an int or None")
-        if not _is_int(self.max_tokens) or self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
-            raise _fail("max_tokens", self.max_tokens, "an int >= 1 (0 with prompt_logprobs: the "
-                        "prompt scored, nothing generated)")
+        least = 0 if self.prompt_logprobs is not None else 1  # 0: the prompt scored alone
+        if not _is_int(self.max_tokens) or self.max_tokens < least:
+            raise _fail("max_tokens", self.max_tokens, f"an int >= {least}")
         for name in ("logprobs", "prompt_logprobs"):
             n = getattr(self, name)
             if n is not None and (not _is_int(n) or not 0 <= n <= MAX_LOGPROBS):

@@ -158,5 +158,6 @@ def test_prompt_logprobs_with_generation_and_speculation(vanilla) -> None:
 
 
 def test_max_tokens_zero_needs_prompt_logprobs() -> None:
-    with pytest.raises(InvalidRequestError, match="max_tokens must be an int >= 1"):
+    with pytest.raises(InvalidRequestError, match="max_tokens must be an int >= 1, got 0"):
         SamplingParams(max_tokens=0)
+    assert SamplingParams(max_tokens=0, prompt_logprobs=0).max_tokens == 0
