@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -124,7 +123,7 @@ def _normalise_bias(bias: Mapping[int, float] | None) -> Mapping[int, float] | N
     if not isinstance(bias, Mapping) or not all(
             _is_int(k) and k >= 0 and _is_real(v) and -100 <= v <= 100 for k, v in bias.items()):
         raise _fail("logit_bias", bias, "a mapping of token ids >= 0 to numbers in [-100, 100]")
-    return types.MappingProxyType(dict(bias))
+    return dict(bias)  # (a copy: the caller's dict may change; plain, so it pickles)
 
 
 def _normalise_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -168,7 +168,12 @@ class ProcessEngine:
         handle = RequestHandle(loop, accepted=loop.create_future())
         cid = next(self._ids)
         self._handles[cid], self._cids[handle] = handle, cid
-        self._send(("submit", cid, list(prompt_token_ids), params))
+        try:
+            self._send(("submit", cid, list(prompt_token_ids), params))
+        except BaseException:  # (not sent: nothing will answer it)
+            self._handles.pop(cid, None)
+            self._cids.pop(handle, None)
+            raise
         assert handle.accepted is not None
         try:
             await handle.accepted

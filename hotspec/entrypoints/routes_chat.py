@@ -30,7 +30,7 @@ def add_routes(app: FastAPI, s: ServerState) -> None:
         ids = await _tokenize(s.tokenizer, [m.as_template_input() for m in body.messages])
         return await answer(request, s, body, ids,
                             default_max_tokens=s.max_model_len,  # up to the context limit
-                            id_prefix="chatcmpl-", chunks=fmt.chat_chunks, whole=fmt.chat_completion,
+                            id_prefix="chatcmpl-", chunks=fmt.chat_chunks, whole=fmt.chat_completion_choices,
                             logprobs=functools.partial(lpf.ChatLogprobs, texts))
 
 
