@@ -115,3 +115,20 @@ def test_bad_processing_parameters_are_refused(smol_llm) -> None:
                      "min_tokens must be an int in \\[0, max_tokens=10\\]")):
         with pytest.raises(InvalidRequestError, match=msg):
             SamplingParams(**kw)  # type: ignore[arg-type]
+
+
+def test_the_draft_proposes_under_the_penalties(spec, monkeypatch) -> None:
+    """The [full] step processes the draft's logits too (its hot columns), so its proposals are
+    the ones the penalised target keeps: more tokens per step than raw proposals, same answer."""
+    from hotspec.speculative.phases import EaglePhases
+
+    p = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, presence_penalty=2.0,
+                       frequency_penalty=1.0, repetition_penalty=1.3)
+    outs = spec.generate(prompt_token_ids=PROMPTS, sampling_params=p)
+    with monkeypatch.context() as m:
+        m.setattr(EaglePhases, "_draft_process", lambda self, *a: None)
+        raw = spec.generate(prompt_token_ids=PROMPTS, sampling_params=p)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in raw]
+    steps, raw_steps = (sum(o.stats.spec_steps for o in x) for x in (outs, raw))
+    print("steps with the draft processed", steps, "raw", raw_steps)
+    assert steps < raw_steps

@@ -77,13 +77,27 @@ class LogitsState:
                 repetition: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
         """logits [R, V] float32 of rows reading state row `slot` [R], each `generated` [R]
         tokens into its answer; `extra` [R, V]: counts on top of the row's (a node's path)."""
-        counts = self.counts[slot]
-        if extra is not None:
-            counts = counts + extra
-        out = logits + self.bias[slot]
-        early = (generated < min_tokens).unsqueeze(1) & self.stops[slot]
+        return self._apply(logits, self.counts[slot] + extra if extra is not None else self.counts[slot],
+                           self.prompt[slot], self.bias[slot], self.stops[slot], generated,
+                           min_tokens, presence, frequency, repetition)
+
+    def process_columns(self, logits: torch.Tensor, slot: torch.Tensor, columns: torch.Tensor,
+                        generated: torch.Tensor, min_tokens: torch.Tensor, presence: torch.Tensor,
+                        frequency: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
+        """`process` over a draft head's vocabulary: logits [R, C] whose column j is target token
+        `columns[j]` (an FR-Spec head's hot ids)."""
+        at = (slot.unsqueeze(1), columns.unsqueeze(0))
+        return self._apply(logits, self.counts[at], self.prompt[at], self.bias[at], self.stops[at],
+                           generated, min_tokens, presence, frequency, repetition)
+
+    @staticmethod
+    def _apply(logits: torch.Tensor, counts: torch.Tensor, prompt: torch.Tensor, bias: torch.Tensor,
+               stops: torch.Tensor, generated: torch.Tensor, min_tokens: torch.Tensor,
+               presence: torch.Tensor, frequency: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
+        out = logits.float() + bias
+        early = (generated < min_tokens).unsqueeze(1) & stops
         out = out.masked_fill(early, float("-inf"))
-        seen = self.prompt[slot] | (counts > 0)
+        seen = prompt | (counts > 0)
         r = repetition.unsqueeze(1)
         out = torch.where(seen, torch.where(out > 0, out / r, out * r), out)
         return out - presence.unsqueeze(1) * (counts > 0) - frequency.unsqueeze(1) * counts

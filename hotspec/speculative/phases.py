@@ -11,6 +11,7 @@ block table. The host side that chains the phases is speculative/worker.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -44,6 +45,8 @@ from hotspec.speculative.phase_inputs import draft_inputs, extend_inputs, verify
 from hotspec.speculative.tree import MAX_LOGP, DraftTree, build_tree
 from hotspec.speculative.verify import Acceptance, commit_rows, greedy_accept, verify_stochastic
 
+Process = Callable[[torch.Tensor], torch.Tensor]  # draft logits -> processed (float32)
+
 
 class Verified(NamedTuple):
     """`verify`'s output, what `accept` judges: target logits and features of every tree node."""
@@ -67,9 +70,14 @@ class EagleModels:
         """What the draft head reads from the target: EAGLE-3's aux layers, else the final hidden."""
         return torch.cat(aux, dim=-1) if aux else hidden
 
-    def draft_topk(self, h_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The draft LM head's top-k: log-probs, target ids, and the logits (sized by the head)."""
+    def draft_topk(self, h_logits: torch.Tensor, k: int, process: Process | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The draft LM head's top-k: log-probs, target ids, and the logits (sized by the head);
+        `process`: the requests' logits processing first (the [full] step: proposals the
+        penalties leave worth verifying)."""
         logits = self.draft.draft_logits(h_logits)  # [T, draft_vocab]
+        if process is not None:
+            logits = process(logits)
         logp, idx = topk_logp(logits, k, MAX_LOGP)
         return logp, self.draft.to_target_ids(idx), logits
 
@@ -101,8 +109,9 @@ class EaglePhases:
         models.target.capture_layers = tuple(models.draft.aux_layer_ids)
 
     # -- phases (pure tensor functions; graph-capturable) --------------------------------------
-    def draft_tree(self, x: DraftIn) -> DraftTree:
-        """`draft`: num_steps - 1 draft forwards over the top-k frontier, then the best N-1 nodes."""
+    def draft_tree(self, x: DraftIn, sampling: Sampled | None = None) -> DraftTree:
+        """`draft`: num_steps - 1 draft forwards over the top-k frontier, then the best N-1 nodes
+        (with `sampling`'s processing fields, the draft's logits processed as the target's)."""
         root, seq, tables = x.root, x.seq, x.tables
         b, k, n_fw = root.shape[0], self.topk, self.num_steps - 1
         dev = root.device
@@ -123,7 +132,8 @@ class EaglePhases:
                 out_cache_loc=locs[s - 1], q_lens=q_lens, kv_lens=kv_lens, block_tables=tables,
                 width=k, max_q=k, max_kv=self.max_kv, custom_mask=f_mask, hidden_in=f_feat)
             h_logits, h_feat = self.draft_runner.forward(fb)
-            logp, ids, _ = self.draft_topk(h_logits, k)  # [B*K, K]
+            process = self._draft_process(sampling, k, s) if sampling is not None else None
+            logp, ids, _ = self.draft_topk(h_logits, k, process)  # [B*K, K]
             tokens.append(ids.view(b, k * k))
             f_globals.append(f_global)
             if s == self.num_steps - 1:
@@ -225,7 +235,22 @@ class EaglePhases:
         """The `verify` graph: verify, then accept (sampled when `x` has sampling fields)."""
         return self.accept(self.verify(x), x, full=full)
 
-    def draft_extend(self, x: ExtendIn) -> ExtendOut:
+    def _draft_process(self, x: Sampled, per_row: int, ahead: torch.Tensor | int) -> Process | None:
+        """The draft's logits processing for rows of `per_row` per request, `ahead` tokens past
+        the request's generated count; None without processing fields."""
+        st = self.logits_state
+        if st is None or x.slot is None or x.offsets is None:
+            return None
+        d2t = self.draft.draft_to_target
+        columns = d2t if d2t is not None else torch.arange(self.draft.target_vocab_size,
+                                                           device=x.slot.device)
+        f = [x.slot, x.min_tokens, x.presence, x.frequency, x.repetition, x.offsets + ahead]
+        slot, min_tokens, presence, frequency, repetition, generated = (
+            t.repeat_interleave(per_row) if per_row > 1 else t for t in f if t is not None)
+        return lambda logits: st.process_columns(logits, slot, columns, generated, min_tokens,
+                                                 presence, frequency, repetition)
+
+    def draft_extend(self, x: ExtendIn, sampling: Sampled | None = None) -> ExtendOut:
         """`draft_extend`: the draft over the accepted tokens (shifted by one, the bonus last) at a
         fixed width of W rows per request; the next root state is row accept_len - 1."""
         seq, tables, a = x.seq, x.tables, x.accept_len
@@ -238,7 +263,8 @@ class EaglePhases:
             q_lens=a, kv_lens=kv_lens, block_tables=tables, width=w, max_q=w, max_kv=self.max_kv,
             hidden_in=x.acc_feature.reshape(b * w, -1))
         h_logits, h_feat = self.draft_runner.forward(fb)
-        logp, ids, logits = self.draft_topk(h_logits[last], self.state_k)
+        process = self._draft_process(sampling, 1, a) if sampling is not None else None
+        logp, ids, logits = self.draft_topk(h_logits[last], self.state_k, process)
         return ExtendOut(topk_logp=logp, topk_ids=ids, feature=h_feat[last], logits=logits)
 
     def step(self, x: StepIn, full: bool = False) -> StepOut:
@@ -246,7 +272,7 @@ class EaglePhases:
         size; sampled when `x` has sampling fields; `full`: as `accept`'s)."""
         if self.carry is not None:
             x = StepIn.of(from_carry(x.tensors(), self.carry))
-        tree = self.draft_tree(x)
+        tree = self.draft_tree(x, x if full else None)
         rows = Rows(seq=x.seq, tables=x.tables)
         verified = self.verify(VerifyIn(**rows.tensors(), **tree.tensors()))
         acc = self.accept(verified, x, with_slots=True, full=full)
@@ -259,6 +285,6 @@ class EaglePhases:
             offsets = {"offsets": x.offsets} if x.offsets is not None else {}
             to_carry(self.carry, {"seq": x.seq, "root": acc.bonus} | offsets,
                      plus={"seq": a} | ({"offsets": a} if offsets else {}))
-        ext = self.draft_extend(ExtendIn(**rows.tensors(), **acc.extend_tensors()))
+        ext = self.draft_extend(ExtendIn(**rows.tensors(), **acc.extend_tensors()), x if full else None)
         return StepOut(emitted=emitted, topk_logp=ext.topk_logp, topk_ids=ext.topk_ids,
                        feature=ext.feature, logprobs=acc.logprobs, top_ids=acc.top_ids)
