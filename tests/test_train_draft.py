@@ -220,8 +220,9 @@ def test_training_forward_matches_engine(arch: str, fused_kernels: bool, runs: d
     captured: list[torch.Tensor] = []
     topk = phases.draft_topk
 
-    def capture(h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = topk(h, k)
+    def capture(h: torch.Tensor, k: int, process: object = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = topk(h, k, process)  # type: ignore[arg-type]
         captured.append(out[2])
         return out
 
