@@ -184,3 +184,15 @@ def interpreter_ab(monkeypatch, path, entry: str, switch: str, values, **llm_kw)
         tokens = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
         runs.append((tokens, list(rows)))
     return runs
+
+
+def save_tiny_chat_llama(path):
+    """A 2-layer random Llama with the default model's tokenizer and chat template (what the
+    server tests serve): the folder."""
+    from hotspec.models.loader import load_tokenizer, resolve_model_path
+
+    tok = load_tokenizer(resolve_model_path(None))
+    save_tiny_llama(path, vocab=49152, hidden=64, layers=2, std=0.3,
+                    eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    tok.save_pretrained(path)
+    return path

@@ -12,24 +12,19 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from engine_utils import save_tiny_llama
+from engine_utils import save_tiny_chat_llama
 
 from hotspec import LLM, SamplingParams
 from hotspec.config import EngineConfig
 from hotspec.entrypoints.server import BackgroundServer, ProcessEngine, ServerSettings, create_process_app
 from hotspec.errors import HotspecError
-from hotspec.models.loader import load_tokenizer, resolve_model_path
 
 PROMPTS = ["The capital of France is", "def add(a, b):"]
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = load_tokenizer(resolve_model_path(None))  # a real chat template
-    path = save_tiny_llama(tmp_path_factory.mktemp("proc") / "tiny", vocab=49152, hidden=64,
-                           layers=2, std=0.3, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_chat_llama(tmp_path_factory.mktemp("proc") / "tiny")
 
 
 def _cfg(model: Path, **kw: object) -> EngineConfig:

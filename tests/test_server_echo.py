@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
-from engine_utils import save_tiny_llama
+from engine_utils import save_tiny_chat_llama
 from test_server_logprobs import ENGINE, EVENTS, META, NAME, TEXTS, ev, lp
 
 from hotspec import LLM
@@ -159,10 +159,7 @@ def tok() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory, tok: Tokenizer) -> Path:
-    path = save_tiny_llama(tmp_path_factory.mktemp("echo") / "tiny", vocab=49152, hidden=64,
-                           layers=2, std=0.3, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_chat_llama(tmp_path_factory.mktemp("echo") / "tiny")
 
 
 @pytest.fixture(scope="module")

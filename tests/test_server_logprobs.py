@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from engine_utils import save_tiny_llama
+from engine_utils import save_tiny_chat_llama
 
 from hotspec import LLM
 from hotspec.config import EngineConfig
@@ -148,11 +148,7 @@ def test_request_fields_map_to_sampling_params() -> None:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = load_tokenizer(resolve_model_path(None))  # a real chat template
-    path = save_tiny_llama(tmp_path_factory.mktemp("logprobs") / "tiny", vocab=49152, hidden=64,
-                           layers=2, std=0.3, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_chat_llama(tmp_path_factory.mktemp("logprobs") / "tiny")
 
 
 @pytest.fixture(scope="module")
