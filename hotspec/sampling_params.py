@@ -24,6 +24,28 @@ def _fail(field: str, value: object, allowed: str) -> InvalidRequestError:
     return InvalidRequestError(f"SamplingParams.{field} must be {allowed}, got {value!r}")
 
 
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "structural_tag")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A grammar the output must match (structured output, runtime/grammar.py compiles it):
+    `json_object` (any JSON object; `value` unused), `json_schema` (`value`: the schema as JSON
+    text), `regex`, `ebnf` (GBNF, root rule `root`) or `structural_tag` (xgrammar's JSON).
+    `field`: the request field it came from, named in errors (`response_format`, `guided_regex`)."""
+
+    kind: str
+    value: str = ""
+    field: str = "grammar"
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise InvalidRequestError(f"{self.field}: grammar kind must be one of "
+                                      f"{', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.value, str) or (self.kind != "json_object" and not self.value):
+            raise InvalidRequestError(f"{self.field}: a {self.kind} grammar needs its text")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens for one request and when to stop.
@@ -63,6 +85,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: Mapping[int, float] | None = None
     min_tokens: int = 0
+    # Structured output: every generated token keeps the text a prefix of the grammar's language,
+    # and the request stops when the grammar is complete (runtime/grammar.py)
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -101,15 +126,17 @@ class SamplingParams:
         # Frozen dataclass: normalised fields are written once, here, before anyone reads them.
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise _fail("grammar", self.grammar, "a GrammarSpec or None")
         if self.stop and not self.detokenize:
             raise InvalidRequestError("stop strings need the text, but detokenize is False: use "
                                       "stop_token_ids, or detokenize=True")
 
     @property
     def processes_logits(self) -> bool:
-        """Whether any logits processing applies (penalties, logit_bias, min_tokens)."""
+        """Whether any logits processing applies (penalties, logit_bias, min_tokens, a grammar)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
-                    or self.logit_bias or self.min_tokens)
+                    or self.logit_bias or self.min_tokens or self.grammar is not None)
 
     @property
     def greedy(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -76,6 +76,9 @@ class Request:
     prompt_logprobs: list[TokenLogprob | None] | None = field(default=None, repr=False)
     # with logits processing (params.processes_logits): its row of runtime/logits_state.py, -1: none
     logits_slot: int = -1
+    # with params.grammar: its matcher (runtime/grammar.RequestGrammar), advanced over every token
+    # the engine emits for it
+    grammar: Any = field(default=None, repr=False)
     # `blocks` as int32 for the step's block table, kept with the list it was read from: the engine
     # only appends to that list or replaces it
     _block_array: tuple[list[int], np.ndarray] | None = field(default=None, repr=False)

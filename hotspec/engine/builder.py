@@ -124,6 +124,7 @@ class EngineBuilder:
                                          self.dtype)
         backend = self._backend()
         self.graphs = self._graph_runner()
+        shapes, policy = self._shapes() if self.cfg.speculative_algorithm is not None else ([], None)
         executor = StepExecutor(self.graphs, self.block_size, self._blocks_for(self.max_model_len),
                                 self._overlap(), self.cfg.max_num_seqs,
                                 # (no step holds more tokens than the context; padding
@@ -131,7 +132,9 @@ class EngineBuilder:
                                 tuple(token_buckets(min(self.cfg.cuda_graph_prefill_tokens,
                                                         self.max_model_len))),
                                 min(self.cfg.max_num_seqs, PREFILL_ROWS),
-                                LogitsState(self.cfg.max_num_seqs, c.vocab_size, self.device))
+                                # (a grammar mask per tree node of the largest shape)
+                                LogitsState(self.cfg.max_num_seqs, c.vocab_size, self.device,
+                                            max([s.num_draft_tokens for s in shapes], default=1)))
         worker: Worker
         if self.cfg.speculative_algorithm is None:
             num_blocks = self._kv_blocks(per_slot)
@@ -148,7 +151,6 @@ class EngineBuilder:
             models = EagleModels(self.target, draft,
                                  ModelRunner(self.target, self._target_pool(num_blocks), backend),
                                  ModelRunner(draft, draft_pool, backend))
-            shapes, policy = self._shapes()
             worker = EagleWorker(models, executor, shapes, policy, fuse_step=self.cfg.fuse_spec_step,
                                  profile=self.cfg.profile_phases)
         reserved = torch.cuda.memory_reserved(self.device) if self.graphs.mode == "cuda" else 0

@@ -17,8 +17,8 @@ from hotspec.core.request import Request, Status
 from hotspec.engine.block_allocator import OutOfBlocks
 from hotspec.engine.builder import DTYPES, EngineBuilder, load_target, resolve_device_dtype
 from hotspec.engine.prefix_share import SharedPrefixes
+from hotspec.engine.request_checks import Grammars, check_request
 from hotspec.engine.stop_checker import StopChecker
-from hotspec.errors import InvalidRequestError
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.logits_state import LogitsState
@@ -72,6 +72,7 @@ class Engine:
         self.model_config = model_cfg
         self.target = target
         self.tokenizer = tokenizer
+        self.grammars = Grammars(tokenizer, model_cfg.vocab_size)
         self.eos_token_ids = set(model_cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
@@ -105,31 +106,12 @@ class Engine:
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         """Validate and queue a request; a bad request raises InvalidRequestError and changes nothing."""
-        if not prompt_token_ids:
-            raise InvalidRequestError("empty prompt: give at least one token or character")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        room = self.max_model_len - self.worker.reserve
-        if len(prompt_token_ids) >= room:
-            limit = ("the KV cache's capacity; shorten the prompt or give the KV cache more memory"
-                     if self.max_model_len == self.kv_capacity else
-                     "max_model_len; shorten the prompt or raise max_model_len")
-            raise InvalidRequestError(
-                f"prompt of {len(prompt_token_ids)} tokens does not fit the context of "
-                f"{self.max_model_len} tokens (at most {room - 1} prompt tokens leave room to "
-                f"generate); the context is limited by {limit}")
-        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
-        if bad:
-            raise InvalidRequestError(f"logit_bias token ids {bad[:5]} are outside the vocabulary "
-                                      f"[0, {vocab})")
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this engine was started with "
-                                      "skip_tokenizer_init: use stop_token_ids instead")
+        check_request(self, prompt_token_ids, params)
+        grammar = self.grammars.matcher(params)
         req = Request(next(self._ids), list(prompt_token_ids), params,
                       params.seed if params.seed is not None else self._rng.getrandbits(62))
         req.stats.prompt_tokens = len(prompt_token_ids)
+        req.grammar = grammar
         req.checker = StopChecker(self.tokenizer if params.detokenize else None, params,
                                   self.eos_token_ids,
                                   req.prompt_token_ids)
@@ -358,6 +340,11 @@ class Engine:
                 assert req.checker is not None
                 piece, reason = req.checker.append(t)
                 delta += piece
+                if reason is None and req.grammar is not None:
+                    if not req.grammar.accept([t]):  # (masked: it cannot happen)
+                        raise RuntimeError(f"request {req.rid}: token {t} is outside its grammar")
+                    if req.grammar.terminated:
+                        reason = "stop"  # the grammar is complete
                 if reason is None and req.seq_len + self.worker.reserve + 1 >= self.max_model_len:
                     reason = "length"
                 if reason is not None:

@@ -4,12 +4,15 @@ What a request's processing reads lives on the device in rows of static buffers,
 request that asks (its `Request.logits_slot`), like the KV cache: the generated tokens' counts,
 which the graphs themselves bump for each emitted token (so the overlap schedule's next step,
 launched before this one is read, sees them), the prompt's tokens (repetition penalty), the dense
-logit_bias and the stop tokens min_tokens masks. The last row is the identity (zeros): rows of
-requests without processing and padding rows read it, and it is never written.
+logit_bias, the stop tokens min_tokens masks, and the grammar's token bitmask (structured output:
+runtime/grammar.py), one row per tree node, which the host writes before each step. The last row
+is the identity (zeros; a full bitmask): rows of requests without processing and padding rows
+read it, and it is never written.
 
 `process` applies SamplingParams' order to logits [R, V]: bias, min_tokens mask, repetition,
-presence and frequency. Within a speculative step a tree node's counts are its request's plus
-the drafted tokens on its path (`path_counts`), so each node is processed exactly as plain
+presence and frequency, then the grammar's mask (-inf where it rejects). Within a speculative
+step a tree node's counts are its request's plus the drafted tokens on its path (`path_counts`)
+and its grammar mask the one after its path, so each node is processed exactly as plain
 decoding would process that position.
 """
 
@@ -20,16 +23,21 @@ from collections.abc import Iterable
 import torch
 
 from hotspec.core.request import Request
+from hotspec.runtime.grammar import bitmask_width
 from hotspec.runtime.phase_io import Sampled
 
 
 class LogitsState:
-    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
-        self.rows, self.vocab = rows, vocab
+    def __init__(self, rows: int, vocab: int, device: torch.device, nodes: int = 1) -> None:
+        """`nodes`: the most tree nodes a step verifies per request (1: plain decoding)."""
+        self.rows, self.vocab, self.nodes = rows, vocab, nodes
         self.counts = torch.zeros(rows + 1, vocab, dtype=torch.float32, device=device)
         self.prompt = torch.zeros(rows + 1, vocab, dtype=torch.bool, device=device)
         self.bias = torch.zeros(rows + 1, vocab, dtype=torch.float32, device=device)
         self.stops = torch.zeros(rows + 1, vocab, dtype=torch.bool, device=device)
+        self.grammar = torch.full((rows + 1, nodes, bitmask_width(vocab)), -1, dtype=torch.int32,
+                                  device=device)
+        self._shifts = torch.arange(32, dtype=torch.int32, device=device)
         self._free = list(range(rows - 1, -1, -1))
 
     @property
@@ -62,6 +70,7 @@ class LogitsState:
         stops = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(eos_ids))
         if p.min_tokens and stops:
             self.stops[slot, torch.tensor(sorted(stops), device=dev)] = True
+        self.grammar[slot].fill_(-1)
 
     def release(self, req: Request) -> None:
         if req.logits_slot >= 0:
@@ -71,15 +80,45 @@ class LogitsState:
     def slot_of(self, req: Request) -> int:
         return req.logits_slot if req.logits_slot >= 0 else self.identity
 
+    def fill_grammar(self, reqs: list[Request]) -> None:
+        """Node 0's bitmask of each constrained request: what its grammar allows next (its
+        matcher must have read every token it emitted: the host reads each such step)."""
+        for r in reqs:
+            if r.grammar is not None:
+                r.grammar.fill(self.grammar[r.logits_slot, 0])
+
+    def fill_grammar_after(self, reqs: list[Request], tokens: list[list[int]]) -> None:
+        """Node 0's bitmask of each constrained request after its `tokens` (a step's, which the
+        engine has not emitted yet): what the draft may propose next."""
+        for r, toks in zip(reqs, tokens):
+            if r.grammar is not None:
+                r.grammar.fill_after(toks, self.grammar[r.logits_slot, 0])
+
+    def fill_grammar_tree(self, reqs: list[Request], tokens: torch.Tensor, parents: torch.Tensor
+                          ) -> None:
+        """Every tree node's bitmask of each constrained request (tokens, parents: [B, N] on the
+        host, node 0 the root): the mask after the node's path."""
+        n = tokens.shape[1]
+        for i, r in enumerate(reqs):
+            if r.grammar is not None:
+                host = torch.empty(n, self.grammar.shape[2], dtype=torch.int32)
+                r.grammar.fill_tree(tokens[i], parents[i], host)
+                self.grammar[r.logits_slot, :n].copy_(host)
+
     # -- device code (graph-capturable) ---------------------------------------------------------
     def process(self, logits: torch.Tensor, slot: torch.Tensor, generated: torch.Tensor,
                 min_tokens: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor,
-                repetition: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+                repetition: torch.Tensor, extra: torch.Tensor | None = None,
+                node: torch.Tensor | None = None) -> torch.Tensor:
         """logits [R, V] float32 of rows reading state row `slot` [R], each `generated` [R]
-        tokens into its answer; `extra` [R, V]: counts on top of the row's (a node's path)."""
-        return self._apply(logits, self.counts[slot] + extra if extra is not None else self.counts[slot],
-                           self.prompt[slot], self.bias[slot], self.stops[slot], generated,
-                           min_tokens, presence, frequency, repetition)
+        tokens into its answer; `extra` [R, V]: counts on top of the row's (a node's path);
+        `node` [R]: each row's tree node, whose grammar mask it takes (None: node 0)."""
+        out = self._apply(logits, self.counts[slot] + extra if extra is not None else self.counts[slot],
+                          self.prompt[slot], self.bias[slot], self.stops[slot], generated,
+                          min_tokens, presence, frequency, repetition)
+        words = self.grammar[slot, node if node is not None else 0]  # [R, V/32]
+        bits = (words.unsqueeze(-1) >> self._shifts) & 1
+        return out.masked_fill(bits.view(words.shape[0], -1)[:, : self.vocab] == 0, float("-inf"))
 
     def process_columns(self, logits: torch.Tensor, slot: torch.Tensor, columns: torch.Tensor,
                         generated: torch.Tensor, min_tokens: torch.Tensor, presence: torch.Tensor,
@@ -89,6 +128,14 @@ class LogitsState:
         at = (slot.unsqueeze(1), columns.unsqueeze(0))
         return self._apply(logits, self.counts[at], self.prompt[at], self.bias[at], self.stops[at],
                            generated, min_tokens, presence, frequency, repetition)
+
+    def mask_columns(self, logits: torch.Tensor, slot: torch.Tensor, columns: torch.Tensor
+                     ) -> torch.Tensor:
+        """A draft head's logits [R, C] (column j: target token `columns[j]`) masked by node 0's
+        grammar bitmask of each row's request: the draft's next-token candidates."""
+        words = self.grammar[slot, 0]  # [R, V/32]
+        bits = (words[:, columns // 32] >> (columns % 32).to(torch.int32)) & 1
+        return logits.masked_fill(bits == 0, float("-inf"))
 
     @staticmethod
     def _apply(logits: torch.Tensor, counts: torch.Tensor, prompt: torch.Tensor, bias: torch.Tensor,
@@ -113,13 +160,17 @@ class LogitsState:
 def processed(state: LogitsState, x: Sampled, logits: torch.Tensor, generated: torch.Tensor,
               extra: torch.Tensor | None = None, per_row: int = 1) -> torch.Tensor:
     """`state.process` with `x`'s processing fields, each row's repeated `per_row` times (a
-    tree's nodes)."""
+    tree's nodes, row j of a request its node j)."""
     f = (x.slot, x.min_tokens, x.presence, x.frequency, x.repetition)
     if any(t is None for t in f):
         raise ValueError("no logits-processing inputs: not a [full] graph's")
     slot, min_tokens, presence, frequency, repetition = (
         t.repeat_interleave(per_row) if per_row > 1 else t for t in f if t is not None)
-    return state.process(logits, slot, generated, min_tokens, presence, frequency, repetition, extra)
+    node = None
+    if per_row > 1:
+        node = torch.arange(per_row, device=logits.device).repeat(logits.shape[0] // per_row)
+    return state.process(logits, slot, generated, min_tokens, presence, frequency, repetition, extra,
+                         node)
 
 
 def path_counts(tokens: torch.Tensor, mask: torch.Tensor, depth: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -264,6 +264,7 @@ def sample_for(reqs: list[Request], logits: torch.Tensor, state: LogitsState | N
     if not full:
         return x.sampling().sample(logits)
     assert state is not None and x.offsets is not None and x.slot is not None
+    state.fill_grammar(reqs)
     nxt = x.sampling().sample(processed(state, x, logits, x.offsets))
     state.count(x.slot, nxt.unsqueeze(1), torch.ones_like(nxt, dtype=torch.bool).unsqueeze(1))
     return nxt

@@ -139,15 +139,24 @@ class StepExecutor:
         if needs_full_graph(reqs) and not rows.full:
             raise RuntimeError("logprobs and logits processing need the executor's logits_state")
         self.bound(program, reqs)
-        asked = any(r.params.logprobs is not None for r in reqs)
+        if rows.full and self.logits_state is not None:
+            self.logits_state.fill_grammar(reqs)  # (structured output: the next token's mask)
         graph = program.graph(rows.greedy, rows.full)
         # (borrowed from the graph: published to a pinned slot, or copied out by HostCopy before
         # the next launch)
         out = graph.run(program.inputs(rows), borrow=("emitted",))
-        t = out.tensors()  # the [full] graphs' logprobs
-        logprobs = (HostCopy(t["logprobs"]), HostCopy(t["top_ids"])) if asked else None
-        self.launches.push(reqs, (graph.read_back("emitted") or HostCopy(out.emitted), tag, logprobs))
+        self.push(reqs, graph.read_back("emitted") or HostCopy(out.emitted), tag,
+                  getattr(out, "logprobs", None), getattr(out, "top_ids", None))
         return out
+
+    def push(self, reqs: list[Request], emitted: Any, tag: Any,
+             logprobs: torch.Tensor | None = None, top_ids: torch.Tensor | None = None) -> None:
+        """Queue a launched step's emitted rows (and the [full] graphs' logprobs, when a request
+        asks) for `collect`."""
+        asked = logprobs is not None and top_ids is not None and any(
+            r.params.logprobs is not None for r in reqs)
+        lp = (HostCopy(logprobs), HostCopy(top_ids)) if asked else None  # type: ignore[arg-type]
+        self.launches.push(reqs, (emitted, tag, lp))
 
     def collect(self) -> Collected:
         """The oldest launched step: the one host sync of a step. Each request that is still
@@ -166,8 +175,15 @@ class StepExecutor:
 
 def needs_full_graph(reqs: list[Request]) -> bool:
     """Whether a step of `reqs` runs a program's [full] graph: a request asks for logprobs or
-    logits processing (penalties, logit_bias, min_tokens)."""
+    logits processing (penalties, logit_bias, min_tokens, a grammar)."""
     return any(r.params.logprobs is not None or r.params.processes_logits for r in reqs)
+
+
+def constrained(reqs: list[Request]) -> bool:
+    """Whether a request of `reqs` follows a grammar: its steps are read before the next launch
+    (its matcher reads every token before the next mask) and a speculative step masks its tree
+    on the host between draft and verify."""
+    return any(r.grammar is not None for r in reqs)
 
 
 def needs_sampled_graph(reqs: list[Request]) -> bool:

@@ -18,7 +18,7 @@ from hotspec.core.spec_stats import SpecStats
 from hotspec.runtime.decode import CausalLM, Feature
 from hotspec.runtime.model_runner import ModelRunner
 from hotspec.runtime.prefill import PrefillGraphs, PrefillIn, PrefillOut
-from hotspec.runtime.step_executor import StepExecutor
+from hotspec.runtime.step_executor import StepExecutor, constrained
 
 
 class Worker:
@@ -101,8 +101,9 @@ class Worker:
         return {}
 
     def drains_before(self, reqs: list[Request]) -> bool:
-        """Whether every launched step must be read before the next launch of `reqs`."""
-        return False
+        """Whether every launched step must be read before the next launch of `reqs`: a request
+        follows a grammar (its matcher reads each step's tokens before the next mask)."""
+        return self.unread() > 0 and constrained(reqs)
 
     def record_served(self, tokens: list[int]) -> None:
         """The tokens of steps the engine kept (stops applied), for statistics."""

@@ -132,6 +132,18 @@ class ExtendIn(Rows, Accepted):
 
 
 @dataclass(kw_only=True)
+class MaskedExtendIn(ExtendIn):
+    """draft_extend of a step with a grammar: each row's LogitsState row, whose node-0 grammar
+    mask (what may follow the accepted tokens) the draft's candidates take."""
+
+    slot: torch.Tensor  # [B] long
+
+    @classmethod
+    def example(cls, s: SpecShapes, bs: int, identity: int = 0) -> MaskedExtendIn:  # type: ignore[override]
+        return cls(**ExtendIn.example(s, bs).tensors(), slot=s._long(bs, fill=identity))
+
+
+@dataclass(kw_only=True)
 class ExtendOut(DraftState):
     logits: torch.Tensor  # [B, draft_vocab]: the draft LM head's output (sized by the head)
 

@@ -34,6 +34,7 @@ from hotspec.speculative.io import (
     DraftIn,
     ExtendIn,
     ExtendOut,
+    MaskedExtendIn,
     Rows,
     SpecShapes,
     StepIn,
@@ -241,16 +242,28 @@ class EaglePhases:
         st = self.logits_state
         if st is None or x.slot is None or x.offsets is None:
             return None
-        d2t = self.draft.draft_to_target
-        columns = d2t if d2t is not None else torch.arange(self.draft.target_vocab_size,
-                                                           device=x.slot.device)
+        columns = self._columns(x.slot.device)
         f = [x.slot, x.min_tokens, x.presence, x.frequency, x.repetition, x.offsets + ahead]
         slot, min_tokens, presence, frequency, repetition, generated = (
             t.repeat_interleave(per_row) if per_row > 1 else t for t in f if t is not None)
         return lambda logits: st.process_columns(logits, slot, columns, generated, min_tokens,
                                                  presence, frequency, repetition)
 
-    def draft_extend(self, x: ExtendIn, sampling: Sampled | None = None) -> ExtendOut:
+    def _columns(self, device: torch.device) -> torch.Tensor:
+        """The target id of each draft logits column (an FR-Spec head's hot ids)."""
+        d2t = self.draft.draft_to_target
+        return d2t if d2t is not None else torch.arange(self.draft.target_vocab_size, device=device)
+
+    def masked_extend(self, x: MaskedExtendIn) -> ExtendOut:
+        """`draft_extend` of a step with a grammar: the draft's candidates (the next step's
+        depth-1 nodes) only tokens the grammar allows after the accepted ones."""
+        st = self.logits_state
+        assert st is not None
+        columns = self._columns(x.slot.device)
+        return self.draft_extend(x, mask=lambda logits: st.mask_columns(logits, x.slot, columns))
+
+    def draft_extend(self, x: ExtendIn, sampling: Sampled | None = None,
+                     mask: Process | None = None) -> ExtendOut:
         """`draft_extend`: the draft over the accepted tokens (shifted by one, the bonus last) at a
         fixed width of W rows per request; the next root state is row accept_len - 1."""
         seq, tables, a = x.seq, x.tables, x.accept_len
@@ -263,7 +276,7 @@ class EaglePhases:
             q_lens=a, kv_lens=kv_lens, block_tables=tables, width=w, max_q=w, max_kv=self.max_kv,
             hidden_in=x.acc_feature.reshape(b * w, -1))
         h_logits, h_feat = self.draft_runner.forward(fb)
-        process = self._draft_process(sampling, 1, a) if sampling is not None else None
+        process = self._draft_process(sampling, 1, a) if sampling is not None else mask
         logp, ids, logits = self.draft_topk(h_logits[last], self.state_k, process)
         return ExtendOut(topk_logp=logp, topk_ids=ids, feature=h_feat[last], logits=logits)
 

@@ -1,7 +1,7 @@
 """The speculative step as step programs (runtime/step_executor.py): `EagleStep`, one shape's
 fused step (draft -> verify -> accept -> draft_extend in one graph per batch size), and
-`PhasedStep`, the same step as three phase graphs read one by one (--profile-phases,
---no-fuse-spec-step), which times each phase.
+`PhasedStep`, the same step as three phase graphs run one by one (--profile-phases,
+--no-fuse-spec-step, and steps with a grammar), which times each phase.
 
 Both read the requests' draft states (DraftRow, on the device) beside the executor's host rows.
 When the batch is the last step's, in the same order, the last step's output tensors serve as
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hotspec.core.launches import HostCopy
 from hotspec.core.request import DraftRow, Request
 from hotspec.core.spec_shape import SpecShape
 from hotspec.core.spec_stats import SpecStats
@@ -22,7 +23,7 @@ from hotspec.runtime.graph_runner import GraphRunner, PhaseGraph
 from hotspec.runtime.step_executor import (
     StepExecutor,
     StepRows,
-    attach_logprobs,
+    constrained,
     emitted_tokens,
     needs_sampled_graph,
 )
@@ -32,6 +33,7 @@ from hotspec.speculative.io import (
     DraftState,
     ExtendIn,
     ExtendOut,
+    MaskedExtendIn,
     StepIn,
     StepOut,
     VerifyIn,
@@ -123,36 +125,46 @@ class EagleStep:
 @dataclass
 class _Graphs:
     draft: PhaseGraph[DraftIn, DraftTree]
-    verify: PhaseGraph[VerifyIn, Accepted]
-    verify_sample: PhaseGraph[VerifyIn, Accepted]
     verify_full: PhaseGraph[VerifyIn, Accepted]
     draft_extend: PhaseGraph[ExtendIn, ExtendOut]
+    masked_extend: PhaseGraph[MaskedExtendIn, ExtendOut]
+    verify: PhaseGraph[VerifyIn, Accepted] | None = None
+    verify_sample: PhaseGraph[VerifyIn, Accepted] | None = None
 
 
 class PhasedStep:
     """The step as graphs `draft`, `verify` (`verify[sample]`, `verify[full]`: verify + accept)
-    and `draft_extend`, run and read one after the other; with `profile`, each phase's time."""
+    and `draft_extend`, run one after the other; with `profile`, each phase's time. It is also
+    the step of a batch with a grammar (structured output): between draft and verify the host
+    reads the tree and writes each node's grammar mask, which `verify[full]` applies. `full_only`:
+    only the graphs that step needs (draft, verify[full], draft_extend)."""
 
     def __init__(self, phases: EaglePhases, graphs: GraphRunner, states: DraftStates,
-                 stats: SpecStats) -> None:
+                 stats: SpecStats, full_only: bool = False) -> None:
         self.phases, self.states, self.stats = phases, states, stats
         s = phases.shapes
         tree = ("tokens", "parents", "depth", "mask")
         identity = phases.logits_state.identity if phases.logits_state is not None else None
+
+        def verify(name: str, sampled: bool, full: bool) -> PhaseGraph[VerifyIn, Accepted]:
+            return graphs.register(name, lambda x: phases.verify_accept(x, full=full),
+                                   lambda bs: VerifyIn.example(s, bs, sampled=sampled,
+                                                               identity=identity if full else None),
+                                   Accepted, device_inputs=tree)
+
+        accepted = ("acc_tokens", "accept_len", "bonus", "acc_feature")
         self.g = _Graphs(
             graphs.register("draft", phases.draft_tree, lambda bs: DraftIn.example(s, bs),
                             DraftTree, device_inputs=STATE),
-            graphs.register("verify", phases.verify_accept, lambda bs: VerifyIn.example(s, bs),
-                            Accepted, device_inputs=tree),
-            graphs.register("verify[sample]", phases.verify_accept,
-                            lambda bs: VerifyIn.example(s, bs, sampled=True), Accepted,
-                            device_inputs=tree),
-            graphs.register("verify[full]", lambda x: phases.verify_accept(x, full=True),
-                            lambda bs: VerifyIn.example(s, bs, sampled=True, identity=identity),
-                            Accepted, device_inputs=tree),
+            verify("verify[full]", True, True),
             graphs.register("draft_extend", phases.draft_extend, lambda bs: ExtendIn.example(s, bs),
-                            ExtendOut, device_inputs=("acc_tokens", "accept_len", "bonus",
-                                                      "acc_feature")))
+                            ExtendOut, device_inputs=accepted),
+            graphs.register("draft_extend[grammar]", phases.masked_extend,
+                            lambda bs: MaskedExtendIn.example(s, bs, identity or 0), ExtendOut,
+                            device_inputs=accepted))
+        if not full_only:
+            self.g.verify = verify("verify", False, False)
+            self.g.verify_sample = verify("verify[sample]", True, False)
 
     def _timed(self, phase: str, t0: float, profile: bool) -> float:
         self.stats.phase_calls[phase] += 1
@@ -165,29 +177,38 @@ class PhasedStep:
         self.stats.phase_seconds[phase] += now - t0  # type: ignore[assignment]
         return now
 
-    def run(self, executor: StepExecutor, reqs: list[Request], profile: bool) -> list[list[int]]:
-        """One step of `reqs`: each request's emitted row (a, path root first, bonus)."""
+    def launch(self, executor: StepExecutor, reqs: list[Request], tag: object,
+               profile: bool = False) -> None:
+        """One step of `reqs`, queued for the executor's `collect` as a fused step's is (a batch
+        with a grammar syncs once, to read the tree)."""
         g, t0 = self.g, time.perf_counter()
-        rows = executor.rows(reqs, sampled=needs_sampled_graph(reqs))
+        grammar = constrained(reqs)
+        rows = executor.rows(reqs, sampled=grammar or needs_sampled_graph(reqs))
         executor.bound(self.phases, reqs)
         state = self.states.of(reqs)
         tree = g.draft.run(DraftIn(seq=rows.seq, tables=rows.tables, root=rows.root,
                                    **state.tensors()))
+        if grammar:
+            assert executor.logits_state is not None
+            executor.logits_state.fill_grammar_tree(reqs, tree.tokens.cpu(), tree.parents.cpu())
         t0 = self._timed("draft", t0, profile)
         verify = g.verify_full if rows.full else g.verify if rows.greedy else g.verify_sample
+        if verify is None:
+            raise RuntimeError("built for constrained steps only: the [full] verify graph")
         acc = verify.run(
             VerifyIn(seq=rows.seq, tables=rows.tables, **tree.tensors(), **rows.sampling))
         t0 = self._timed("verify", t0, profile)
-        ext = g.draft_extend.run(ExtendIn(seq=rows.seq, tables=rows.tables, **acc.extend_tensors()))
+        emitted = HostCopy(emitted_rows(acc))
+        x = dict(seq=rows.seq, tables=rows.tables, **acc.extend_tensors())
+        if grammar:  # the grammar after the accepted tokens masks the draft's next candidates
+            assert executor.logits_state is not None
+            executor.logits_state.fill_grammar_after(reqs, [emitted_tokens(e) for e in emitted.tolist()])
+            ext = g.masked_extend.run(MaskedExtendIn(**x, slot=rows.sampling["slot"]))
+        else:
+            ext = g.draft_extend.run(ExtendIn(**x))
         self._timed("draft_extend", t0, profile)
-        emitted = emitted_rows(acc).tolist()  # the one host sync of the step
         self.states.set(reqs, ext)
-        for r, row in zip(reqs, emitted):
-            r.seq_len += row[0]
-        if acc.logprobs is not None and acc.top_ids is not None:
-            attach_logprobs(reqs, [emitted_tokens(row) for row in emitted], acc.logprobs.tolist(),
-                            acc.top_ids.tolist())
-        return emitted
+        executor.push(reqs, emitted, tag, acc.logprobs, acc.top_ids)
 
 
 def shape_tag(shape: SpecShape, first: SpecShape) -> str:

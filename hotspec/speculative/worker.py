@@ -25,7 +25,7 @@ from hotspec.core.spec_shape import OFF, SpecShape
 from hotspec.core.spec_stats import SpecStats
 from hotspec.runtime.decode import DecodeOut, PlainDecode
 from hotspec.runtime.prefill import Prefilled, PrefillGraphs, PrefillIn
-from hotspec.runtime.step_executor import StepExecutor, emitted_tokens
+from hotspec.runtime.step_executor import StepExecutor, constrained
 from hotspec.runtime.timing import graph_replay_ms
 from hotspec.runtime.worker import Worker
 from hotspec.speculative.adaptive import AdaptivePolicy
@@ -81,8 +81,9 @@ class EagleWorker(Worker):
         self.steps = {s: EagleStep(p, g, self.states, shape_tag(s, self.shapes[0]),
                                    carried=executor.carry is not None)
                       for s, p in self.phases_of.items()} if fuse_step else {}
-        self.phased = PhasedStep(self.phases, g, self.states, self.stats) \
-            if not fuse_step or profile else None
+        # (fused and not profiled: only the graphs of steps with a grammar)
+        self.phased = PhasedStep(self.phases, g, self.states, self.stats,
+                                 full_only=fuse_step and not profile)
         self.off = PlainDecode(g, models.target_runner, models.target, executor.max_blocks_per_seq,
                                executor.carry, feature=models.feature,
                                logits_state=executor.logits_state) if OFF in self.shapes else None
@@ -101,6 +102,7 @@ class EagleWorker(Worker):
         ids = draft.to_target_ids(torch.arange(draft.draft_vocab_size, device=dev))
         self.draft_vocab: frozenset[int] = frozenset(ids.tolist())  # host-side, for statistics
         self.profile = profile
+        self._synced = False  # a phased step (a grammar's) is unread
 
     # -- the contract's optional capabilities ----------------------------------------------------
     @property
@@ -196,13 +198,14 @@ class EagleWorker(Worker):
     def step(self, reqs: list[Request]) -> list[list[int]]:
         """One step, launched and read (the phase graphs when they run the step: profiled
         without a policy, or not fused)."""
-        if self.phased is not None and (not self.fuse_step or (self.profile and self.policy is None)):
+        if not self.fuse_step or (self.profile and self.policy is None):
             if self.shape != self.shapes[0]:
                 raise RuntimeError(f"the phase graphs run the first shape {self.shapes[0].label}, "
                                    f"not {self.shape.label}")
-            rows = self.phased.run(self.executor, reqs, self.profile)
-            self._count(self.shape, reqs, [row[0] for row in rows])
-            return [emitted_tokens(row) for row in rows]
+            self.phased.launch(self.executor, reqs, None, self.profile)
+            c = self.executor.collect()
+            self._count(self.shape, c.reqs, c.accepted)
+            return c.tokens
         if self.profile and self.policy is None:
             raise RuntimeError("the phase graphs were not built: construct the engine with "
                                "profile_phases (or without fuse_spec_step) to run phases one by one")
@@ -211,6 +214,8 @@ class EagleWorker(Worker):
     def drains_before(self, reqs: list[Request]) -> bool:
         """The first speculative step after plain decode steps waits for them to be read: its
         draft first catches up on their tokens."""
+        if super().drains_before(reqs) or (self._synced and self.unread() > 0):
+            return True  # (a phased step leaves no carry: the next launch reads it first)
         if self.policy is None:
             return False
         shape = self._choose(reqs)
@@ -251,8 +256,15 @@ class EagleWorker(Worker):
             behind = [r for r in reqs if r.spec.pending]
             if behind:
                 self._run_catch_up(behind, len(reqs))
-            # (after a catch-up the step's time is the switch's cost, not the shape's: not measured)
-            self.steps[self.shape].launch(self.executor, reqs, _Launch(self.shape, -1.0 if behind else t0))
+            if constrained(reqs):  # the phase graphs of the first shape (not timed: host masks)
+                self.shape = self.phases.shapes.shape
+                self.phased.launch(self.executor, reqs, _Launch(self.shape, -1.0))
+                self._synced = True
+            else:
+                # (after a catch-up the step's time is the switch's cost, not the shape's: not
+                # measured)
+                self.steps[self.shape].launch(self.executor, reqs,
+                                              _Launch(self.shape, -1.0 if behind else t0))
         self._launched.append(self.shape)
         phase = "decode" if self.shape.off else "step"
         self.stats.phase_calls[phase] += 1
@@ -272,6 +284,8 @@ class EagleWorker(Worker):
         (a stop in the step before, an abort) are not counted."""
         c = self.executor.collect()
         self._launched.popleft()
+        if not self.unread():
+            self._synced = False
         tag: _Launch = c.tag
         now = time.perf_counter()
         if self.policy is not None:  # the step's time: since its launch, or since the last read

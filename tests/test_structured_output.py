@@ -1,0 +1,164 @@
+"""Structured output (SamplingParams.grammar, through xgrammar): every answer matches its grammar
+(JSON that parses and validates against its schema, a regex's full match), and speculative
+decoding (chain and tree, the shipped hot-vocabulary head, a full-vocabulary head with an
+FR-Spec map) gives vanilla's tokens exactly, each tree node masked by the grammar after its
+path. The draft proposes under the grammar too. Sampling's exactness with a grammar is
+tests/test_spec_stochastic.py's."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from hotspec import LLM, SamplingParams
+from hotspec.errors import InvalidRequestError
+from hotspec.models.default_model import default_model_path
+from hotspec.models.draft_checkpoint import random_draft_checkpoint
+from hotspec.models.loader import load_checkpoint
+from hotspec.sampling_params import GrammarSpec
+
+SCHEMA = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]},
+                                  "maxItems": 3}},
+          "required": ["name", "age", "pets"], "additionalProperties": False}
+REGEX = r"(yes|no), because [a-z ]{1,24}\."
+ASKS = ["Give me a JSON record for a person called Bob.", "Describe a cat as JSON.",
+        "Is Paris in France? Answer yes or no and why."]
+GRAMMARS = {"json_schema": GrammarSpec("json_schema", json.dumps(SCHEMA)),
+            "regex": GrammarSpec("regex", REGEX), "json_object": GrammarSpec("json_object")}
+N = 64
+
+
+def params(kind: str, **kw: object) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=N, grammar=GRAMMARS[kind], **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def prompts(smol_llm: LLM) -> list[list[int]]:
+    tok = smol_llm.engine.tokenizer
+    out = [tok.apply_chat_template([{"role": "user", "content": a}], add_generation_prompt=True)
+           for a in ASKS]
+    return [p if isinstance(p, list) else p["input_ids"] for p in out]
+
+
+@pytest.fixture(scope="module")
+def vanilla(smol_llm: LLM, prompts: list[list[int]]) -> dict[str, list]:
+    return {k: smol_llm.generate(prompt_token_ids=prompts, sampling_params=params(k)) for k in GRAMMARS}
+
+
+def valid(value: object) -> bool:
+    """`value` satisfies SCHEMA (checked by hand: the keys, types and bounds it names)."""
+    return (isinstance(value, dict) and set(value) == {"name", "age", "pets"}
+            and isinstance(value["name"], str) and len(value["name"]) <= 12
+            and isinstance(value["age"], int) and 0 <= value["age"] <= 120
+            and isinstance(value["pets"], list) and len(value["pets"]) <= 3
+            and all(p in ("cat", "dog", "fish") for p in value["pets"]))
+
+
+def test_vanilla_answers_match_their_grammar(vanilla) -> None:
+    for o in vanilla["json_schema"]:
+        assert o.finish_reason == "stop", o.text  # the grammar completes within N tokens
+        assert valid(json.loads(o.text)), o.text
+    for o in vanilla["regex"]:
+        assert o.finish_reason == "stop" and re.fullmatch(REGEX, o.text), o.text
+    for o in vanilla["json_object"]:  # (may run out of tokens: then a prefix of an object)
+        assert o.text.lstrip().startswith("{")
+        if o.finish_reason == "stop":
+            assert isinstance(json.loads(o.text), dict)
+
+
+def test_unconstrained_answers_differ(smol_llm, prompts, vanilla) -> None:
+    free = smol_llm.generate(prompt_token_ids=prompts,
+                             sampling_params=SamplingParams(temperature=0.0, max_tokens=N))
+    assert [o.token_ids for o in free] != [o.token_ids for o in vanilla["json_schema"]]
+
+
+@pytest.fixture(scope="module", params=[(3, 1, 4), (4, 8, 12)], ids=["chain-3-1-4", "tree-4-8-12"])
+def spec(request: pytest.FixtureRequest) -> LLM:
+    steps, topk, ntok = request.param
+    return LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE3",
+               speculative_num_steps=steps, speculative_eagle_topk=topk,
+               speculative_num_draft_tokens=ntok)
+
+
+@pytest.mark.parametrize("kind", list(GRAMMARS))
+def test_speculative_greedy_with_a_grammar_equals_vanilla(kind, spec, prompts, vanilla) -> None:
+    outs = spec.generate(prompt_token_ids=prompts, sampling_params=params(kind))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in vanilla[kind]]
+    assert [o.finish_reason for o in outs] == [o.finish_reason for o in vanilla[kind]]
+    assert sum(o.stats.spec_steps for o in outs) < sum(len(o.token_ids) for o in outs)
+
+
+def test_grammar_beside_penalties_logprobs_and_free_requests(spec, smol_llm, prompts) -> None:
+    """One batch: a constrained request with penalties and logprobs, and a free one."""
+    mixed = [params("json_schema", presence_penalty=0.5, logprobs=2),
+             SamplingParams(temperature=0.0, max_tokens=N)]
+    want = smol_llm.generate(prompt_token_ids=prompts[:2], sampling_params=mixed)
+    got = spec.generate(prompt_token_ids=prompts[:2], sampling_params=mixed)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert valid(json.loads(got[0].text))
+    assert got[0].logprobs is not None and want[0].logprobs is not None
+    assert [t.logprob for t in got[0].logprobs] == pytest.approx(
+        [t.logprob for t in want[0].logprobs], abs=1e-4)
+
+
+def test_full_vocabulary_head_with_a_map_equals_vanilla(vanilla, prompts, tmp_path) -> None:
+    cfg = load_checkpoint(default_model_path(), torch.float32)[0]
+    head = random_draft_checkpoint(tmp_path / "eagle", cfg, "EAGLE", seed=3)
+    torch.save(list(range(0, 49152, 3)), tmp_path / "hot.pt")
+    llm = LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE",
+              speculative_draft_model_path=str(head), speculative_num_steps=3,
+              speculative_eagle_topk=2, speculative_num_draft_tokens=5,
+              speculative_token_map=str(tmp_path / "hot.pt"))
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params("json_schema"))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in vanilla["json_schema"]]
+
+
+def test_adaptive_engine_with_a_grammar_equals_vanilla(prompts, vanilla) -> None:
+    llm = LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE3")
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params("regex"))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in vanilla["regex"]]
+
+
+def test_the_draft_proposes_under_the_grammar(spec, prompts, monkeypatch) -> None:
+    """The draft's next candidates are masked by the grammar after the accepted tokens: more
+    tokens per step than unmasked proposals, same answer."""
+    from hotspec.runtime.logits_state import LogitsState
+
+    outs = spec.generate(prompt_token_ids=prompts, sampling_params=params("json_schema"))
+    with monkeypatch.context() as m:
+        m.setattr(LogitsState, "mask_columns", lambda self, logits, slot, columns: logits)
+        raw = spec.generate(prompt_token_ids=prompts, sampling_params=params("json_schema"))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in raw]
+    steps, raw_steps = (sum(o.stats.spec_steps for o in x) for x in (outs, raw))
+    print("steps with the draft masked", steps, "unmasked", raw_steps)
+    assert steps < raw_steps
+
+
+@pytest.mark.parametrize("spec_kind,msg", [
+    (GrammarSpec("json_schema", '{"type": 5}', field="response_format"),
+     "response_format: invalid json schema: .*string"),
+    (GrammarSpec("regex", "[a-", field="guided_regex"), "guided_regex: invalid regex: .*Unclosed"),
+    (GrammarSpec("ebnf", "root ::= ", field="guided_grammar"), "guided_grammar: invalid ebnf"),
+])
+def test_a_bad_grammar_is_refused_and_nothing_else_changes(spec_kind, msg, smol_llm, prompts) -> None:
+    with pytest.raises(InvalidRequestError, match=msg):
+        smol_llm.generate(prompt_token_ids=prompts[:1],
+                          sampling_params=SamplingParams(max_tokens=4, grammar=spec_kind))
+    assert not smol_llm.engine.has_unfinished()
+    out = smol_llm.generate(prompt_token_ids=prompts[:1], sampling_params=params("regex"))[0]
+    assert re.fullmatch(REGEX, out.text)
+
+
+def test_grammar_spec_is_checked() -> None:
+    with pytest.raises(InvalidRequestError, match="grammar kind must be one of"):
+        GrammarSpec("yaml", "x")
+    with pytest.raises(InvalidRequestError, match="a regex grammar needs its text"):
+        GrammarSpec("regex", "")
+    with pytest.raises(InvalidRequestError, match="grammar must be a GrammarSpec"):
+        SamplingParams(grammar="json")  # type: ignore[arg-type]
