@@ -71,6 +71,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
             if p.dim() > 1:
                 p.normal_(0, 0.4)
     hf.save_pretrained(root / "target")
+    save_letter_tokenizer(root / "target")
     target_cfg, _ = load_checkpoint(root / "target", torch.float32)
     heads = {
         # Larger than the default 0.02 so that the draft's top-k is decisive, not float noise.
@@ -81,6 +82,17 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
             extra_config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0]}}),
     }
     return Models(root / "target", heads, hf.double())
+
+
+def save_letter_tokenizer(path: Path) -> None:
+    """One letter per token id, a..p (p: EOS): what grammars are written over."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate("abcdefghijklmnop"[:VOCAB])}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="a")),
+                            eos_token="p").save_pretrained(path)
 
 
 # -- the exact distribution -------------------------------------------------------------------
@@ -361,5 +373,60 @@ def test_sampling_with_penalties_is_exact(models: Models, shape: str) -> None:
         hist = llm.engine.worker.stats.accept_hist
         assert sum(n for a, n in hist.items() if a > 1) > 100 and hist[1] > 100
     pvals = depth_pvalues(tokens, exact_joint_penalized(models, 0.8))
+    print(shape, "p-values", pvals)
+    assert min(pvals) > ALPHA, pvals
+
+
+# -- structured output (a grammar) ------------------------------------------------------------
+GRAMMAR = "(a[b-f]|[b-h][a-c])[a-h]"  # x2's letters depend on x1
+
+
+def grammar_allows(x1: int, x2: int, x3: int) -> bool:
+    return x1 <= 7 and (1 <= x2 <= 5 if x1 == 0 else x2 <= 2) and x3 <= 7
+
+
+def exact_joint_grammar(models: Models, temperature: float) -> np.ndarray:
+    """As exact_joint, each position's logits masked by GRAMMAR (-inf where it refuses)."""
+    pairs = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))
+    ids = torch.cat([torch.tensor(PROMPT).expand(len(pairs), -1), pairs], dim=1)
+    with torch.no_grad():
+        logits = models.hf(ids).logits[:, len(PROMPT) - 1 :].double()  # [256, 3, V]
+    allowed = torch.zeros(len(pairs), 3, VOCAB, dtype=torch.bool)
+    allowed[:, 0, :8] = True
+    allowed[:, 2, :8] = True
+    x1 = pairs[:, 0]
+    allowed[:, 1, 1:6] = (x1 == 0).unsqueeze(1)
+    allowed[:, 1, :3] |= ((x1 >= 1) & (x1 <= 7)).unsqueeze(1)
+    allowed[:, 1, 0] &= x1 != 0
+    allowed[:, 2] &= allowed[:, 1].any(-1, keepdim=True)  # (x1 outside: nothing follows)
+    x = logits.masked_fill(~allowed, float("-inf"))
+    probs = torch.nan_to_num(torch.softmax(x / temperature, dim=-1))
+    p1, p2, p3 = probs[0, 0], probs[::VOCAB, 1], probs[:, 2].reshape(VOCAB, VOCAB, VOCAB)
+    joint = (p1[:, None, None] * p2[:, :, None] * p3).numpy()
+    assert abs(joint.sum() - 1) < 1e-9
+    return joint
+
+
+@pytest.mark.parametrize("shape", ["vanilla", *SHAPES])
+def test_sampling_with_a_grammar_is_exact(models: Models, shape: str) -> None:
+    """The grammar's mask on every tree node (the one after its path) keeps speculative sampling
+    exact; every answer matches the grammar."""
+    from hotspec.sampling_params import GrammarSpec
+
+    kw = {} if shape == "vanilla" else spec_kwargs(models, "EAGLE3", shape)
+    llm = LLM(model=str(models.target), dtype="float32", device="cpu", max_num_seqs=BATCH,
+              num_kv_blocks=3 * BATCH, block_size=8, **kw)
+    grammar = GrammarSpec("regex", GRAMMAR)
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=3, ignore_eos=True,
+                             grammar=grammar) for i in range(NUM_SAMPLES)]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompt_token_ids=[PROMPT] * NUM_SAMPLES, sampling_params=params)
+    print(f"{NUM_SAMPLES} requests in {time.perf_counter() - t0:.1f} s")
+    tokens = np.array([o.token_ids for o in outs], dtype=np.int64)
+    assert all(grammar_allows(*row) for row in tokens.tolist())
+    if shape != "vanilla":
+        hist = llm.engine.worker.stats.accept_hist
+        assert sum(n for a, n in hist.items() if a > 1) > 100 and hist[1] > 100
+    pvals = depth_pvalues(tokens, exact_joint_grammar(models, 0.8))
     print(shape, "p-values", pvals)
     assert min(pvals) > ALPHA, pvals
