@@ -418,9 +418,9 @@ MALFORMED: list[tuple[str, str, bytes, str | None, str]] = [
 ]
 # Fields of OpenAI's API this server does not implement: each refused by name, not ignored.
 UNSUPPORTED: list[tuple[str, dict[str, Any]]] = [
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
-    ("/v1/chat/completions", {"tool_choice": "auto"}),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}),  # the legacy form of tools
+    ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}),
+    ("/v1/chat/completions", {"prediction": {"type": "content", "content": "x"}}),
     ("/v1/chat/completions", {"prompt": "a"}),  # a completions field
     ("/v1/completions", {"suffix": "end"}),
     ("/v1/completions", {"max_completion_tokens": 3}),  # a chat field

@@ -162,3 +162,31 @@ def test_grammar_spec_is_checked() -> None:
         GrammarSpec("regex", "")
     with pytest.raises(InvalidRequestError, match="grammar must be a GrammarSpec"):
         SamplingParams(grammar="json")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("spec_shape", [None, (3, 1, 4), (4, 8, 12)], ids=["vanilla", "chain", "tree"])
+def test_overlap_schedule_and_static_graphs_keep_the_tokens(spec_shape, prompts, vanilla,
+                                                            monkeypatch) -> None:
+    """A constrained request is read before its next launch (its matcher reads each token
+    first) while free requests beside it overlap as before; through the static-graph path (the
+    CUDA-graph buffers, on the CPU) the tokens are the plain schedule's."""
+    from hotspec.engine.builder import EngineBuilder
+    from hotspec.runtime.graph_runner import GraphRunner
+
+    monkeypatch.setattr(EngineBuilder, "_graph_runner",
+                        lambda self: GraphRunner(self.device, "static", [1, 2, 4]))
+    kw: dict = dict(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, overlap_schedule=True,
+                    max_model_len=256)  # (static graphs attend over the whole context)
+    if spec_shape is not None:
+        kw.update(speculative_algorithm="EAGLE3", speculative_num_steps=spec_shape[0],
+                  speculative_eagle_topk=spec_shape[1], speculative_num_draft_tokens=spec_shape[2])
+    llm = LLM(**kw)
+    free = SamplingParams(temperature=0.0, max_tokens=N)
+    mixed = [free, params("json_schema"), free, params("regex")]
+    batch = [prompts[0], prompts[0], prompts[1], prompts[2]]
+    outs = llm.generate(prompt_token_ids=batch, sampling_params=mixed)
+    assert outs[1].token_ids == vanilla["json_schema"][0].token_ids
+    assert outs[3].token_ids == vanilla["regex"][2].token_ids
+    alone = LLM(**dict(kw, overlap_schedule=False)).generate(prompt_token_ids=batch, sampling_params=mixed)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in alone]
+    assert not llm.engine.worker.unread() and not llm.engine.has_unfinished()

@@ -2,7 +2,8 @@
 choice's `logprobs` is null unless the request asked for them (a LogprobsFormat is given). With
 completions' `echo` (an Echo is given), a choice's text and logprobs start with the prompt's. With
 `n`, an answer has n choices (index 0..n-1), one engine request's events each; `usage` counts the
-prompt once and sums the choices' completion tokens."""
+prompt once and sums the choices' completion tokens. A chat answer to a request with tools has
+its tool calls parsed out of the text (tool_parser.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 from hotspec.core.logprobs import TokenLogprob
 from hotspec.entrypoints.logprobs_format import LogprobsFormat, joined
 from hotspec.entrypoints.request_handle import RequestEvent
+from hotspec.entrypoints.tool_parser import ToolCallParser, chat_message, split_pieces
 
 PromptLogprobsFormat = Callable[[list[TokenLogprob | None] | None], dict[str, Any]]
 
@@ -92,11 +94,14 @@ def completion(meta: Meta, events: Sequence[RequestEvent], logprobs: LogprobsFor
 
 
 def chat_completion_choices(meta: Meta, events: Sequence[Sequence[RequestEvent]],
-                            logprobs: LogprobsFormat | None = None) -> dict[str, Any]:
-    """The whole answer to /v1/chat/completions, from all of each choice's events."""
-    choices = [{"index": i, "message": {"role": "assistant", "content": text_of(evs)},
-                "logprobs": logprobs_of(logprobs, evs), "finish_reason": evs[-1].finish_reason}
-               for i, evs in enumerate(events)]
+                            logprobs: LogprobsFormat | None = None, tools: bool = False) -> dict[str, Any]:
+    """The whole answer to /v1/chat/completions, from all of each choice's events; with `tools`,
+    each message's tool calls parsed (tool_parser.chat_message)."""
+    choices = []
+    for i, evs in enumerate(events):
+        message, finish_reason = chat_message(text_of(evs), evs[-1].finish_reason, tools)
+        choices.append({"index": i, "message": message, "logprobs": logprobs_of(logprobs, evs),
+                        "finish_reason": finish_reason})
     return _answer(meta, "chat.completion", choices, events)
 
 
@@ -196,6 +201,35 @@ class _ChatChunks(_Chunks):
         return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
+class _ToolChatChunks(_ChatChunks):
+    """Chat chunks whose text goes through a ToolCallParser: content as it is certain, each call
+    in one delta of `tool_calls` once its block closes (index, id, type, name and arguments), the
+    finish reason `tool_calls` when there were any."""
+
+    def __init__(self, meta: Meta, include_usage: bool, logprobs: LogprobsFormat | None = None,
+                 index: int = 0) -> None:
+        super().__init__(meta, include_usage, logprobs, index)
+        self.parser = ToolCallParser()
+
+    def step(self, batch: Sequence[RequestEvent]) -> list[dict[str, Any]]:
+        last, first_call = batch[-1], self.parser.calls
+        pieces = self.parser.feed(text_of(batch))
+        if last.finish_reason is not None:
+            pieces += self.parser.finish()
+        content, calls = split_pieces(pieces)
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = [{"index": first_call + k, **c.as_dict()} for k, c in enumerate(calls)]
+        finish = last.finish_reason
+        if finish is not None and self.parser.calls:
+            finish = "tool_calls"
+        tokens = self.logprobs is not None and any(e.token_ids for e in batch)
+        if not (delta or tokens or finish is not None):
+            return []
+        return [self._chunk({"index": self.index, "delta": delta,
+                             "logprobs": logprobs_of(self.logprobs, batch), "finish_reason": finish})]
+
+
 class _Choices:
     """The chunks of n choices streamed together (they interleave, each with its `index`): each
     choice's own writer, and with include_usage one more chunk with no choices and the answer's
@@ -225,6 +259,8 @@ def completion_chunks(meta: Meta, include_usage: bool, logprobs: LogprobsFormat 
 
 
 def chat_chunks(meta: Meta, include_usage: bool, logprobs: LogprobsFormat | None = None, *,
-                n: int = 1) -> ChunkWriter:
-    """The chunks of a streamed /v1/chat/completions answer with n choices."""
-    return _Choices([_ChatChunks(meta, include_usage, logprobs, i) for i in range(n)])
+                n: int = 1, tools: bool = False) -> ChunkWriter:
+    """The chunks of a streamed /v1/chat/completions answer with n choices; with `tools`, the
+    tool calls parsed out of the text."""
+    writer = _ToolChatChunks if tools else _ChatChunks
+    return _Choices([writer(meta, include_usage, logprobs, i) for i in range(n)])

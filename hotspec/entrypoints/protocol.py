@@ -4,11 +4,13 @@ Types are strict (a string is not a number, 1.0 is not an int), as OpenAI's API 
 the fields of a body (and of each chat message): a field the model declares is implemented; a
 field in IGNORED_FIELDS changes nothing in the answer and is accepted; any other field is refused
 with a 400 that names it, unless it is null or its "off" value in NEUTRAL_VALUES (so clients that
-send OpenAI's defaults, e.g. suffix="" or tools=[], keep working). Value ranges (temperature
+send OpenAI's defaults, e.g. suffix="" or best_of=1, keep working). Value ranges (temperature
 >= 0, top_p in (0, 1], ...) are SamplingParams' to check, in one place; the ranges that depend on
 the API's own fields are checked here, under their names: the logprobs fields' (chat's
 top_logprobs is SamplingParams.logprobs), max_tokens' (>= 1, or 0 with completions' echo), n's
 and best_of's, and the logits processing fields' (logit_bias's keys are strings of token ids).
+Structured output's fields (structured.py) and chat's tool fields (tool_request.py) become
+SamplingParams.grammar: at most one of them per request.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from hotspec.core.logprobs import MAX_LOGPROBS
-from hotspec.errors import InvalidRequestError
-from hotspec.sampling_params import SamplingParams
+from hotspec.entrypoints.param_errors import InvalidParameterError, UnsupportedParameterError
+from hotspec.entrypoints.structured import StructuredFields
+from hotspec.entrypoints.tool_request import ToolCall, ToolFields
+from hotspec.sampling_params import GrammarSpec, SamplingParams
 
 Number = Annotated[float, Field(strict=True)]  # strict float still takes ints, not strings
 
@@ -33,25 +37,12 @@ IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "prompt
 # Fields hotspec does not implement, accepted at the values that turn them off.
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (1,), "top_logprobs": (0,), "suffix": ("",), "tools": ([],), "functions": ([],),
-    "tool_choice": ("none",), "function_call": ("none",), "tool_calls": ([],),
-    "response_format": ({"type": "text"},), "modalities": (["text"],),
+    "tool_choice": ("none",), "function_call": ("none",), "modalities": (["text"],),
 }
 MAX_N = 16  # choices per request (n)
 MAX_BIAS = 100.0  # |logit_bias| values, as OpenAI's API
 MAX_PENALTY = 2.0  # |presence_penalty| and |frequency_penalty|, as OpenAI's API
 _TOKEN_ID = re.compile(r"-?[0-9]+")  # a logit_bias key: ASCII digits only (int() takes more)
-
-
-class InvalidParameterError(InvalidRequestError):
-    """A request refused because of one field: `param` names it."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class UnsupportedParameterError(InvalidParameterError):
-    """A field (or value) this server does not implement."""
 
 
 def check_logprobs_range(name: str, value: int | None) -> None:
@@ -121,7 +112,7 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class _SamplingRequest(BaseModel):
+class _SamplingRequest(StructuredFields):
     model_config = ConfigDict(extra="ignore")  # only fields refuse_unsupported let through
 
     model: StrictStr
@@ -218,7 +209,17 @@ class _SamplingRequest(BaseModel):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            logit_bias=token_bias(self.logit_bias), min_tokens=self.min_tokens or 0)
+            logit_bias=token_bias(self.logit_bias), min_tokens=self.min_tokens or 0,
+            grammar=self.grammar())
+
+    def grammar(self) -> GrammarSpec | None:
+        """The one grammar the output must match (structured.py, chat's tool_choice), if any."""
+        specs = self.output_grammars()
+        if len(specs) > 1:
+            names = [spec.field.split(".")[0] for spec in specs]
+            raise InvalidParameterError(names[1], f"{' and '.join(names)} each constrain the "
+                                        "output; send at most one of them")
+        return specs[0] if specs else None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -285,16 +286,24 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None  # a tool message: the call it answers
 
-    def as_template_input(self) -> dict[str, str]:
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as chat templates read it (Qwen2.5's, Hermes')."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content or ""}
+        out: dict[str, Any] = {"role": role, "content": content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(_SamplingRequest, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None  # OpenAI's newer name for max_tokens
     logprobs: StrictBool | None = None  # each token's logprob in the answer
@@ -329,6 +338,11 @@ class ChatCompletionRequest(_SamplingRequest):
         check_logprobs_range("top_logprobs", self.top_logprobs)
         if self.top_logprobs and not self.logprobs:  # 0 is the "off" value: accepted alone
             raise InvalidParameterError("top_logprobs", "top_logprobs needs logprobs=true")
+        self.check_tools()
+
+    def output_grammars(self) -> list[GrammarSpec]:
+        tools = self.tool_grammar()
+        return super().output_grammars() + ([] if tools is None else [tools])
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -1,10 +1,11 @@
-"""/v1/chat/completions: messages rendered with the chat template, answered streamed or whole."""
+"""/v1/chat/completions: messages (and tools) rendered with the chat template, answered streamed
+or whole; with tools (tool_choice not none), the answer's tool calls parsed into `tool_calls`."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -16,6 +17,7 @@ from hotspec.entrypoints.protocol import ChatCompletionRequest
 from hotspec.entrypoints.request_checks import parse_request
 from hotspec.entrypoints.server_state import ServerState
 from hotspec.entrypoints.submission import answer
+from hotspec.entrypoints.tool_request import template_supports_tools
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -27,20 +29,38 @@ def add_routes(app: FastAPI, s: ServerState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await parse_request(request, s.settings, ChatCompletionRequest)
-        ids = await _tokenize(s.tokenizer, [m.as_template_input() for m in body.messages])
+        ids = await _tokenize(s.tokenizer, [m.as_template_input() for m in body.messages],
+                              _template_tools(s.tokenizer, body))
+        tools = body.parses_tool_calls
         return await answer(request, s, body, ids,
                             default_max_tokens=s.max_model_len,  # up to the context limit
-                            id_prefix="chatcmpl-", chunks=fmt.chat_chunks, whole=fmt.chat_completion_choices,
+                            id_prefix="chatcmpl-", chunks=functools.partial(fmt.chat_chunks, tools=tools),
+                            whole=functools.partial(fmt.chat_completion_choices, tools=tools),
                             logprobs=functools.partial(lpf.ChatLogprobs, texts))
 
 
-async def _tokenize(tok: PreTrainedTokenizerBase | None, messages: list[dict[str, str]]) -> list[int]:
+def _template_tools(tok: PreTrainedTokenizerBase | None,
+                    body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The tools for the chat template; a template that does not render tools is a 400, unless
+    tool_choice is none (the tools are then only context, which such a template drops anyway)."""
+    tools = body.template_tools()
+    if tools is None or tok is None or template_supports_tools(tok.chat_template):
+        return tools
+    if body.effective_tool_choice == "none":
+        return None
+    raise APIError(400, "this model's chat template does not support tools (it never renders "
+                   "them); send the request without tools, or serve a model whose template "
+                   "defines tool calls", param="tools")
+
+
+async def _tokenize(tok: PreTrainedTokenizerBase | None, messages: list[dict[str, Any]],
+                    tools: list[Any] | None = None) -> list[int]:
     if tok is None:
         raise APIError(400, "this server has no tokenizer (skip_tokenizer_init): use "
                        "/v1/completions with token ids", param="messages")
 
     def render() -> list[int]:  # same as LLM.chat
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         return tok.encode(text, add_special_tokens=False)
 
     try:

@@ -10,8 +10,8 @@ the chat template, then encode without special tokens), so greedy results are th
 
 A request goes through request_checks (API key, body limit, schema, model name), then its route
 (routes_completions, routes_chat: the prompt as token ids), then submission (sampling parameters,
-AsyncEngine.submit) and responses (an SSE stream or one JSON body). routes_info serves /health,
-/metrics and /v1/models.
+a grammar compiled by grammar_check, AsyncEngine.submit) and responses (an SSE stream or one JSON
+body). routes_info serves /health, /metrics and /v1/models.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from hotspec.entrypoints.api_errors import install_handlers
 from hotspec.entrypoints.async_engine import AsyncEngine
 from hotspec.entrypoints.background_server import BackgroundServer
 from hotspec.entrypoints.engine_process import ProcessEngine
+from hotspec.entrypoints.grammar_check import GrammarCheck, checkpoint_vocab_size
 from hotspec.entrypoints.metrics import EngineMetrics
 from hotspec.entrypoints.protocol import UnsupportedParameterError
 from hotspec.entrypoints.server_state import ServerSettings, ServerState
@@ -44,8 +45,10 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     async def render() -> bytes:
         return metrics.render()
 
+    vocab = engine.model_config.vocab_size
     return _app(ServerState(AsyncEngine(engine, observer=metrics), engine.tokenizer,
-                            engine.max_model_len, render, settings), start=True)
+                            engine.max_model_len, render, settings,
+                            GrammarCheck(engine.tokenizer, lambda: vocab)), start=True)
 
 
 def create_process_app(client: ProcessEngine, settings: ServerSettings) -> FastAPI:
@@ -56,8 +59,9 @@ def create_process_app(client: ProcessEngine, settings: ServerSettings) -> FastA
         from hotspec.models.loader import load_tokenizer, resolve_model_path
 
         tokenizer = load_tokenizer(resolve_model_path(client.cfg.model))
-    return _app(ServerState(client, tokenizer, client.max_model_len, client.metrics, settings),
-                start=False)
+    grammars = GrammarCheck(tokenizer, lambda: checkpoint_vocab_size(client.cfg.model))
+    return _app(ServerState(client, tokenizer, client.max_model_len, client.metrics, settings,
+                            grammars), start=False)
 
 
 def _app(state: ServerState, start: bool) -> FastAPI:

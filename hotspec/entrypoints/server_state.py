@@ -1,5 +1,6 @@
-"""What a server's route handlers share: its settings, the tokenizer, and the engine they talk to
-(on a thread of this process, AsyncEngine, or in a process of its own, ProcessEngine)."""
+"""What a server's route handlers share: its settings, the tokenizer, the grammar check, and the
+engine they talk to (on a thread of this process, AsyncEngine, or in a process of its own,
+ProcessEngine)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from hotspec.entrypoints.grammar_check import GrammarCheck
 from hotspec.entrypoints.request_handle import RequestHandle
 from hotspec.sampling_params import SamplingParams
 
@@ -46,3 +48,4 @@ class ServerState:
     max_model_len: int
     metrics: Callable[[], Awaitable[bytes]]  # the Prometheus text
     settings: ServerSettings
+    grammars: GrammarCheck  # requests' grammars compiled before they reach the engine

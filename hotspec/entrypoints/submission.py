@@ -1,7 +1,8 @@
-"""From a parsed request to its answer: sampling parameters, submission to the engine thread (the
-engine's errors turned into API errors), and the response, streamed or whole. With `n`, one engine
-request per choice on the same prompt token ids (the engine shares the prompt's KV blocks between
-them), submitted together; one refused is the answer's error, the others are cancelled."""
+"""From a parsed request to its answer: sampling parameters (a grammar among them compiled first,
+grammar_check.py), submission to the engine thread (the engine's errors turned into API errors),
+and the response, streamed or whole. With `n`, one engine request per choice on the same prompt
+token ids (the engine shares the prompt's KV blocks between them), submitted together; one
+refused is the answer's error, the others are cancelled."""
 
 from __future__ import annotations
 
@@ -112,6 +113,8 @@ async def answer(request: Request, s: ServerState, body: _SamplingRequest, ids: 
                        f"prompt, {requested} for the completion). Reduce the prompt or max_tokens.",
                        param="max_tokens")
     params = or_400(lambda: body.sampling_params(max(1, min(default_max_tokens, room))))
+    if params.grammar is not None:
+        await s.grammars.check(params.grammar)  # a grammar that does not compile never reaches the engine
     lp = None if params.logprobs is None else logprobs(params.logprobs)
     n = body.num_choices
     handles = await submit_choices(s.engine, ids, choice_params(params, n))

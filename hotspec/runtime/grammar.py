@@ -22,7 +22,8 @@ import torch
 from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import GrammarSpec
 
-_CPP_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
+# xgrammar's C++ messages start with a time, a source line and, for some, a failed check
+_CPP_PREFIX = re.compile(r"^(\[[^\]]*\]\s*\S+:\d+:\s*)?(Check failed: .*? is false:\s*)?")
 
 
 def bitmask_width(vocab: int) -> int:
