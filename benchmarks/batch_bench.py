@@ -58,10 +58,14 @@ def engines(cfg: EngineConfig, fixed: list[str]) -> dict[str, EngineConfig]:
 
 def run_all(engine: Engine, prompts: dict[int, list[list[int]]], max_tokens: int
             ) -> dict[int, dict[str, Any]]:
-    """Every batch size's batches on one engine, each size after a warm-up batch of 16 tokens."""
+    """Every batch size's batches on one engine, each size after a warm-up: every batch of it
+    for 4 tokens (each prompt's prefill shape compiled, whichever engine runs first), then the
+    first for 16."""
     out = {}
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     for b, ps in prompts.items():
+        for i in range(0, len(ps), b):
+            drive(engine, ps[i:i + b], SamplingParams(temperature=0.0, max_tokens=4))
         drive(engine, ps[:b], SamplingParams(temperature=0.0, max_tokens=16))
         runs = [drive(engine, ps[i:i + b], params) for i in range(0, len(ps), b)]
         wall = sum(r.wall_s for r in runs)
@@ -79,6 +83,11 @@ def run_all(engine: Engine, prompts: dict[int, list[list[int]]], max_tokens: int
     return out
 
 
+def decode_rate(r: dict[str, Any]) -> float:
+    """Tokens a second of decode time: the timed pass without its prefill steps."""
+    return r["tokens"] / max(r["wall_s"] - r["prefill_s"], 1e-9)
+
+
 def table(results: dict[str, dict[int, dict[str, Any]]], sizes: list[int]) -> tuple[list[str], dict]:
     """The printed table and the per-batch-size summary."""
     names = list(results)
@@ -90,16 +99,25 @@ def table(results: dict[str, dict[int, dict[str, Any]]], sizes: list[int]) -> tu
     for b in sizes:
         v = results["vanilla"][b]
         ratio = {n: results[n][b]["tokens_per_s"] / v["tokens_per_s"] for n in names[1:]}
+        decode = {n: decode_rate(results[n][b]) / decode_rate(v) for n in names[1:]}
         best = max(fixed, key=lambda n: ratio[n]) if fixed else None
         same = {n: sum(o == w for o, w in zip(results[n][b]["outputs"], v["outputs"]))
                 for n in names[1:]}
         summary[b] = {"vanilla_tokens_per_s": v["tokens_per_s"], "x_vanilla": ratio,
                       "best_fixed": best, "adaptive_x_best": ratio["adaptive"] / ratio[best]
-                      if best else None, "identical": same, "prompts": len(v["outputs"]),
+                      if best else None, "decode_x_vanilla": decode, "identical": same,
+                      "prompts": len(v["outputs"]),
                       "adaptive_steps": results["adaptive"][b]["steps_per_shape"],
                       "adaptive_catch_ups": results["adaptive"][b]["catch_ups"]}
         lines.append(f"{b:>5} {v['tokens_per_s']:>8.1f} "
                      + " ".join(f"{ratio[n]:>{w[n] - 1}.2f}x" for n in names[1:]))
+    lines.append("")
+    lines.append("decode only (prefill time left out), as a multiple of vanilla's")
+    lines.append(head)
+    for b in sizes:
+        d = summary[b]["decode_x_vanilla"]
+        lines.append(f"{b:>5} {decode_rate(results['vanilla'][b]):>8.1f} "
+                     + " ".join(f"{d[n]:>{w[n] - 1}.2f}x" for n in names[1:]))
     lines.append("")
     lines.append(f"{'batch':>5} {'adaptive':>9} {'best fixed':>16} {'adaptive/best':>13} "
                  f"{'identical':>10}  adaptive steps per shape (catch-ups)")

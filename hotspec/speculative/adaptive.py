@@ -38,6 +38,7 @@ decay would flip the choice every step, and a switch costs a little.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from dataclasses import dataclass, field
 
 from hotspec.core.spec_shape import SpecShape
@@ -45,24 +46,31 @@ from hotspec.core.spec_shape import SpecShape
 
 @dataclass
 class _Depths:
-    """Decayed counts of verify results: reached[d] and accepted[d] for depth d + 1."""
+    """Decayed counts of verify results: reached[d] and accepted[d] for depth d + 1. Decay is
+    lazy: `clock` is the step the counts are decayed to, and `at` brings them to a later one
+    (one multiplication for every step since, not one pass a step over every table)."""
 
     reached: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
+    clock: int = 0
 
-    def decay(self, f: float) -> None:
-        self.reached = [x * f for x in self.reached]
-        self.accepted = [x * f for x in self.accepted]
+    def at(self, now: int, f: float) -> _Depths:
+        if now != self.clock:
+            g = f ** (now - self.clock)
+            self.reached = [x * g for x in self.reached]
+            self.accepted = [x * g for x in self.accepted]
+            self.clock = now
+        return self
 
-    def add(self, accept_len: int, depth: int) -> None:
-        """One request's verify: `accept_len` drafts accepted of a `depth`-deep draft."""
+    def add(self, accept_len: int, depth: int, n: float = 1.0) -> None:
+        """`n` requests' verifies: `accept_len` drafts accepted of a `depth`-deep draft."""
         while len(self.reached) < depth:
             self.reached.append(0.0)
             self.accepted.append(0.0)
         for d in range(min(accept_len + 1, depth)):
-            self.reached[d] += 1.0
+            self.reached[d] += n
             if d < accept_len:
-                self.accepted[d] += 1.0
+                self.accepted[d] += n
 
     def rates(self, prior: float) -> list[float]:
         """Conditional acceptance per depth; `prior` where nothing was reached yet."""
@@ -92,6 +100,8 @@ class AcceptanceProfile:
         self.request_weight = request_weight
         self.tables: dict[str, _Depths] = {}
         self.requests: dict[int, dict[str, _Depths]] = {}
+        self.clock = 0  # steps seen (the batch tables' decay)
+        self.request_clock: dict[int, int] = {}  # steps each request was seen in
 
     @staticmethod
     def _key(shape: SpecShape) -> str:
@@ -102,38 +112,47 @@ class AcceptanceProfile:
         ids, for their own tables). Every step decays every table of the batch and of its
         requests, plain decoding's too: what was measured long ago weighs less than the prior,
         so a shape not run for a while looks as good as the prior says and is tried again."""
-        for t in self.tables.values():
-            t.decay(self.factor)
+        self.clock += 1
         if rids is not None and len(rids) > self.PER_REQUEST_MAX:
             rids = None
+        clocks = self.request_clock
         for rid in rids or ():
-            for t in self.requests.get(rid, {}).values():
-                t.decay(self.request_factor)
+            clocks[rid] = clocks.get(rid, 0) + 1
         if shape.off:
             return
         key = self._key(shape)
-        table = self.tables.setdefault(key, _Depths())
-        for i, a in enumerate(accept_lens):
-            table.add(a, shape.num_steps)
-            if rids is not None:
-                self.requests.setdefault(rids[i], {}).setdefault(key, _Depths()).add(a, shape.num_steps)
+        table = self.tables.setdefault(key, _Depths(clock=self.clock)).at(self.clock, self.factor)
+        n = shape.num_steps
+        for a, count in Counter(accept_lens).items():
+            table.add(a, n, count)
+        if rids is None:
+            return
+        for rid, a in zip(rids, accept_lens):
+            own = self.requests.setdefault(rid, {})
+            t = own.get(key)
+            if t is None:
+                t = own[key] = _Depths(clock=clocks[rid])
+            t.at(clocks[rid], self.request_factor).add(a, n)
 
     def keep(self, rids: list[int]) -> None:
         """Only these requests' tables stay (the batch about to run: the others finished)."""
         keep = set(rids)
         if any(r not in keep for r in self.requests):
             self.requests = {r: t for r, t in self.requests.items() if r in keep}
+        if any(r not in keep for r in self.request_clock):
+            self.request_clock = {r: c for r, c in self.request_clock.items() if r in keep}
 
     def rates(self, shape: SpecShape, rid: int | None = None) -> list[float]:
         """Conditional acceptance at depths 1..num_steps (the deepest measured rate, or the
         prior, beyond what was measured): the batch's, or request `rid`'s on top of it."""
-        table = self.tables.get(self._key(shape), _Depths())
-        r = table.rates(self.prior)[: shape.num_steps]
+        table = self.tables.get(self._key(shape))
+        r = table.at(self.clock, self.factor).rates(self.prior)[: shape.num_steps] if table else []
         last = r[-1] if r else self.prior
         batch = r + [last] * (shape.num_steps - len(r))
         own = self.requests.get(rid, {}).get(self._key(shape)) if rid is not None else None
         if own is None:
             return batch
+        own.at(self.request_clock.get(rid, own.clock), self.request_factor)  # type: ignore[arg-type]
         m = self.request_weight
         return [(a + m * g) / (n + m) if d < len(own.reached) else g
                 for d, (g, a, n) in enumerate(zip(batch, own.accepted + [0.0] * len(batch),
@@ -159,7 +178,7 @@ class AcceptanceProfile:
     def weight(self, shape: SpecShape) -> float:
         """Decayed count of verifies behind `shape`'s estimate."""
         t = self.tables.get(self._key(shape))
-        return t.weight if t is not None else 0.0
+        return t.at(self.clock, self.factor).weight if t is not None else 0.0
 
 
 class StepCosts:
@@ -231,8 +250,8 @@ class AdaptivePolicy:
 
     def __init__(self, candidates: list[SpecShape], costs: StepCosts,
                  profile: AcceptanceProfile | None = None, probe_every: int = 64,
-                 hysteresis: float = 0.03, catch_up_every: int = 64, switch_alpha: float = 0.2
-                 ) -> None:
+                 hysteresis: float = 0.03, catch_up_every: int = 64, switch_alpha: float = 0.2,
+                 decide_every: int = 8) -> None:
         if not candidates:
             raise ValueError("the adaptive policy needs at least one candidate shape")
         self.candidates = sorted(set(candidates))
@@ -242,6 +261,10 @@ class AdaptivePolicy:
         self.hysteresis = hysteresis
         self.catch_up_every = catch_up_every
         self.switch_alpha = switch_alpha
+        self.decide_every = decide_every
+        # batch-size bucket -> the step it was last decided at, and the requests then (a batch
+        # of few requests decides anew when they change: their own acceptance counts)
+        self.decided: dict[int, tuple[int, tuple[int, ...] | None]] = {}
         self.catch_up_ms: dict[int, float] = {}  # batch-size bucket -> a catch-up's time
         self.steps = 0
         self.chosen: dict[int, str] = {}  # batch-size bucket -> label of the last choice
@@ -266,6 +289,16 @@ class AdaptivePolicy:
         self.catch_up_ms[b] = ms if old is None else old + self.switch_alpha * (ms - old)
 
     def choose(self, bs: int, rids: list[int] | None = None) -> Choice:
+        b = self.costs.bucket(bs)
+        kept = self.kept.get(b)
+        own = tuple(rids) if rids is not None and len(rids) <= AcceptanceProfile.PER_REQUEST_MAX \
+            else None
+        at, who = self.decided.get(b, (-self.decide_every, None))
+        if (kept is not None and self.steps - at < self.decide_every and who == own
+                and not (self.probe_every and (self.steps + 1) % self.probe_every == 0)):
+            self.steps += 1  # (between decisions: the kept shape, no estimates)
+            self.chosen[b] = kept.label
+            return Choice(kept, {})
         if rids is not None:
             self.profile.keep(rids)
         est = self.estimates(bs, rids)
@@ -275,9 +308,9 @@ class AdaptivePolicy:
             return Choice(unmeasured[0], {s.label: v for s, v in est.items()}, probe=True)
         ranked = sorted(est, key=lambda s: (-est[s], s))
         self.steps += 1
+        self.decided[b] = (self.steps, own)
         pick, probe = ranked[0], False
-        b = self.costs.bucket(bs)
-        last = self.kept.get(b)
+        last = kept
         if last is not None and last in est and est[last] >= (1 - self.hysteresis) * est[pick]:
             pick = last
         elif pick.off and (last is None or not last.off):  # off only if it pays for the way back
