@@ -245,3 +245,42 @@ def test_plain_decode_pays_for_the_draft_catching_up():
     policy = AdaptivePolicy([OFF, CHAIN3], slow, _profile(CHAIN3, [0, 1, 2, 3]), probe_every=0)
     policy.observe_catch_up(32, 4.0)
     assert policy.choose(32).shape == OFF and policy.choose(32).shape == OFF
+
+
+def test_noisy_step_times_do_not_flip_the_choice():
+    """Two chains within noise of each other (step times measured with +-10 % noise, acceptance
+    drawn at random): the policy settles and switches rarely, probes aside, and never leaves for
+    plain decode, which is 30 % behind."""
+    import random
+
+    rng = random.Random(0)
+    costs = _costs({OFF: {8: 1.0}, CHAIN3: {8: 1.6}, CHAIN5: {8: 2.1}})
+    policy = AdaptivePolicy([OFF, CHAIN3, CHAIN5], costs, AcceptanceProfile(), probe_every=64)
+    true_ms = {OFF: 1.0, CHAIN3: 1.6, CHAIN5: 2.1}
+    last, switches, off = None, 0, 0
+    for _ in range(2000):
+        c = policy.choose(8, list(range(8)))
+        if not c.probe:
+            switches += last is not None and c.shape != last
+            last = c.shape
+        off += c.shape.off
+        lens = [sum(1 for _ in range(c.shape.num_steps)
+                    if rng.random() < 0.7) for _ in range(8)] if not c.shape.off else [0] * 8
+        policy.observe(c.shape, 8, true_ms[c.shape] * rng.uniform(0.9, 1.1), lens, list(range(8)))
+    assert switches <= 20, switches
+    assert off <= 2  # (its first measurement at most)
+
+
+def test_decides_every_n_steps_and_when_a_small_batchs_requests_change():
+    costs = _costs({OFF: {1: 1.0}, CHAIN3: {1: 1.5}})
+    p = _profile(CHAIN3, [3])
+    policy = AdaptivePolicy([OFF, CHAIN3], costs, p, probe_every=0, decide_every=8)
+    first = policy.choose(1, [1])
+    assert first.tokens_per_s  # a decision: every candidate estimated
+    between = [policy.choose(1, [1]) for _ in range(7)]
+    assert all(c.shape == first.shape and not c.tokens_per_s for c in between)
+    assert policy.choose(1, [1]).tokens_per_s  # the 9th step decides anew
+    assert policy.choose(1, [2]).tokens_per_s  # a new request: at once
+    single = AdaptivePolicy([CHAIN3], costs, p)
+    assert all(single.choose(1, [i]).shape == CHAIN3 for i in range(3))
+    assert single.chosen == {1: "3/1/4"}

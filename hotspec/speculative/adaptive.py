@@ -290,11 +290,14 @@ class AdaptivePolicy:
 
     def choose(self, bs: int, rids: list[int] | None = None) -> Choice:
         b = self.costs.bucket(bs)
+        if len(self.candidates) == 1:  # nothing to choose: no estimates, no probes
+            self.chosen[b] = self.candidates[0].label
+            return Choice(self.candidates[0], {})
         kept = self.kept.get(b)
         own = tuple(rids) if rids is not None and len(rids) <= AcceptanceProfile.PER_REQUEST_MAX \
             else None
         at, who = self.decided.get(b, (-self.decide_every, None))
-        if (kept is not None and self.steps - at < self.decide_every and who == own
+        if (kept is not None and self.steps + 1 - at < self.decide_every and who == own
                 and not (self.probe_every and (self.steps + 1) % self.probe_every == 0)):
             self.steps += 1  # (between decisions: the kept shape, no estimates)
             self.chosen[b] = kept.label
