@@ -5,9 +5,12 @@ step's critical path.
     python lab/policy_cost.py
 """
 
-import time, random, sys
-from hotspec.core.spec_shape import SpecShape, DEFAULT_CANDIDATES
+import random
+import time
+
+from hotspec.core.spec_shape import DEFAULT_CANDIDATES, SpecShape
 from hotspec.speculative.adaptive import AdaptivePolicy, StepCosts
+
 shapes = [SpecShape.parse(c) for c in DEFAULT_CANDIDATES]
 for bs in (1, 4, 8, 32):
     pol = AdaptivePolicy(shapes, StepCosts([1, 2, 4, 8, 16, 32, 64]))
