@@ -79,4 +79,4 @@ class SpecShape:
 
 
 OFF = SpecShape(0, 0, 1)
-DEFAULT_CANDIDATES = ("off", "2/1/3", "3/1/4", "5/1/6", "4/8/12", "6/8/16")
+DEFAULT_CANDIDATES = ("off", "3/1/4", "2/1/3", "5/1/6", "4/8/12", "6/8/16")
