@@ -140,9 +140,12 @@ for stage in "$@"; do
       tar -C $R -cf "$OUT/qsweep.tar" qsweep ;;
     serve) need "$GG" serve && step serve "${SERVE_S:-560}" python3 -m hotspec bench-serve \
       --kv-cache-memory-gb 8 ${BENCH_SERVE_ARGS:-} --out "$OUT/serve" ;;
+    grammar) need "$GG" grammar && step grammar "${GRAMMAR_S:-540}" python3 benchmarks/grammar_bench.py \
+      --prompts .data/spec_bench_dev.jsonl --num-prompts 24 --batch-sizes 1 8 --max-tokens 256 \
+      ${GRAMMAR_ARGS:-} --out "$OUT/grammar.json" ;;
     outbox) outbox ;;
     stash) ;;
-    *) echo "unknown stage $stage (suite speed serve stash distill train qtable outbox; here: parts)" >&2
+    *) echo "unknown stage $stage (suite speed serve grammar stash distill train qtable outbox; here: parts)" >&2
       exit 2 ;;
   esac
 done
