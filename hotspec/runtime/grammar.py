@@ -92,7 +92,6 @@ class RequestGrammar:
     def __init__(self, compiled: Any, width: int) -> None:
         self.matcher = _xgr().GrammarMatcher(compiled)
         self.width = width
-        self._row = torch.empty(1, width, dtype=torch.int32)
 
     @property
     def terminated(self) -> bool:
@@ -108,19 +107,18 @@ class RequestGrammar:
                 return i
         return len(tokens)
 
-    def fill(self, out: torch.Tensor) -> None:
-        """The mask of the next token into `out` [width] int32 (any device)."""
-        self.matcher.fill_next_token_bitmask(self._row, 0)
-        out.copy_(self._row[0], non_blocking=False)
+    def fill(self, out: torch.Tensor, row: int = 0) -> None:
+        """The mask of the next token into `out[row]` (`out`: [R, width] int32 on the host)."""
+        self.matcher.fill_next_token_bitmask(out, row)
 
-    def fill_after(self, tokens: list[int], out: torch.Tensor) -> None:
-        """The mask after `tokens` (emitted, not read by the matcher yet) into `out`, the state
-        left as it was; the full row where they complete the grammar."""
+    def fill_after(self, tokens: list[int], out: torch.Tensor, row: int = 0) -> None:
+        """The mask after `tokens` (emitted, not read by the matcher yet) into `out[row]`, the
+        state left as it was; the full row where they complete the grammar."""
         n = self.accept(tokens)
         if self.terminated or n < len(tokens):
-            out.fill_(-1)
+            out[row].fill_(-1)
         else:
-            self.fill(out)
+            self.fill(out, row)
         if n:
             self.matcher.rollback(n)
 

@@ -83,27 +83,46 @@ class LogitsState:
     def fill_grammar(self, reqs: list[Request]) -> None:
         """Node 0's bitmask of each constrained request: what its grammar allows next (its
         matcher must have read every token it emitted: the host reads each such step)."""
-        for r in reqs:
-            if r.grammar is not None:
-                r.grammar.fill(self.grammar[r.logits_slot, 0])
+        rows = [r for r in reqs if r.grammar is not None]
+        if rows:
+            host = self._host(len(rows))
+            for i, r in enumerate(rows):
+                r.grammar.fill(host, i)
+            self._write(rows, host)
 
     def fill_grammar_after(self, reqs: list[Request], tokens: list[list[int]]) -> None:
         """Node 0's bitmask of each constrained request after its `tokens` (a step's, which the
         engine has not emitted yet): what the draft may propose next."""
-        for r, toks in zip(reqs, tokens):
-            if r.grammar is not None:
-                r.grammar.fill_after(toks, self.grammar[r.logits_slot, 0])
+        rows = [(r, t) for r, t in zip(reqs, tokens) if r.grammar is not None]
+        if rows:
+            host = self._host(len(rows))
+            for i, (r, t) in enumerate(rows):
+                r.grammar.fill_after(t, host, i)
+            self._write([r for r, _ in rows], host)
 
     def fill_grammar_tree(self, reqs: list[Request], tokens: torch.Tensor, parents: torch.Tensor
                           ) -> None:
         """Every tree node's bitmask of each constrained request (tokens, parents: [B, N] on the
         host, node 0 the root): the mask after the node's path."""
         n = tokens.shape[1]
-        for i, r in enumerate(reqs):
-            if r.grammar is not None:
-                host = torch.empty(n, self.grammar.shape[2], dtype=torch.int32)
-                r.grammar.fill_tree(tokens[i], parents[i], host)
-                self.grammar[r.logits_slot, :n].copy_(host)
+        rows = [(i, r) for i, r in enumerate(reqs) if r.grammar is not None]
+        if rows:
+            host = torch.empty(len(rows), n, self.grammar.shape[2], dtype=torch.int32)
+            for k, (i, r) in enumerate(rows):
+                r.grammar.fill_tree(tokens[i], parents[i], host[k])
+            self._write([r for _, r in rows], host)
+
+    def _host(self, k: int) -> torch.Tensor:
+        return torch.empty(k, self.grammar.shape[2], dtype=torch.int32)
+
+    def _write(self, reqs: list[Request], host: torch.Tensor) -> None:
+        """The host masks [k, W] (node 0) or [k, n, W] of `reqs` into their rows: one copy."""
+        slots = torch.tensor([r.logits_slot for r in reqs], device=self.grammar.device)
+        dev = host.to(self.grammar.device)
+        if dev.dim() == 2:
+            self.grammar[slots, 0] = dev
+        else:
+            self.grammar[slots, : dev.shape[1]] = dev
 
     # -- device code (graph-capturable) ---------------------------------------------------------
     def process(self, logits: torch.Tensor, slot: torch.Tensor, generated: torch.Tensor,

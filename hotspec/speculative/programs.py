@@ -142,6 +142,7 @@ class PhasedStep:
     def __init__(self, phases: EaglePhases, graphs: GraphRunner, states: DraftStates,
                  stats: SpecStats, full_only: bool = False) -> None:
         self.phases, self.states, self.stats = phases, states, stats
+        self.full_only = full_only
         s = phases.shapes
         tree = ("tokens", "parents", "depth", "mask")
         identity = phases.logits_state.identity if phases.logits_state is not None else None

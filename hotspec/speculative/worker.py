@@ -198,6 +198,9 @@ class EagleWorker(Worker):
     def step(self, reqs: list[Request]) -> list[list[int]]:
         """One step, launched and read (the phase graphs when they run the step: profiled
         without a policy, or not fused)."""
+        if self.fuse_step and self.profile and self.policy is None and self.phased.full_only:
+            raise RuntimeError("the phase graphs were not built: construct the engine with "
+                               "profile_phases (or without fuse_spec_step) to run phases one by one")
         if not self.fuse_step or (self.profile and self.policy is None):
             if self.shape != self.shapes[0]:
                 raise RuntimeError(f"the phase graphs run the first shape {self.shapes[0].label}, "
@@ -206,9 +209,6 @@ class EagleWorker(Worker):
             c = self.executor.collect()
             self._count(self.shape, c.reqs, c.accepted)
             return c.tokens
-        if self.profile and self.policy is None:
-            raise RuntimeError("the phase graphs were not built: construct the engine with "
-                               "profile_phases (or without fuse_spec_step) to run phases one by one")
         return super().step(reqs)
 
     def drains_before(self, reqs: list[Request]) -> bool:
