@@ -20,11 +20,14 @@ def test_parse_shapes_and_errors():
             SpecShape.parse(bad)
 
 
-def _costs(table: dict[SpecShape, dict[int, float]]) -> StepCosts:
+def _costs(table: dict[SpecShape, dict[int, float]], real: bool = True) -> StepCosts:
+    """Step costs as given (`real`: as if each had run in the loop, not only been replayed)."""
     costs = StepCosts([1, 8, 32])
     for shape, per_bs in table.items():
         for bs, ms in per_bs.items():
             costs.seed(shape, bs, ms)
+            if real:
+                costs.real.add((shape, costs.bucket(bs)))
     return costs
 
 
@@ -284,3 +287,23 @@ def test_decides_every_n_steps_and_when_a_small_batchs_requests_change():
     single = AdaptivePolicy([CHAIN3], costs, p)
     assert all(single.choose(1, [i]).shape == CHAIN3 for i in range(3))
     assert single.chosen == {1: "3/1/4"}
+
+
+def test_replayed_costs_give_way_to_the_loops_first_steps():
+    """Replays time the graphs alone: the 5-deep chain 2x the 3-deep one. In the loop both cost
+    the host's 1.5-2 ms more (launch-bound), so the deeper chain, which commits more, is faster.
+    Each shape runs once at the bucket before the ranking is trusted, and its first step
+    replaces its replayed ratio: the policy then picks the deeper chain."""
+    costs = _costs({CHAIN3: {1: 1.0}, CHAIN5: {1: 2.0}}, real=False)
+    loop = {CHAIN3: 3.0, CHAIN5: 3.5}
+    profile = _profile(CHAIN5, [5, 5, 4, 3])  # E: 5.25 tokens a step of the 5-chain, 4 of the 3
+    policy = AdaptivePolicy([CHAIN3, CHAIN5], costs, profile, probe_every=0)
+    assert policy.estimates(1)[CHAIN3] > policy.estimates(1)[CHAIN5]  # the replays' view
+    ran = []
+    for _ in range(4):
+        c = policy.choose(1)
+        ran.append((c.shape.label, c.probe))
+        policy.observe(c.shape, 1, loop[c.shape], [c.shape.num_steps] * 4)
+    assert ran[:2] == [("3/1/4", True), ("5/1/6", True)]  # each once, first
+    assert ran[2:] == [("5/1/6", False)] * 2
+    assert costs.cost(CHAIN5, 1) / costs.cost(CHAIN3, 1) == pytest.approx(3.5 / 3)

@@ -192,7 +192,14 @@ class StepCosts:
     cost relative to that level, which only a comparison can tell: the start-up replays (all
     shapes at one context) and the first step of a shape after another shape's steps at that
     bucket (`alpha`). A shape's cost is its ratio times the bucket's level; the ranking of the
-    shapes at a batch size depends on their ratios alone."""
+    shapes at a batch size depends on their ratios alone.
+
+    Start-up replays time a graph alone on the device; a step in the engine's loop also costs
+    its host work, about the same for every shape, so the replays overstate how much more a
+    larger shape costs where the step is launch-bound. A shape's first step in the loop at a
+    bucket therefore replaces its replayed ratio (`real` records which have run): every shape
+    is then measured against the same level, and the policy runs each once before it trusts
+    the ranking."""
 
     def __init__(self, batch_sizes: list[int], alpha: float = 0.2, level_alpha: float = 0.25) -> None:
         self.sizes = sorted(batch_sizes)
@@ -201,6 +208,7 @@ class StepCosts:
         self.level: dict[int, float] = {}  # bucket -> ms of a shape of ratio 1
         self.ratio: dict[tuple[SpecShape, int], float] = {}
         self.last: dict[int, SpecShape] = {}  # bucket -> the shape measured last there
+        self.real: set[tuple[SpecShape, int]] = set()  # measured in the loop, not only replayed
 
     def bucket(self, bs: int) -> int:
         """The captured size a batch of `bs` runs at (past the largest: the largest, where it
@@ -218,11 +226,15 @@ class StepCosts:
         r = self.ratio.get((shape, b))
         switched = self.last.get(b) != shape
         self.last[b] = shape
+        first = (shape, b) not in self.real
+        self.real.add((shape, b))
         if r is None or b not in self.level:
             self.seed(shape, bs, ms)
             return
         level = self.level[b]
-        if switched:  # the level is the other shape's, at about this context: compare
+        if first:  # its replayed ratio gives way to the loop's: every shape on one level
+            self.ratio[(shape, b)] = r = ms / level
+        elif switched:  # the level is the other shape's, at about this context: compare
             r += self.alpha * (ms / level - r)
             self.ratio[(shape, b)] = r
         self.level[b] = level + self.level_alpha * (ms / r - level)
@@ -305,7 +317,8 @@ class AdaptivePolicy:
         if rids is not None:
             self.profile.keep(rids)
         est = self.estimates(bs, rids)
-        unmeasured = [s for s in self.candidates if s not in est]
+        real = self.costs.real
+        unmeasured = [s for s in self.candidates if s not in est or (s, b) not in real]
         if unmeasured:  # every candidate runs once at each batch size before any is chosen
             self.chosen[self.costs.bucket(bs)] = unmeasured[0].label
             return Choice(unmeasured[0], {s.label: v for s, v in est.items()}, probe=True)
