@@ -60,3 +60,14 @@ def hf_smol(default_gguf: Path):
     m = AutoModelForCausalLM.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name,
                                              dtype=torch.float32)
     return m.eval()
+
+
+@pytest.fixture(scope="module", params=[(3, 1, 4), (4, 8, 12)], ids=["chain-3-1-4", "tree-4-8-12"])
+def spec(request: pytest.FixtureRequest):
+    """The default model with its shipped head in float32 on CPU, a chain and a tree."""
+    from hotspec import LLM
+
+    steps, topk, ntok = request.param
+    return LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE3",
+               speculative_num_steps=steps, speculative_eagle_topk=topk,
+               speculative_num_draft_tokens=ntok)

@@ -63,14 +63,6 @@ def test_vanilla_greedy_with_processing_is_the_reference(case, vanilla, smol_llm
         assert got == reference(hf_smol, prompt, params(case))
 
 
-@pytest.fixture(scope="module", params=[(3, 1, 4), (4, 8, 12)], ids=["chain-3-1-4", "tree-4-8-12"])
-def spec(request: pytest.FixtureRequest) -> LLM:
-    steps, topk, ntok = request.param
-    return LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE3",
-               speculative_num_steps=steps, speculative_eagle_topk=topk,
-               speculative_num_draft_tokens=ntok)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_speculative_greedy_with_processing_equals_vanilla(case, spec, vanilla) -> None:
     outs = spec.generate(prompt_token_ids=PROMPTS, sampling_params=params(case))

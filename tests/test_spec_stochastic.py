@@ -326,6 +326,14 @@ def test_sampling_stays_exact_across_shape_switches(models: Models) -> None:
     assert min(pvals) > ALPHA, pvals
 
 
+def joint_of(probs: torch.Tensor) -> np.ndarray:
+    """[V, V, V] p(x1, x2, x3) from the conditionals of all 256 continuations [256, 3, V]."""
+    p1, p2, p3 = probs[0, 0], probs[::VOCAB, 1], probs[:, 2].reshape(VOCAB, VOCAB, VOCAB)
+    joint = (p1[:, None, None] * p2[:, :, None] * p3).numpy()
+    assert abs(joint.sum() - 1) < 1e-9
+    return joint
+
+
 # -- logits processing (penalties, logit_bias) ------------------------------------------------
 PENALTIES = dict(presence_penalty=0.8, frequency_penalty=0.5, repetition_penalty=1.3,
                  logit_bias={3: 1.5, 11: -2.0})
@@ -352,10 +360,7 @@ def exact_joint_penalized(models: Models, temperature: float) -> np.ndarray:
     x = torch.where(prompt | (counts > 0), torch.where(x > 0, x / r, x * r), x)
     x = x - PENALTIES["presence_penalty"] * (counts > 0) - PENALTIES["frequency_penalty"] * counts
     probs, _ = shape_reference(x, temperature, 1.0)
-    p1, p2, p3 = probs[0, 0], probs[::VOCAB, 1], probs[:, 2].reshape(VOCAB, VOCAB, VOCAB)
-    joint = (p1[:, None, None] * p2[:, :, None] * p3).numpy()
-    assert abs(joint.sum() - 1) < 1e-9
-    return joint
+    return joint_of(probs)
 
 
 @pytest.mark.parametrize("shape", ["vanilla", *SHAPES])
@@ -401,10 +406,7 @@ def exact_joint_grammar(models: Models, temperature: float) -> np.ndarray:
     allowed[:, 2] &= allowed[:, 1].any(-1, keepdim=True)  # (x1 outside: nothing follows)
     x = logits.masked_fill(~allowed, float("-inf"))
     probs = torch.nan_to_num(torch.softmax(x / temperature, dim=-1))
-    p1, p2, p3 = probs[0, 0], probs[::VOCAB, 1], probs[:, 2].reshape(VOCAB, VOCAB, VOCAB)
-    joint = (p1[:, None, None] * p2[:, :, None] * p3).numpy()
-    assert abs(joint.sum() - 1) < 1e-9
-    return joint
+    return joint_of(probs)
 
 
 @pytest.mark.parametrize("shape", ["vanilla", *SHAPES])

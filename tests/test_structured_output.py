@@ -78,14 +78,6 @@ def test_unconstrained_answers_differ(smol_llm, prompts, vanilla) -> None:
     assert [o.token_ids for o in free] != [o.token_ids for o in vanilla["json_schema"]]
 
 
-@pytest.fixture(scope="module", params=[(3, 1, 4), (4, 8, 12)], ids=["chain-3-1-4", "tree-4-8-12"])
-def spec(request: pytest.FixtureRequest) -> LLM:
-    steps, topk, ntok = request.param
-    return LLM(dtype="float32", device="cpu", kv_cache_memory_gb=0.05, speculative_algorithm="EAGLE3",
-               speculative_num_steps=steps, speculative_eagle_topk=topk,
-               speculative_num_draft_tokens=ntok)
-
-
 @pytest.mark.parametrize("kind", list(GRAMMARS))
 def test_speculative_greedy_with_a_grammar_equals_vanilla(kind, spec, prompts, vanilla) -> None:
     outs = spec.generate(prompt_token_ids=prompts, sampling_params=params(kind))
