@@ -50,7 +50,8 @@ def test_graphed_eagle_equals_graphed_vanilla_fp32(shape, hot, head, vanilla, tm
     graphs = llm.engine.graphs
     assert set(graphs.status.values()) == {"graphed"}, graphs.report()
     assert {p for p, _ in graphs.status} == {"draft", "verify", "verify[sample]", "verify[full]",
-                                             "draft_extend", "prefill", "prefill_draft"}
+                                             "draft_extend", "draft_extend[grammar]", "prefill",
+                                             "prefill_draft"}
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=N))
     assert [o.token_ids for o in outs] == vanilla
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks

@@ -408,3 +408,24 @@ def test_length_finish_flushes_a_partial_character(tokenizer: Any) -> None:
     checker = _checker(tokenizer, max_tokens=partial)
     deltas = _feed(checker, ids)
     assert "".join(deltas) == checker.text == tokenizer.decode(ids[:partial])
+
+
+def test_detokenizing_through_the_rust_backend_equals_the_wrapper(tokenizer: Any) -> None:
+    """The engine decodes with the fast tokenizer's backend directly (the transformers wrapper
+    costs 4x the decode, twice a token): same deltas, special tokens shown or skipped alike."""
+
+    class WrapperOnly:  # the transformers decode alone, no backend to reach for
+        def decode(self, ids: list[int], **kwargs: Any) -> str:
+            return str(tokenizer.decode(ids, **kwargs))
+
+    ids = tokenizer.encode("Tabs\tand  spaces, 😀 café 日本語, code `x = 1`\n\nend.")
+    ids += [tokenizer.eos_token_id] + tokenizer.encode(" after")
+    for skip in (True, False):
+        kw = {"max_tokens": 100, "ignore_eos": True, "skip_special_tokens": skip}
+        fast = _checker(tokenizer, **kw)
+        assert fast._decoder._backend is not None
+        slow = StopChecker(WrapperOnly(), SamplingParams(**kw), {tokenizer.eos_token_id},
+                           tokenizer.encode("Write something:"))
+        assert slow._decoder._backend is None
+        assert _feed(fast, ids) == _feed(slow, ids)
+        assert fast.text == slow.text

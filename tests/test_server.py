@@ -137,11 +137,17 @@ def test_models_health_metrics(server: BackgroundServer, client: openai.OpenAI) 
     models = client.models.list()
     assert [m.id for m in models.data] == [NAME]
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    good_request(server)
     text = httpx.get(server.url + "/metrics").text
     assert metric(server, "hotspec_generated_tokens_total") > 0
     assert metric(server, "hotspec_kv_blocks_total") > 0
     assert 'hotspec_cuda_graph_batch_sizes{phase="decode",status="eager"}' in text
     assert "hotspec_num_requests_waiting" in text and "hotspec_request_tau_count" in text
+    # the engine's own time to first token: one observation per request that got a token
+    firsts = metric(server, "hotspec_time_to_first_token_seconds_count")
+    assert firsts > 0 and metric(server, "hotspec_time_to_first_token_seconds_sum") > 0
+    good_request(server)
+    assert metric(server, "hotspec_time_to_first_token_seconds_count") == firsts + 1
 
 
 # ---------------------------------------------------------------- bad requests: 4xx, then serving on

@@ -118,6 +118,7 @@ async def run_one(args: argparse.Namespace, label: str, url: str, rate: float,
     tpot = [(r.end - r.first) * 1e3 / (r.completion_tokens - 1) for r in done
             if r.first is not None and r.completion_tokens > 1]
     taus = delta("hotspec_request_tau_count")
+    firsts = delta("hotspec_time_to_first_token_seconds_count")
     errors = sorted({r.error for r in failed})[:5]
     if not drained:
         errors.append(f"not drained {args.drain_timeout:g}s after the run: {after}")
@@ -130,6 +131,7 @@ async def run_one(args: argparse.Namespace, label: str, url: str, rate: float,
         percentile(ttft, 50), percentile(ttft, 99), percentile(itl, 50), percentile(itl, 99),
         statistics.median(tpot) if tpot else float("nan"),
         delta("hotspec_request_tau_sum") / taus if taus else None,
+        delta("hotspec_time_to_first_token_seconds_sum") * 1e3 / firsts if firsts else None,
         shape_steps={k[6:]: int(delta(k)) for k in after if k.startswith("steps_") and delta(k) > 0},
         errors=errors)
     return report, results

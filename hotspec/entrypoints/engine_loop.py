@@ -44,6 +44,8 @@ class EngineObserver(Protocol):
 
     def on_finished(self, engine: Engine, req: Request) -> None: ...
 
+    def on_first_token(self, engine: Engine, req: Request, seconds: float) -> None: ...
+
     def on_step_error(self, engine: Engine) -> None: ...
 
 
@@ -89,6 +91,9 @@ class EngineLoop:
         self._post = post or _post
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._handles: dict[int, Handle] = {}  # engine thread only: Request.rid -> handle
+        # engine thread only: Request.rid -> when its submission reached the loop, until its first
+        # token is posted (the engine's own time to first token, beside what clients measure)
+        self._arrived: dict[int, float] = {}
         # Set (under the lock) once the thread stops reading the inbox: a submission after that
         # would wait forever, so it is refused instead.
         self.closed = False
@@ -117,8 +122,11 @@ class EngineLoop:
     def _observe(self, hook: str, *args: object) -> None:
         if self.observer is None:
             return
+        fn = getattr(self.observer, hook, None)
+        if fn is None:  # (an observer without this hook)
+            return
         try:
-            getattr(self.observer, hook)(self.engine, *args)
+            fn(self.engine, *args)
         except Exception:  # noqa: BLE001 - metrics must never break serving
             log.exception("observer %s failed", hook)
 
@@ -154,12 +162,14 @@ class EngineLoop:
             return RequestFailedError(f"internal error while queueing the request: {e!r}")
         cmd.handle.req = req
         self._handles[req.rid] = cmd.handle
+        self._arrived[req.rid] = time.perf_counter()
         return None
 
     def _abort(self, handle: Handle) -> list[Delivery]:
         req = handle.req
         if req is None or self._handles.pop(req.rid, None) is None:
             return []  # never accepted, or already finished
+        self._arrived.pop(req.rid, None)
         self.engine.abort(req)
         self._observe("on_finished", req)
         return [(handle, _final(req, "abort"))]
@@ -182,17 +192,22 @@ class EngineLoop:
             log.warning("slow engine step: %.0f ms (%d requests decoding, %d prefilling before it)",
                         took * 1e3, *rows)
         out: list[Delivery] = []
+        now = time.perf_counter()
         for o in outputs:
             req = o.request
             handle = self._handles.get(req.rid)
             if handle is None:
                 continue
+            arrived = self._arrived.pop(req.rid, None) if o.new_token_ids else None
+            if arrived is not None:
+                self._observe("on_first_token", req, now - arrived)
             finished = req.finish_reason is not None
             out.append((handle, RequestEvent(o.text_delta, list(o.new_token_ids), req.finish_reason,
                                              None, len(req.prompt_token_ids), len(req.output_token_ids),
                                              o.logprobs, o.prompt_logprobs)))
             if finished:
                 del self._handles[req.rid]
+                self._arrived.pop(req.rid, None)
                 self._observe("on_finished", req)
         self._post(out)
         self._observe("on_step", outputs)
@@ -207,6 +222,7 @@ class EngineLoop:
         deliveries: list[Delivery] = []
         for req in self.engine.fail_in_flight(message):
             handle = self._handles.pop(req.rid, None)
+            self._arrived.pop(req.rid, None)
             if handle is not None:
                 deliveries.append((handle, _final(req, "error", message)))
                 self._observe("on_finished", req)

@@ -1,0 +1,88 @@
+"""Where a served request's first token goes: the client's TTFT against the engine's own.
+
+    python3 lab/served_ttft.py [--requests 30] [--max-tokens 8] [-- serve options...]
+
+Starts `hotspec serve` twice (vanilla: --no-default-head; the default head), sends requests one
+at a time (an idle server: rate 2's usual case), streamed like bench-serve's client, and prints
+per server the client's TTFT p50/min, the engine's own mean (its /metrics histogram: from the
+request reaching the engine loop to its first token leaving it) and the difference (HTTP, chat
+template, tokenization, the pipe both ways, detokenization, SSE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from hotspec.benchmark.servers import start, stop, wait_healthy
+
+PROMPTS = ["Say hello.", "Write a haiku about the sea.",
+           "Explain in two sentences why the sky is blue, for a child of eight.",
+           "List three facts about the moon and one about the sun, then summarise them. " * 4]
+
+
+async def probe(url: str, n: int, max_tokens: int) -> tuple[list[float], float, float]:
+    async with httpx.AsyncClient(timeout=120) as c:
+        model = (await c.get(url + "/v1/models")).json()["data"][0]["id"]
+
+        async def engine_ttft() -> tuple[float, float]:
+            text = (await c.get(url + "/metrics")).text
+            got = [float(re.search(rf"^hotspec_time_to_first_token_seconds_{k} (\S+)", text, re.M)
+                         .group(1)) for k in ("sum", "count")]  # type: ignore[union-attr]
+            return got[0], got[1]
+
+        ttft = []
+        for i in range(n + 3):  # three warm-ups
+            if i == 3:
+                s0, n0 = await engine_ttft()
+            body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
+                    "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
+            t, first = time.perf_counter(), None
+            async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if first is None and line.startswith("data: ") and line[6:] != "[DONE]":
+                        ch = (json.loads(line[6:]).get("choices") or [{}])[0]
+                        if ch.get("delta", {}).get("content"):
+                            first = time.perf_counter()
+            if i >= 3 and first is not None:
+                ttft.append((first - t) * 1e3)
+            await asyncio.sleep(0.05)
+        s1, n1 = await engine_ttft()
+        return ttft, (s1 - s0) * 1e3 / max(n1 - n0, 1), n1 - n0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--requests", type=int, default=30)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("serve_args", nargs="*")
+    a = p.parse_args()
+    log_dir = Path("/tmp/served_ttft")
+    log_dir.mkdir(exist_ok=True)
+    servers = [start("vanilla", ["--no-default-head", *a.serve_args], log_dir),
+               start("speculative", list(a.serve_args), log_dir)]
+    try:
+        wait_healthy(servers, 900)
+        for s in servers:
+            ttft, engine_ms, n = asyncio.run(probe(s.url, a.requests, a.max_tokens))
+            med, mean = statistics.median(ttft), statistics.mean(ttft)
+            print(f"{s.name}: client TTFT p50 {med:.2f} ms, mean {mean:.2f} (min {min(ttft):.2f}, max "
+                  f"{max(ttft):.2f}); engine mean {engine_ms:.2f} ms over {n:g}; the server's part "
+                  f"(means) {mean - engine_ms:.2f} ms",
+                  flush=True)
+    finally:
+        stop(servers)
+        for s in servers:
+            print(f"--- {s.name} log tail\n{s.log_tail(8)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
