@@ -46,12 +46,14 @@ async def probe(url: str, n: int, max_tokens: int) -> tuple[list[float], float, 
             body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
                     "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
             t, first = time.perf_counter(), None
+            print(f"TC {time.time():.6f} send", file=sys.stderr, flush=True)
             async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
                 async for line in r.aiter_lines():
                     if first is None and line.startswith("data: ") and line[6:] != "[DONE]":
                         ch = (json.loads(line[6:]).get("choices") or [{}])[0]
                         if ch.get("delta", {}).get("content"):
                             first = time.perf_counter()
+                            print(f"TC {time.time():.6f} first", file=sys.stderr, flush=True)
             if i >= 3 and first is not None:
                 ttft.append((first - t) * 1e3)
             await asyncio.sleep(0.05)
@@ -63,12 +65,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=30)
     p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--only", choices=["vanilla", "speculative"], default=None)
     p.add_argument("serve_args", nargs="*")
     a = p.parse_args()
     log_dir = Path("/tmp/served_ttft")
     log_dir.mkdir(exist_ok=True)
-    servers = [start("vanilla", ["--no-default-head", *a.serve_args], log_dir),
-               start("speculative", list(a.serve_args), log_dir)]
+    servers = [start(name, args, log_dir) for name, args in
+               (("vanilla", ["--no-default-head", *a.serve_args]), ("speculative", list(a.serve_args)))
+               if a.only in (None, name)]
     try:
         wait_healthy(servers, 900)
         for s in servers:

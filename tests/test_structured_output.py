@@ -182,3 +182,40 @@ def test_overlap_schedule_and_static_graphs_keep_the_tokens(spec_shape, prompts,
     alone = LLM(**dict(kw, overlap_schedule=False)).generate(prompt_token_ids=batch, sampling_params=mixed)
     assert [o.token_ids for o in outs] == [o.token_ids for o in alone]
     assert not llm.engine.worker.unread() and not llm.engine.has_unfinished()
+
+
+def test_tree_masks_follow_each_path_and_leave_off_grammar_nodes_unmasked(smol_llm) -> None:
+    """RequestGrammar.fill_tree: row i is the mask after node i's path; a node whose path leaves
+    the grammar (and every node under it) keeps an all-zero row, which LogitsState.process reads
+    as no mask (that node is never accepted; a row that allows nothing would only give NaNs)."""
+    from hotspec.runtime.grammar import GrammarCompiler, bitmask_width
+    from hotspec.runtime.logits_state import LogitsState
+
+    tok = smol_llm.engine.tokenizer
+    vocab = smol_llm.engine.model_config.vocab_size
+    g = GrammarCompiler(tok, vocab).matcher(GrammarSpec("regex", "(yes|no)!"))
+    yes, no, bang = (tok.encode(s, add_special_tokens=False)[0] for s in ("yes", "no", "!"))
+    # node 0 the root; 1 "yes" under it, 2 "!" under 1 (on the grammar); 3 "!" under the root
+    # (off it), 4 "no" under 3 (under an off-grammar node)
+    tokens = torch.tensor([0, yes, bang, bang, no])
+    parents = torch.tensor([-1, 0, 1, 0, 3])
+    rows = torch.zeros(5, bitmask_width(vocab), dtype=torch.int32)
+    g.fill_tree(tokens, parents, rows)
+
+    def allowed(row: int) -> set[int]:
+        bits = (rows[row].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        return set(torch.nonzero(bits.view(-1)[:vocab]).view(-1).tolist())
+
+    assert yes in allowed(0) and no in allowed(0) and bang not in allowed(0)
+    assert allowed(1) == {bang}
+    assert tok.eos_token_id in allowed(2)  # the grammar is complete after "yes!"
+    assert allowed(3) == set() and allowed(4) == set()
+    state = LogitsState(rows=2, vocab=vocab, nodes=5, device=torch.device("cpu"))
+    state.grammar[0] = rows
+    logits = torch.zeros(5, vocab)
+    zeros = torch.zeros(5)
+    out = state.process(logits, torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long),
+                        torch.zeros(5, dtype=torch.long), zeros, zeros, torch.ones(5),
+                        node=torch.arange(5))
+    assert torch.isfinite(out[1]).sum() == 1 and torch.isfinite(out[1, bang])
+    assert torch.isfinite(out[3]).all() and torch.isfinite(out[4]).all()  # off the grammar: unmasked

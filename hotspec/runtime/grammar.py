@@ -123,22 +123,20 @@ class RequestGrammar:
             self.matcher.rollback(n)
 
     def fill_tree(self, tokens: torch.Tensor, parents: torch.Tensor, out: torch.Tensor) -> None:
-        """Masks of a draft tree's nodes into `out` [N, width] (host int32): node 0 is the root
-        (its token already accepted), parents[i] < i for i > 0; row i is the mask after node
-        i's path, the full row where the path leaves the grammar."""
+        """Masks of a draft tree's nodes into `out` [N, width] (host int32, zeros): node 0 is the
+        root (its token already accepted), parents[i] < i for i > 0; row i is the mask after node
+        i's path. Where the path leaves the grammar the row stays all zero, which the device reads
+        as no mask (LogitsState.process): such a node is never accepted, since its parent's
+        masked target never picks it, and a row with nothing allowed would only make NaNs."""
         n = tokens.shape[0]
-        nxt = torch.full((n,), -1, dtype=torch.int64)
-        sib = torch.full((n,), -1, dtype=torch.int64)
+        nxt, sib = [-1] * n, [-1] * n
         last_child: dict[int, int] = {}
-        for i in range(1, n):
-            p = int(parents[i])
+        for i, p in enumerate(parents.tolist()[1:], 1):
             prev = last_child.get(p)
             if prev is None:
                 nxt[p] = i
             else:
                 sib[prev] = i
             last_child[p] = i
-        self.matcher.traverse_draft_tree(nxt, sib, tokens.to(torch.int64), out)
-        dead = (out == 0).all(dim=1)
-        dead[0] = False
-        out[dead] = -1
+        self.matcher.traverse_draft_tree(torch.tensor(nxt), torch.tensor(sib),
+                                         tokens.to(torch.int64), out)

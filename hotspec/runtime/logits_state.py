@@ -107,7 +107,7 @@ class LogitsState:
         n = tokens.shape[1]
         rows = [(i, r) for i, r in enumerate(reqs) if r.grammar is not None]
         if rows:
-            host = torch.empty(len(rows), n, self.grammar.shape[2], dtype=torch.int32)
+            host = torch.zeros(len(rows), n, self.grammar.shape[2], dtype=torch.int32)
             for k, (i, r) in enumerate(rows):
                 r.grammar.fill_tree(tokens[i], parents[i], host[k])
             self._write([r for _, r in rows], host)
@@ -137,7 +137,11 @@ class LogitsState:
                           min_tokens, presence, frequency, repetition)
         words = self.grammar[slot, node if node is not None else 0]  # [R, V/32]
         bits = (words.unsqueeze(-1) >> self._shifts) & 1
-        return out.masked_fill(bits.view(words.shape[0], -1)[:, : self.vocab] == 0, float("-inf"))
+        # a row that allows nothing is a tree node off the grammar (RequestGrammar.fill_tree):
+        # never accepted, so left unmasked rather than all -inf
+        live = (words != 0).any(dim=-1, keepdim=True)
+        return out.masked_fill((bits.view(words.shape[0], -1)[:, : self.vocab] == 0) & live,
+                               float("-inf"))
 
     def process_columns(self, logits: torch.Tensor, slot: torch.Tensor, columns: torch.Tensor,
                         generated: torch.Tensor, min_tokens: torch.Tensor, presence: torch.Tensor,
