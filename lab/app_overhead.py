@@ -68,7 +68,8 @@ def main() -> None:
     async def metrics() -> bytes:
         return b""
 
-    state = ServerState(InstantEngine(), tok, 8192, metrics, ServerSettings("m"), GrammarCheck(tok, lambda: 49152))
+    state = ServerState(InstantEngine(), tok, 8192, metrics, ServerSettings("m"),
+                        GrammarCheck(tok, lambda: 49152))
     app = _app(state, start=False)
 
     async def run() -> None:

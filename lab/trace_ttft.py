@@ -16,18 +16,24 @@ import sys
 from pathlib import Path
 
 T = 'import sys as _s, time as _t; _s.stderr.write(f"TR {_t.time():.6f} %s\\n"); _s.stderr.flush()'
+EP, RC, EL = "hotspec/entrypoints/engine_process.py", "hotspec/entrypoints/routes_chat.py", \
+    "hotspec/entrypoints/engine_loop.py"
 POINTS = [  # (file, anchor line (stripped), name, before/after)
-    ("hotspec/entrypoints/routes_chat.py", "body = await parse_request(request, s.settings, ChatCompletionRequest)", "A_route", "before"),
-    ("hotspec/entrypoints/routes_chat.py", "tools = body.parses_tool_calls", "A3_tokenized", "before"),
-    ("hotspec/entrypoints/engine_process.py", 'self._send(("submit", cid, list(prompt_token_ids), params))', "B_send", "before"),
-    ("hotspec/entrypoints/engine_process.py", 'h = handles[msg[1]] = RemoteHandle(msg[1])', "C_child_recv", "before"),
-    ("hotspec/entrypoints/engine_process.py", 'results.send(("out", items, loop.step_errors, loop.consecutive_step_errors))', "F_post", "before"),
-    ("hotspec/entrypoints/engine_process.py", "_, items, self.step_errors, self.consecutive_step_errors = msg", "G_parent_recv", "before"),
-    ("hotspec/entrypoints/engine_loop.py", "deliveries.append((cmd.handle, self._add(cmd)))", "D_added", "after"),
-    ("hotspec/entrypoints/engine_loop.py", "outputs = engine.step()", "E_step", "before_try"),
-    ("hotspec/entrypoints/engine_loop.py", 'self._observe("on_first_token", req, now - arrived)', "F0_first", "after"),
+    (RC, "body = await parse_request(request, s.settings, ChatCompletionRequest)", "A_route",
+     "before"),
+    (RC, "tools = body.parses_tool_calls", "A3_tokenized", "before"),
+    (EP, 'self._send(("submit", cid, list(prompt_token_ids), params))', "B_send", "before"),
+    (EP, 'h = handles[msg[1]] = RemoteHandle(msg[1])', "C_child_recv", "before"),
+    (EP, 'results.send(("out", items, loop.step_errors, loop.consecutive_step_errors))', "F_post",
+     "before"),
+    (EP, "_, items, self.step_errors, self.consecutive_step_errors = msg", "G_parent_recv",
+     "before"),
+    (EL, "deliveries.append((cmd.handle, self._add(cmd)))", "D_added", "after"),
+    (EL, "outputs = engine.step()", "E_step", "before_try"),
+    (EL, 'self._observe("on_first_token", req, now - arrived)', "F0_first", "after"),
     ("hotspec/engine/engine.py", "tokens = self.worker.prefill(batch, chunks)", "P0_prefill", "before"),
-    ("hotspec/engine/engine.py", "for r in batch:\n            self.prefixes.register(r)", "P1_prefilled", "before"),
+    ("hotspec/engine/engine.py", "for r in batch:\n            self.prefixes.register(r)", "P1_prefilled",
+     "before"),
     ("hotspec/entrypoints/request_handle.py", "fut = handle.accepted", "H_deliver", "before"),
     ("hotspec/entrypoints/responses.py", "yield fmt.sse(chunk)", "I_yield", "before"),
 ]
