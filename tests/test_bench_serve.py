@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from engine_utils import save_tiny_llama
 
 from hotspec.models.loader import load_tokenizer, resolve_model_path
@@ -31,18 +32,22 @@ def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bench_serve_compares_vanilla_with_speculative(tmp_path: Path) -> None:
-    r = _bench(tmp_path, *ENGINE, *CHAIN, *LOAD)
+    r = _bench(tmp_path, *ENGINE, *CHAIN, *LOAD, "--pinned", "2/1/3")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     out = json.loads((tmp_path / "bench_serve.json").read_text())
     assert out["passed"] and all(c["ok"] for c in out["checks"])
     assert "--no-default-head" in out["servers"]["vanilla"]  # the baseline runs without the head
     assert "--speculative-num-steps" not in out["servers"]["vanilla"]
     by = {rep["target"]: rep for rep in out["reports"]}
-    assert set(by) == {"vanilla", "speculative"}
+    assert set(by) == {"vanilla", "speculative", "pinned 2/1/3"}
     assert by["vanilla"]["tau_mean"] is None  # no verify pass at all
     assert by["speculative"]["tau_mean"] >= 1.0
     assert by["speculative"]["greedy_checked"] > 0 and by["speculative"]["greedy_mismatched"] == 0
     assert set(by["speculative"]["shape_steps"]) == {"3/1/4"} and by["vanilla"]["shape_steps"] == {}
+    assert set(by["pinned 2/1/3"]["shape_steps"]) == {"2/1/3"}  # the same options, the shape pinned
+    spec_args = out["servers"]["speculative"]
+    assert out["servers"]["pinned 2/1/3"][:len(spec_args)] == spec_args
+    assert by["speculative"]["engine_ttft_ms_mean"] > 0  # the engine's own, from its /metrics
     assert (tmp_path / "bench_serve.png").stat().st_size > 0
     assert (tmp_path / "serve_vanilla.log").exists()
 
@@ -80,7 +85,11 @@ def test_server_options_reach_both_servers() -> None:
     assert spec[-4:] == vanilla[-4:] == ["--max-num-seqs", "7", "--max-body-bytes", "999"]
 
 
-def test_a_bad_engine_option_fails_before_any_server_starts(tmp_path: Path) -> None:
-    r = _bench(tmp_path, "--device", "cpu", "--speculative-eagle-topk", "0", *LOAD)
-    assert r.returncode == 2 and "topk must be >= 1" in r.stderr, r.stderr[-2000:]
+@pytest.mark.parametrize("bad, message", [
+    (["--speculative-eagle-topk", "0"], "topk must be >= 1"),
+    (["--pinned", "3/1"], "--pinned: a speculation shape is 'off' or STEPS/TOPK/TOKENS"),
+    (["--pinned", "off"], "--pinned: 'off' is the vanilla server already")])
+def test_a_bad_option_fails_before_any_server_starts(tmp_path: Path, bad: list[str], message: str) -> None:
+    r = _bench(tmp_path, "--device", "cpu", *bad, *LOAD)
+    assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "serve_vanilla.log").exists()

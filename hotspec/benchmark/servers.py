@@ -67,7 +67,7 @@ def start(name: str, args: list[str], log_dir: Path) -> Server:
     """`python -m hotspec serve ARGS --port P` in the background, its output in LOG_DIR/serve_NAME.log."""
     log_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    log = log_dir / f"serve_{name}.log"
+    log = log_dir / f"serve_{name.replace(' ', '_').replace('/', '-')}.log"
     f = log.open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "hotspec", "serve", *args, "--port", str(port)],
                             stdout=f, stderr=subprocess.STDOUT)

@@ -6,7 +6,9 @@ serve` runs it), the vanilla one with the same options less the speculative ones
 --no-default-head). Then, against each in turn, a request-rate sweep of streamed chat requests
 (Poisson arrivals, at most --concurrency in flight; `inf` sends every request at once) with a mix
 of greedy and sampled requests and clients that hang up mid-stream; then the servers stop.
---target runs the same load against servers already running instead.
+--pinned S/K/N adds a speculative server pinned to that shape (the default engine chooses its
+shape adaptively: this sets it against a fixed one). --target runs the same load against servers
+already running instead.
 
 Reported per server and rate: completed / failed / hung-up requests, requests/s, output tokens/s,
 TTFT and ITL (gap between streamed chunks) p50/p99, TPOT p50, and tau of the speculative server.
@@ -83,6 +85,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--serve-args", default="", metavar="OPTIONS",
                    help="more `hotspec serve` options for both servers, one string (e.g. "
                    "'--max-num-seqs 128')")
+    s.add_argument("--pinned", action="append", default=[], metavar="S/K/N",
+                   help="also start a speculative server pinned to this shape (--speculative-num-"
+                   "steps S --speculative-eagle-topk K --speculative-num-draft-tokens N), to set "
+                   "the default (adaptive) engine against a fixed shape (repeatable)")
     s.add_argument("--start-timeout", type=float, default=600.0,
                    help="seconds for the servers to come up (default: 600)")
     s.add_argument("--out", type=Path, default=Path("bench_serve"), metavar="DIR",
@@ -108,6 +114,22 @@ def _server_options(args: argparse.Namespace) -> tuple[list[str], list[str], boo
     return [*spec, *extra], [*vanilla, "--no-default-head", *extra], float32
 
 
+def _pinned(shapes: list[str]) -> list[Any]:
+    """The --pinned shapes, checked before any server starts."""
+    from hotspec.core.spec_shape import SpecShape
+
+    out = []
+    for text in shapes:
+        try:
+            shape = SpecShape.parse(text)
+        except ValueError as e:
+            raise HotspecError(f"--pinned: {e}") from None
+        if shape.off:
+            raise HotspecError("--pinned: 'off' is the vanilla server already; give a shape S/K/N")
+        out.append(shape)
+    return out
+
+
 def cmd_bench_serve(args: argparse.Namespace) -> None:
     from hotspec.benchmark import servers as srv
     from hotspec.benchmark.load_report import checks, plot, table
@@ -119,8 +141,14 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
         float32 = False
     else:
         spec_args, vanilla_args, float32 = _server_options(args)
+        pinned = _pinned(args.pinned)
         started = [srv.start("vanilla", vanilla_args, args.out),
                    srv.start("speculative", spec_args, args.out)]
+        for shape in pinned:
+            started.append(srv.start(f"pinned {shape.label}", [
+                *spec_args, "--speculative-num-steps", str(shape.num_steps), "--speculative-eagle-topk",
+                str(shape.topk), "--speculative-num-draft-tokens", str(shape.num_draft_tokens)],
+                args.out))
         targets = [(s.name, s.url) for s in started]
     verify = args.verify_greedy if args.verify_greedy is not None else (-1 if float32 else 0)
     load = argparse.Namespace(**(vars(args) | {"model": args.served_model, "seed": args.load_seed,
@@ -134,10 +162,11 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
             if srv.speculates(started[0].url):
                 raise HotspecError("the vanilla server speculates (its /metrics has hot-set "
                                    "coverage): it is no baseline")
-            if not srv.speculates(started[1].url):
-                raise HotspecError("the speculative server does not speculate: with a model other "
-                                   "than the default, give --speculative-algorithm and "
-                                   "--speculative-draft-model-path")
+            for s in started[1:]:
+                if not srv.speculates(s.url):
+                    raise HotspecError(f"the {s.name} server does not speculate: with a model "
+                                       "other than the default, give --speculative-algorithm and "
+                                       "--speculative-draft-model-path")
         reports = asyncio.run(run_load(load, targets))  # type: ignore[arg-type]
     finally:
         srv.stop(started)
