@@ -14,6 +14,9 @@
 #           (/root/lab/qmaps_answers .data/qmaps_general) at each shape of QSHAPE (4/8/12), per cell
 #           of QCELLS ("SET:BATCH:PROMPTS:SECONDS ...", .data/SET.jsonl), QTOK (192) tokens, QDTYPE
 #           (float32: the identity check); $OUT/qtable.md, every run so far in $OUT/qsweep.tar
+#   batch   benchmarks/batch_bench.py on .data/spec_bench_dev.jsonl with BATCH_ARGS, BATCH_S (300) s
+#   profile lab/engine_profile.py (the engine loop under bench-serve's load, no HTTP), vanilla and
+#           speculative, PROFILE_ARGS (--num-requests 160 --kv-cache-memory-gb 8), PROFILE_S (90) s each
 #   stash   nothing but the carried parts;  outbox  the next pieces of a large result
 # TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model.
 # /root/lab/NAME resumes while the machine is warm, or from a carried .data/NAME (folder or pieces);
@@ -143,9 +146,18 @@ for stage in "$@"; do
     grammar) need "$GG" grammar && step grammar "${GRAMMAR_S:-540}" python3 benchmarks/grammar_bench.py \
       --prompts .data/spec_bench_dev.jsonl --num-prompts 24 --batch-sizes 1 8 --max-tokens 256 \
       ${GRAMMAR_ARGS:-} --out "$OUT/grammar.json" ;;
+    batch) need "$GG" batch && step batch "${BATCH_S:-300}" python3 benchmarks/batch_bench.py \
+      --prompts .data/spec_bench_dev.jsonl --speculative-algorithm EAGLE3 ${BATCH_ARGS:-} \
+      --out "$OUT/batch.json" ;;
+    profile) need "$GG" profile || continue
+      for v in --vanilla ""; do
+        step "profile${v:---speculative}" "${PROFILE_S:-90}" python3 lab/engine_profile.py $v \
+          ${PROFILE_ARGS:---num-requests 160 --kv-cache-memory-gb 8}
+      done ;;
     outbox) outbox ;;
     stash) ;;
-    *) echo "unknown stage $stage (suite speed serve grammar stash distill train qtable outbox; here: parts)" >&2
+    *) echo "unknown stage $stage (suite speed serve grammar batch profile stash distill train qtable" \
+         "outbox; here: parts)" >&2
       exit 2 ;;
   esac
 done
