@@ -128,15 +128,31 @@ class RequestGrammar:
         i's path. Where the path leaves the grammar the row stays all zero, which the device reads
         as no mask (LogitsState.process): such a node is never accepted, since its parent's
         masked target never picks it, and a row with nothing allowed would only make NaNs."""
-        n = tokens.shape[0]
-        nxt, sib = [-1] * n, [-1] * n
-        last_child: dict[int, int] = {}
-        for i, p in enumerate(parents.tolist()[1:], 1):
-            prev = last_child.get(p)
-            if prev is None:
-                nxt[p] = i
-            else:
-                sib[prev] = i
-            last_child[p] = i
-        self.matcher.traverse_draft_tree(torch.tensor(nxt), torch.tensor(sib),
-                                         tokens.to(torch.int64), out)
+        nxt, sib = _links(tuple(parents.tolist()))
+        self.matcher.traverse_draft_tree(nxt, sib, tokens.to(torch.int64), out)
+
+
+# parents -> (first child, next sibling) of every node, as traverse_draft_tree reads a tree: a
+# chain's are the same every step, and building the two tensors cost more than the traversal
+_LINKS: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+_LINKS_MAX = 4096
+
+
+def _links(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    got = _LINKS.get(parents)
+    if got is not None:
+        return got
+    n = len(parents)
+    nxt, sib = [-1] * n, [-1] * n
+    last_child: dict[int, int] = {}
+    for i, p in enumerate(parents[1:], 1):
+        prev = last_child.get(p)
+        if prev is None:
+            nxt[p] = i
+        else:
+            sib[prev] = i
+        last_child[p] = i
+    got = (torch.tensor(nxt), torch.tensor(sib))
+    if len(_LINKS) < _LINKS_MAX:
+        _LINKS[parents] = got
+    return got
