@@ -71,7 +71,7 @@ def test_switching_shapes_every_step_is_lossless(adaptive_llm, smol_llm):
 
 
 def test_the_policy_measures_and_chooses(adaptive_llm, smol_llm):
-    """The real policy: every candidate runs at each batch size first, then the choices follow
+    """The real policy: every candidate runs once first (in the loop), then the choices follow
     the estimates; outputs stay the target's."""
     worker = adaptive_llm.engine.worker
     p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
@@ -82,6 +82,7 @@ def test_the_policy_measures_and_chooses(adaptive_llm, smol_llm):
     assert set(policy.chosen) and all(c in {*CANDIDATES} for c in policy.chosen.values())
     measured = {s.label for (s, _) in policy.costs.ms}
     assert measured == set(CANDIDATES)
+    assert {s.label for (s, _) in policy.costs.real} == set(CANDIDATES)  # each ran in the loop
     assert policy.profile.weight(SpecShape.parse("3/1/4")) > 0
 
 

@@ -307,3 +307,26 @@ def test_replayed_costs_give_way_to_the_loops_first_steps():
     assert ran[:2] == [("3/1/4", True), ("5/1/6", True)]  # each once, first
     assert ran[2:] == [("5/1/6", False)] * 2
     assert costs.cost(CHAIN5, 1) / costs.cost(CHAIN3, 1) == pytest.approx(3.5 / 3)
+
+
+def test_a_shapes_loop_cost_carries_to_buckets_it_has_not_run_at():
+    """Each shape runs once (at the first bucket it meets), not once at every bucket: at another
+    bucket its cost is the loop's ratio where it ran, scaled by how its replays change between
+    the two buckets, until it runs there too (then that step's own ratio)."""
+    costs = StepCosts([1, 8])
+    for bs, (r3, r5) in {1: (1.0, 2.0), 8: (2.0, 3.0)}.items():  # replays: 5-chain 2x, then 1.5x
+        costs.seed(CHAIN3, bs, r3)
+        costs.seed(CHAIN5, bs, r5)
+    profile = _profile(CHAIN5, [5, 5, 4, 3])
+    policy = AdaptivePolicy([CHAIN3, CHAIN5], costs, profile, probe_every=0)
+    for _ in range(2):  # at batch 1 each runs once: in the loop the 5-chain costs 1.2x, not 2x
+        c = policy.choose(1)
+        assert c.probe
+        policy.observe(c.shape, 1, {CHAIN3: 3.0, CHAIN5: 3.6}[c.shape], [4])
+    assert costs.cost(CHAIN5, 1) / costs.cost(CHAIN3, 1) == pytest.approx(1.2)
+    # batch 8: no shape runs first; the ratio carried is 1.2 * (1.5 / 2) = 0.9 of the 3-chain's
+    c = policy.choose(8)
+    assert not c.probe and c.shape == CHAIN5
+    assert costs.cost(CHAIN5, 8) / costs.cost(CHAIN3, 8) == pytest.approx(1.2 * (3.0 / 2.0) / (2.0 / 1.0))
+    policy.observe(CHAIN5, 8, 4.0, [4])  # its first step at batch 8 replaces the carried ratio
+    assert (CHAIN5, 8) in costs.real and costs.ratio[(CHAIN5, 8)] == pytest.approx(4.0 / 2.0)

@@ -18,7 +18,8 @@ kept current by the steps that run, as a level that every step moves (contexts g
 shape's step with them) times each shape's cost relative to it (StepCosts). Plain decode
 ("off") commits exactly one token a step.
 
-Each candidate runs once at each batch-size bucket before any is chosen (its first cost). A
+Each candidate runs once before any is chosen (its first cost, carried to the other batch-size
+buckets by StepCosts until it runs there too). A
 shape not run for a while is re-measured: every `probe_every` steps the best other speculative
 shape runs for one step, so a profile that went stale (the traffic drifted) can win back. Plain
 decode is never probed: its estimate (one token, the start-up cost ratio) needs no acceptance,
@@ -198,8 +199,12 @@ class StepCosts:
     its host work, about the same for every shape, so the replays overstate how much more a
     larger shape costs where the step is launch-bound. A shape's first step in the loop at a
     bucket therefore replaces its replayed ratio (`real` records which have run): every shape
-    is then measured against the same level, and the policy runs each once before it trusts
-    the ranking."""
+    is then measured against the same level. At a bucket where a shape has not run yet, its
+    ratio comes from the nearest bucket where it has, carried over by how its replayed ratio
+    changes between the two (`replayed`), so the replays' bias, measured once, is corrected
+    everywhere: the policy runs each shape once (at the first bucket it meets) before it trusts
+    the ranking, not once at every bucket (a served batch passes through every bucket, and each
+    such step is one on a shape that is likely not the best)."""
 
     def __init__(self, batch_sizes: list[int], alpha: float = 0.2, level_alpha: float = 0.25) -> None:
         self.sizes = sorted(batch_sizes)
@@ -209,6 +214,7 @@ class StepCosts:
         self.ratio: dict[tuple[SpecShape, int], float] = {}
         self.last: dict[int, SpecShape] = {}  # bucket -> the shape measured last there
         self.real: set[tuple[SpecShape, int]] = set()  # measured in the loop, not only replayed
+        self.replayed: dict[tuple[SpecShape, int], float] = {}  # each seed's ratio, kept
 
     def bucket(self, bs: int) -> int:
         """The captured size a batch of `bs` runs at (past the largest: the largest, where it
@@ -219,7 +225,7 @@ class StepCosts:
     def seed(self, shape: SpecShape, bs: int, ms: float) -> None:
         b = self.bucket(bs)
         level = self.level.setdefault(b, ms)
-        self.ratio[(shape, b)] = ms / level
+        self.ratio[(shape, b)] = self.replayed[(shape, b)] = ms / level
 
     def observe(self, shape: SpecShape, bs: int, ms: float) -> None:
         b = self.bucket(bs)
@@ -239,10 +245,30 @@ class StepCosts:
             self.ratio[(shape, b)] = r
         self.level[b] = level + self.level_alpha * (ms / r - level)
 
+    def measured(self, shape: SpecShape) -> bool:
+        """Whether `shape` ran in the loop at some bucket."""
+        return any(s == shape for s, _ in self.real)
+
     def cost(self, shape: SpecShape, bs: int) -> float | None:
         b = self.bucket(bs)
         r = self.ratio.get((shape, b))
-        return None if r is None else r * self.level[b]
+        if r is None or b not in self.level:
+            return None
+        if (shape, b) not in self.real:
+            r = self._carried(shape, b, r)
+        return r * self.level[b]
+
+    def _carried(self, shape: SpecShape, b: int, r: float) -> float:
+        """Ratio of `shape` at bucket `b`, where it has only been replayed: the loop's ratio at
+        the nearest bucket where it ran, times how its replayed ratio changes from there to
+        `b` (`r`, the replayed one, where it never ran)."""
+        ran = [x for s, x in self.real if s == shape]
+        if not ran:
+            return r
+        near = min(ran, key=lambda x: (abs(x - b), x))
+        rep_b, rep_near = self.replayed.get((shape, b)), self.replayed.get((shape, near))
+        scale = rep_b / rep_near if rep_b and rep_near else 1.0
+        return self.ratio[(shape, near)] * scale
 
     @property
     def ms(self) -> dict[tuple[SpecShape, int], float]:
@@ -317,9 +343,8 @@ class AdaptivePolicy:
         if rids is not None:
             self.profile.keep(rids)
         est = self.estimates(bs, rids)
-        real = self.costs.real
-        unmeasured = [s for s in self.candidates if s not in est or (s, b) not in real]
-        if unmeasured:  # every candidate runs once at each batch size before any is chosen
+        unmeasured = [s for s in self.candidates if s not in est or not self.costs.measured(s)]
+        if unmeasured:  # every candidate runs once (at the first bucket) before any is chosen
             self.chosen[self.costs.bucket(bs)] = unmeasured[0].label
             return Choice(unmeasured[0], {s.label: v for s, v in est.items()}, probe=True)
         ranked = sorted(est, key=lambda s: (-est[s], s))
