@@ -318,10 +318,10 @@ def test_unexpected_error_while_queueing(llm: LLM, monkeypatch: pytest.MonkeyPat
     engine = llm.engine
     real = engine.add_request
 
-    def add_request(ids: list[int], params: SamplingParams) -> Any:
+    def add_request(ids: list[int], params: SamplingParams, **kw: Any) -> Any:
         if params.max_tokens == 13:
             raise KeyError("injected")
-        return real(ids, params)
+        return real(ids, params, **kw)
 
     monkeypatch.setattr(engine, "add_request", add_request)
     with serve(engine) as srv:

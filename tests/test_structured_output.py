@@ -219,3 +219,48 @@ def test_tree_masks_follow_each_path_and_leave_off_grammar_nodes_unmasked(smol_l
                         node=torch.arange(5))
     assert torch.isfinite(out[1]).sum() == 1 and torch.isfinite(out[1, bang])
     assert torch.isfinite(out[3]).all() and torch.isfinite(out[4]).all()  # off the grammar: unmasked
+
+
+def test_a_serving_loop_never_waits_for_a_grammar_to_compile(smol_llm, prompts, monkeypatch) -> None:
+    """With wait_grammar=False (the serving loop's add_request) a grammar compiles on the
+    engine's grammar thread: a free request beside it keeps decoding meanwhile, the constrained
+    request then runs and gives the tokens it gives when compiled up front; a grammar that fails
+    to compile there finishes its request with "error" and its message, and nothing else."""
+    import threading
+    import time
+
+    from hotspec.runtime.grammar import GrammarCompiler
+
+    engine = smol_llm.engine
+    compile_ = GrammarCompiler.compile
+    gate = threading.Event()
+
+    def slow(self, spec):  # the compile holds until the free request has decoded a while
+        gate.wait(60)
+        if spec.value == "bad":
+            raise InvalidRequestError("guided_regex: invalid regex: bad")
+        return compile_(self, spec)
+
+    spec = GrammarSpec("regex", r"(yes|no), since [a-z]{1,9}\.", "guided_regex")
+    p = SamplingParams(temperature=0.0, max_tokens=16, grammar=spec)
+    want = smol_llm.generate(prompt_token_ids=[prompts[2]], sampling_params=p)[0].token_ids
+    monkeypatch.setattr(GrammarCompiler, "compile", slow)
+    free = engine.add_request(prompts[0], SamplingParams(temperature=0.0, max_tokens=12))
+    bad = engine.add_request(prompts[1], SamplingParams(temperature=0.0, max_tokens=8,
+                                                        grammar=GrammarSpec("regex", "bad")),
+                             wait_grammar=False)
+    good = engine.add_request(prompts[2], p, wait_grammar=False)
+    assert good.grammar_job is not None and good.grammar is None
+    outs: list = []
+    while engine.has_unfinished():
+        outs += engine.step()
+        if len(free.output_token_ids) >= 4:
+            gate.set()
+        if not gate.is_set():
+            assert not good.output_token_ids and good in engine.waiting
+        time.sleep(0.001)
+    assert free.finish_reason == "length" and len(free.output_token_ids) == 12
+    assert good.output_token_ids == want
+    assert bad.finish_reason == "error" and "invalid regex: bad" in (bad.error or "")
+    assert any(o.request is bad and not o.new_token_ids for o in outs)  # its last output
+    assert engine.allocator.num_free == engine.allocator.num_blocks

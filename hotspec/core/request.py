@@ -79,6 +79,9 @@ class Request:
     # with params.grammar: its matcher (runtime/grammar.RequestGrammar), advanced over every token
     # the engine emits for it
     grammar: Any = field(default=None, repr=False)
+    # while that matcher is compiled on the engine's grammar thread (engine/grammars.py): its
+    # future; the request waits for it before admission
+    grammar_job: Any = field(default=None, repr=False)
     # `blocks` as int32 for the step's block table, kept with the list it was read from: the engine
     # only appends to that list or replaces it
     _block_array: tuple[list[int], np.ndarray] | None = field(default=None, repr=False)

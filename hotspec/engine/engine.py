@@ -16,8 +16,9 @@ from hotspec.core.logprobs import TokenLogprob
 from hotspec.core.request import Request, Status
 from hotspec.engine.block_allocator import OutOfBlocks
 from hotspec.engine.builder import DTYPES, EngineBuilder, load_target, resolve_device_dtype
+from hotspec.engine.grammars import Grammars
 from hotspec.engine.prefix_share import SharedPrefixes
-from hotspec.engine.request_checks import Grammars, check_request
+from hotspec.engine.request_checks import check_request
 from hotspec.engine.stop_checker import StopChecker
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
@@ -104,14 +105,19 @@ class Engine:
         self.max_model_len = min(self.max_model_len, self.kv_capacity)
 
     # -- requests ------------------------------------------------------------------------------
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> Request:
-        """Validate and queue a request; a bad request raises InvalidRequestError and changes nothing."""
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                    wait_grammar: bool = True) -> Request:
+        """Validate and queue a request; a bad request raises InvalidRequestError and changes
+        nothing. `wait_grammar=False` (a serving loop): a grammar compiles on the engine's grammar
+        thread while the request waits (engine/grammars.py), its failure an "error" finish."""
         check_request(self, prompt_token_ids, params)
-        grammar = self.grammars.matcher(params)
+        job = self.grammars.submit(params) if params.grammar is not None and not wait_grammar \
+            else None
+        grammar = self.grammars.matcher(params) if job is None else None
         req = Request(next(self._ids), list(prompt_token_ids), params,
                       params.seed if params.seed is not None else self._rng.getrandbits(62))
         req.stats.prompt_tokens = len(prompt_token_ids)
-        req.grammar = grammar
+        req.grammar, req.grammar_job = grammar, job
         req.checker = StopChecker(self.tokenizer if params.detokenize else None, params,
                                   self.eos_token_ids,
                                   req.prompt_token_ids)
@@ -153,6 +159,16 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        failed = self.grammars.settle(self.waiting)
+        for req in failed:  # (its grammar did not compile: engine/grammars.py)
+            self.waiting.remove(req)
+            self._finish(req, "error")
+        if self.waiting and not (self.running or self.prefilling or self.worker.unread()) and \
+                all(r.grammar_job is not None for r in self.waiting):
+            self.grammars.wait(self.waiting, 0.002)  # nothing to run until a compile ends
+        return [StepOutput(r, "", []) for r in failed] + self._step()
+
+    def _step(self) -> list[StepOutput]:
         self.in_flight = []
         n = self.cfg.num_continuous_decode_steps
         if n == 1 or not self.running or self._decodes_since_admit >= n:
@@ -282,15 +298,17 @@ class Engine:
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
         busy = len(self.running) + len(self.prefilling)
-        while self.waiting and busy + len(admitted) < self.cfg.max_num_seqs:
-            req = self.waiting[0]
+        # (requests whose grammar is still compiling are passed over: engine/grammars.py)
+        for req in [r for r in self.waiting if r.grammar_job is None]:
+            if busy + len(admitted) >= self.cfg.max_num_seqs:
+                break
             if self.prefixes.waits(req, self.prefilling + admitted):
                 break  # its prompt's first block is being computed: shared next step
             shared = self.prefixes.lookup(req)
             n = len(req.prompt_token_ids) + len(req.output_token_ids) + self.worker.reserve
             if self._blocks_for(n) - len(shared) > self.allocator.num_free:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(req)
             if shared:
                 self.prefixes.share(req, shared)
             self.prefixes.admitted(req)

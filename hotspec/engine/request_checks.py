@@ -3,10 +3,9 @@ with what to fix, and changes nothing."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hotspec.errors import InvalidRequestError
-from hotspec.runtime.grammar import GrammarCompiler
 from hotspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -37,22 +36,3 @@ def check_request(engine: Engine, prompt_token_ids: list[int], params: SamplingP
     if params.stop and engine.tokenizer is None:
         raise InvalidRequestError("stop strings need a tokenizer; this engine was started with "
                                   "skip_tokenizer_init: use stop_token_ids instead")
-
-
-class Grammars:
-    """The engine's grammar compiler, built on first use (runtime/grammar.py)."""
-
-    def __init__(self, tokenizer: Any, vocab: int) -> None:
-        self.tokenizer, self.vocab = tokenizer, vocab
-        self._compiler: GrammarCompiler | None = None
-
-    def matcher(self, params: SamplingParams) -> Any:
-        """A matcher for `params.grammar` (None without one)."""
-        if params.grammar is None:
-            return None
-        if self.tokenizer is None:
-            raise InvalidRequestError("structured output needs a tokenizer; this engine was "
-                                      "started with skip_tokenizer_init")
-        if self._compiler is None:
-            self._compiler = GrammarCompiler(self.tokenizer, self.vocab)
-        return self._compiler.matcher(params.grammar)

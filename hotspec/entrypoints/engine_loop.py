@@ -154,7 +154,8 @@ class EngineLoop:
 
     def _add(self, cmd: Submit) -> BaseException | None:
         try:
-            req = self.engine.add_request(cmd.prompt_token_ids, cmd.params)
+            # (a grammar compiles on the engine's grammar thread, not this one: engine/grammars.py)
+            req = self.engine.add_request(cmd.prompt_token_ids, cmd.params, wait_grammar=False)
         except InvalidRequestError as e:
             return e
         except Exception as e:  # noqa: BLE001 - a broken request must never stop the loop
@@ -202,8 +203,9 @@ class EngineLoop:
             if arrived is not None:
                 self._observe("on_first_token", req, now - arrived)
             finished = req.finish_reason is not None
+            error = req.error if req.finish_reason == "error" else None
             out.append((handle, RequestEvent(o.text_delta, list(o.new_token_ids), req.finish_reason,
-                                             None, len(req.prompt_token_ids), len(req.output_token_ids),
+                                             error, len(req.prompt_token_ids), len(req.output_token_ids),
                                              o.logprobs, o.prompt_logprobs)))
             if finished:
                 del self._handles[req.rid]
