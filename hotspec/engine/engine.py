@@ -111,13 +111,14 @@ class Engine:
         nothing. `wait_grammar=False` (a serving loop): a grammar compiles on the engine's grammar
         thread while the request waits (engine/grammars.py), its failure an "error" finish."""
         check_request(self, prompt_token_ids, params)
-        job = self.grammars.submit(params) if params.grammar is not None and not wait_grammar \
-            else None
-        grammar = self.grammars.matcher(params) if job is None else None
+        later = params.grammar is not None and not wait_grammar
+        grammar = None if later else self.grammars.matcher(params)
         req = Request(next(self._ids), list(prompt_token_ids), params,
                       params.seed if params.seed is not None else self._rng.getrandbits(62))
         req.stats.prompt_tokens = len(prompt_token_ids)
-        req.grammar, req.grammar_job = grammar, job
+        req.grammar = grammar
+        if later:
+            self.grammars.submit(req)
         req.checker = StopChecker(self.tokenizer if params.detokenize else None, params,
                                   self.eos_token_ids,
                                   req.prompt_token_ids)
@@ -159,13 +160,13 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        failed = self.grammars.settle(self.waiting)
+        failed = self.grammars.settle() if self.grammars.pending else []
         for req in failed:  # (its grammar did not compile: engine/grammars.py)
             self.waiting.remove(req)
             self._finish(req, "error")
-        if self.waiting and not (self.running or self.prefilling or self.worker.unread()) and \
-                all(r.grammar_job is not None for r in self.waiting):
-            self.grammars.wait(self.waiting, 0.002)  # nothing to run until a compile ends
+        if self.grammars.pending and len(self.grammars.pending) == len(self.waiting) and \
+                not (self.running or self.prefilling or self.worker.unread()):
+            self.grammars.wait(0.002)  # nothing to run until a compile ends
         return [StepOutput(r, "", []) for r in failed] + self._step()
 
     def _step(self) -> list[StepOutput]:

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
-from collections.abc import Iterable
 from typing import Any
 
-from hotspec.core.request import Request
+from hotspec.core.request import Request, Status
 from hotspec.errors import InvalidRequestError
 from hotspec.runtime.grammar import GrammarCompiler, RequestGrammar
 from hotspec.sampling_params import SamplingParams
@@ -32,6 +31,8 @@ class Grammars:
         self._compiler: GrammarCompiler | None = None
         self._lock = threading.Lock()  # (the compiler is built once, by whichever thread is first)
         self._pool: cf.ThreadPoolExecutor | None = None
+        # requests whose grammar is compiling: what each step looks at (not every waiting request)
+        self.pending: list[Request] = []
 
     def matcher(self, params: SamplingParams) -> RequestGrammar | None:
         """A matcher for `params.grammar` (None without one), compiled now."""
@@ -45,20 +46,22 @@ class Grammars:
                 self._compiler = GrammarCompiler(self.tokenizer, self.vocab)
         return self._compiler.matcher(params.grammar)
 
-    def submit(self, params: SamplingParams) -> cf.Future[RequestGrammar | None]:
-        """The matcher, compiled on the worker thread."""
+    def submit(self, req: Request) -> None:
+        """`req`'s matcher, compiled on the worker thread (`req.grammar_job` until `settle`)."""
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="hotspec-grammar")
-        return self._pool.submit(self.matcher, params)
+        req.grammar_job = self._pool.submit(self.matcher, req.params)
+        self.pending.append(req)
 
-    @staticmethod
-    def settle(waiting: Iterable[Request]) -> list[Request]:
+    def settle(self) -> list[Request]:
         """Requests whose compile finished get their matcher; those whose compile failed are
-        returned (with `error` set) for the engine to finish."""
+        returned (with `error` set) for the engine to finish. Aborted ones are forgotten."""
         failed = []
-        for req in waiting:
+        for req in list(self.pending):
             job = req.grammar_job
-            if job is None or not job.done():
+            if req.status is Status.FINISHED or job is None or job.done():
+                self.pending.remove(req)
+            if req.status is Status.FINISHED or job is None or not job.done():
                 continue
             req.grammar_job = None
             try:
@@ -68,9 +71,8 @@ class Grammars:
                 failed.append(req)
         return failed
 
-    @staticmethod
-    def wait(waiting: Iterable[Request], timeout: float) -> None:
+    def wait(self, timeout: float) -> None:
         """Until one pending compile finishes, at most `timeout` s (nothing else to do)."""
-        jobs = [r.grammar_job for r in waiting if r.grammar_job is not None]
+        jobs = [r.grammar_job for r in self.pending if r.grammar_job is not None]
         if jobs:
             cf.wait(jobs, timeout, return_when=cf.FIRST_COMPLETED)
