@@ -146,18 +146,36 @@ def test_step_costs_learn_relative_costs_from_switches():
     assert costs.ratio[(CHAIN3, 1)] == ratio and costs.cost(CHAIN3, 1) == pytest.approx(2.4, rel=0.1)
 
 
-def test_probe_runs_the_best_other_speculative_shape_every_n_steps():
-    """Every `probe_every` steps the runner-up among the speculative shapes runs once; plain
-    decode, though second here, is never probed (its estimate needs no acceptance, and the
-    draft would have to catch up after it)."""
+def test_probes_run_each_other_speculative_shape_in_turn():
+    """Every `probe_every` steps the speculative shape run longest ago runs once, so every
+    shape's cost is re-measured in turn (not the runner-up alone, whose estimate a single noisy
+    step may have spoilt); plain decode, though second here, is never probed (its estimate needs
+    no acceptance, and the draft would have to catch up after it)."""
     chain2 = SpecShape.parse("2/1/3")
-    costs = _costs({OFF: {1: 1.0}, chain2: {1: 4.0}, CHAIN3: {1: 1.2}})
-    policy = AdaptivePolicy([OFF, chain2, CHAIN3], costs, _profile(CHAIN3, [3]), probe_every=4)
-    picks = [policy.choose(1) for _ in range(8)]
+    costs = _costs({OFF: {1: 1.0}, chain2: {1: 4.0}, CHAIN3: {1: 1.2}, CHAIN5: {1: 5.0}})
+    policy = AdaptivePolicy([OFF, chain2, CHAIN3, CHAIN5], costs, _profile(CHAIN3, [3]),
+                            probe_every=4, decide_every=1)
+    picks = []
+    for _ in range(16):
+        c = policy.choose(1)
+        picks.append(c)
+        policy.observe(c.shape, 1, None, [])
     assert picks[0].tokens_per_s["off"] > picks[0].tokens_per_s["2/1/3"]
-    assert [c.probe for c in picks] == [False, False, False, True] * 2
-    assert {c.shape for c in picks if c.probe} == {chain2}
+    assert [c.probe for c in picks] == [False, False, False, True] * 4
+    assert [c.shape for c in picks if c.probe] == [CHAIN5, chain2] * 2  # (the likelier first)
     assert {c.shape for c in picks if not c.probe} == {CHAIN3}
+
+
+def test_a_shapes_first_loop_samples_are_averaged():
+    """One step's time is noisy: a shape's first step in the loop, 1.6x its cost, is averaged
+    with the next ones rather than trusted alone or decayed away slowly."""
+    costs = _costs({CHAIN3: {1: 1.0}, CHAIN5: {1: 1.5}}, real=False)
+    costs.observe(CHAIN3, 1, 1.0)
+    for ms in (3.2, 2.0, 2.0, 2.0):  # the 5-chain costs 2x the 3-chain; its first step, 3.2x
+        costs.observe(CHAIN5, 1, ms)
+        costs.observe(CHAIN3, 1, 1.0)
+    c3, c5 = costs.cost(CHAIN3, 1), costs.cost(CHAIN5, 1)
+    assert c3 is not None and c5 is not None and c5 / c3 == pytest.approx(2.3, rel=0.06)
 
 
 def test_unmeasured_shapes_run_first_and_buckets():

@@ -19,11 +19,11 @@ shape's step with them) times each shape's cost relative to it (StepCosts). Plai
 ("off") commits exactly one token a step.
 
 Each candidate runs once before any is chosen (its first cost, carried to the other batch-size
-buckets by StepCosts until it runs there too). A
-shape not run for a while is re-measured: every `probe_every` steps the best other speculative
-shape runs for one step, so a profile that went stale (the traffic drifted) can win back. Plain
-decode is never probed: its estimate (one token, the start-up cost ratio) needs no acceptance,
-and a step of it costs the draft a catch-up pass on the way back.
+buckets by StepCosts until it runs there too). A shape not run for a while is re-measured:
+every `probe_every` steps the speculative shape run longest ago runs for one step, so a profile
+that went stale (the traffic drifted) can win back. Plain decode is never probed: its estimate
+(one token, the start-up cost ratio) needs no acceptance, and a step of it costs the draft a
+catch-up pass on the way back.
 
 That catch-up (an eager draft pass over the tokens plain decode committed, after the steps in
 flight are read) is the price of every return from plain decode, and is paid every
@@ -197,9 +197,11 @@ class StepCosts:
 
     Start-up replays time a graph alone on the device; a step in the engine's loop also costs
     its host work, about the same for every shape, so the replays overstate how much more a
-    larger shape costs where the step is launch-bound. A shape's first step in the loop at a
-    bucket therefore replaces its replayed ratio (`real` records which have run): every shape
-    is then measured against the same level. At a bucket where a shape has not run yet, its
+    larger shape costs where the step is launch-bound. A shape's steps in the loop at a
+    bucket therefore replace its replayed ratio (`real` records which have run): the mean of
+    its first samples (one step's time is noisy: a single sample kept a shape that measures
+    best off the CPU's batch-4 choice), then a moving average (`alpha`), so every shape is
+    measured against the same level. At a bucket where a shape has not run yet, its
     ratio comes from the nearest bucket where it has, carried over by how its replayed ratio
     changes between the two (`replayed`), so the replays' bias, measured once, is corrected
     everywhere: the policy runs each shape once (at the first bucket it meets) before it trusts
@@ -214,6 +216,7 @@ class StepCosts:
         self.ratio: dict[tuple[SpecShape, int], float] = {}
         self.last: dict[int, SpecShape] = {}  # bucket -> the shape measured last there
         self.real: set[tuple[SpecShape, int]] = set()  # measured in the loop, not only replayed
+        self.samples: Counter[tuple[SpecShape, int]] = Counter()  # the loop's ratio samples
         self.replayed: dict[tuple[SpecShape, int], float] = {}  # each seed's ratio, kept
 
     def bucket(self, bs: int) -> int:
@@ -238,10 +241,11 @@ class StepCosts:
             self.seed(shape, bs, ms)
             return
         level = self.level[b]
-        if first:  # its replayed ratio gives way to the loop's: every shape on one level
-            self.ratio[(shape, b)] = r = ms / level
-        elif switched:  # the level is the other shape's, at about this context: compare
-            r += self.alpha * (ms / level - r)
+        if first or switched:  # the level is the other shapes', at about this context: compare.
+            # The loop's samples replace the replayed ratio (every shape on one level): their
+            # mean while they are few (one step's time is noisy), then a moving average.
+            n = self.samples[(shape, b)] = self.samples[(shape, b)] + 1
+            r += max(self.alpha, 1.0 / n) * (ms / level - r)
             self.ratio[(shape, b)] = r
         self.level[b] = level + self.level_alpha * (ms / r - level)
 
@@ -307,6 +311,7 @@ class AdaptivePolicy:
         self.steps = 0
         self.chosen: dict[int, str] = {}  # batch-size bucket -> label of the last choice
         self.kept: dict[int, SpecShape] = {}  # batch-size bucket -> the shape it runs (probes aside)
+        self.ran: dict[SpecShape, int] = {}  # shape -> the decision count when it last ran
 
     def estimates(self, bs: int, rids: list[int] | None = None) -> dict[SpecShape, float]:
         """Expected tokens per second of every candidate with a measured cost at batch `bs`
@@ -364,7 +369,8 @@ class AdaptivePolicy:
         self.kept[b] = pick
         others = [s for s in ranked if s != pick and not s.off]
         if others and self.probe_every and self.steps % self.probe_every == 0:
-            pick, probe = others[0], True
+            # the one measured longest ago: every shape's ratio is re-measured in turn
+            pick, probe = min(others, key=lambda s: self.ran.get(s, -1)), True
         self.chosen[b] = pick.label
         return Choice(pick, {s.label: v for s, v in est.items()}, probe)
 
@@ -374,4 +380,5 @@ class AdaptivePolicy:
         request `rids`)."""
         if ms is not None:
             self.costs.observe(shape, bs, ms)
+        self.ran[shape] = self.steps
         self.profile.update(shape, accept_lens, rids)
