@@ -1,6 +1,8 @@
 """The speculation shape by batch size: vanilla decoding, each fixed shape of the adaptive
 candidate set and --speculative-adaptive (also without `off`, when it is a candidate), each
-given the same batches at each batch size, one engine after the other on one target.
+given the same batches at each batch size, one engine after the other on one target (or, with
+`--interleave`, all built at once, taking turns batch by batch: on a shared CPU, whose speed
+drifts by 5-10 % from one minute to the next, a sequence of engines measures the drift).
 
     python benchmarks/batch_bench.py --speculative-algorithm EAGLE3 \\
         --prompts ../shared/data/spec_bench_dev.jsonl --batch-sizes 1 4 8 16 32 64 --max-tokens 256
@@ -56,31 +58,41 @@ def engines(cfg: EngineConfig, fixed: list[str]) -> dict[str, EngineConfig]:
     return out
 
 
-def run_all(engine: Engine, prompts: dict[int, list[list[int]]], max_tokens: int
-            ) -> dict[int, dict[str, Any]]:
-    """Every batch size's batches on one engine, each size after a warm-up: every batch of it
+def run_all(engines: dict[str, Engine], prompts: dict[int, list[list[int]]], max_tokens: int
+            ) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every batch size's batches on each engine, each size after a warm-up: every batch of it
     for 4 tokens (each prompt's prefill shape compiled, whichever engine runs first), then the
-    first for 16."""
-    out = {}
+    first for 16. With several engines, they take turns batch by batch (a machine whose speed
+    drifts, as a shared CPU's does, slows them alike)."""
+    out: dict[str, dict[int, dict[str, Any]]] = {n: {} for n in engines}
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     for b, ps in prompts.items():
+        for engine in engines.values():
+            for i in range(0, len(ps), b):
+                drive(engine, ps[i:i + b], SamplingParams(temperature=0.0, max_tokens=4))
+            drive(engine, ps[:b], SamplingParams(temperature=0.0, max_tokens=16))
+        runs: dict[str, list[Any]] = {n: [] for n in engines}
         for i in range(0, len(ps), b):
-            drive(engine, ps[i:i + b], SamplingParams(temperature=0.0, max_tokens=4))
-        drive(engine, ps[:b], SamplingParams(temperature=0.0, max_tokens=16))
-        runs = [drive(engine, ps[i:i + b], params) for i in range(0, len(ps), b)]
-        wall = sum(r.wall_s for r in runs)
-        outputs = [o for r in runs for o in r.outputs]
-        tokens = sum(len(o) for o in outputs)
-        shapes: Counter[str] = Counter()
-        catch_ups = 0
-        for r in runs:
-            if r.stats is not None:
-                shapes += r.stats.shape_steps
-                catch_ups += r.stats.phase_calls["catch_up"]
-        out[b] = {"wall_s": wall, "prefill_s": sum(r.prefill_s for r in runs), "tokens": tokens,
-                  "tokens_per_s": tokens / wall, "decode_steps": sum(r.decode_steps for r in runs),
-                  "steps_per_shape": dict(shapes), "catch_ups": catch_ups, "outputs": outputs}
+            for n, engine in engines.items():
+                runs[n].append(drive(engine, ps[i:i + b], params))
+        for n in engines:
+            out[n][b] = _summary(runs[n])
     return out
+
+
+def _summary(runs: list[Any]) -> dict[str, Any]:
+    wall = sum(r.wall_s for r in runs)
+    outputs = [o for r in runs for o in r.outputs]
+    tokens = sum(len(o) for o in outputs)
+    shapes: Counter[str] = Counter()
+    catch_ups = 0
+    for r in runs:
+        if r.stats is not None:
+            shapes += r.stats.shape_steps
+            catch_ups += r.stats.phase_calls["catch_up"]
+    return {"wall_s": wall, "prefill_s": sum(r.prefill_s for r in runs), "tokens": tokens,
+            "tokens_per_s": tokens / wall, "decode_steps": sum(r.decode_steps for r in runs),
+            "steps_per_shape": dict(shapes), "catch_ups": catch_ups, "outputs": outputs}
 
 
 def decode_rate(r: dict[str, Any]) -> float:
@@ -144,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fixed", nargs="*", default=None, metavar="S/K/N",
                    help="fixed shapes beside vanilla and adaptive (default: the adaptive "
                         "candidates, --speculative-candidates)")
+    p.add_argument("--interleave", action="store_true",
+                   help="build every engine at once and give them each batch in turn, not one "
+                   "engine after the other: for a machine whose speed drifts (a shared CPU); "
+                   "each engine holds its KV cache throughout")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     sizes = sorted(set(args.batch_sizes))
@@ -155,11 +171,17 @@ def main(argv: list[str] | None = None) -> int:
                               target.tokenizer) for b in sizes}
     fixed = args.fixed if args.fixed is not None else list(cfg.speculative_candidates)
     results: dict[str, dict[int, dict[str, Any]]] = {}
-    for name, ecfg in engines(cfg, fixed).items():
-        print(f"engine {name}", file=sys.stderr, flush=True)
-        results[name] = run_with_engine(ecfg, target,
-                                        lambda e: run_all(e, prompts, args.max_tokens))
-        print("  tokens/s by batch size: " + ", ".join(
+    cfgs = engines(cfg, fixed)
+    if args.interleave:
+        built = {n: Engine.from_model(c, target.model_config, target.model, target.tokenizer)
+                 for n, c in cfgs.items()}
+        results = run_all(built, prompts, args.max_tokens)
+    for name, ecfg in cfgs.items():
+        if not args.interleave:
+            print(f"engine {name}", file=sys.stderr, flush=True)
+            results[name] = run_with_engine(
+                ecfg, target, lambda e, n=name: run_all({n: e}, prompts, args.max_tokens)[n])
+        print(f"{name}: tokens/s by batch size: " + ", ".join(
             f"{b}: {r['tokens_per_s']:.1f}" for b, r in results[name].items()), file=sys.stderr,
             flush=True)
     lines, summary = table(results, sizes)

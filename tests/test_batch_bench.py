@@ -22,7 +22,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 96
 
 
-def test_every_engine_at_every_batch_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("interleave", [False, True])
+def test_every_engine_at_every_batch_size(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          interleave: bool) -> None:
+    """One engine after the other, or all built at once taking turns batch by batch."""
     save_tiny_llama(tmp_path / "target", vocab=VOCAB, hidden=64, layers=4, std=0.2)
     mcfg = load_checkpoint(tmp_path / "target", torch.float32)[0]
     head = random_draft_checkpoint(tmp_path / "head", mcfg, "EAGLE3", seed=0, scale=0.3)
@@ -38,7 +41,7 @@ def test_every_engine_at_every_batch_size(tmp_path: Path, capsys: pytest.Capture
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head),
         "--speculative-candidates", "off", "2/1/3", "3/4/8",
         "--prompts", str(tmp_path / "p.jsonl"), "--max-tokens", "10", "--batch-sizes", "3", "1",
-        "--rounds", "2", "--min-prompts", "4", "--out", str(out)])
+        "--rounds", "2", "--min-prompts", "4", "--out", str(out)] + ["--interleave"] * interleave)
     assert rc == 0
     d = json.loads(out.read_text())
     assert list(d["results"]) == ["vanilla", "2/1/3", "3/4/8", "adaptive", "adaptive w/o off"]

