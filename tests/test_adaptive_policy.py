@@ -348,3 +348,29 @@ def test_a_shapes_loop_cost_carries_to_buckets_it_has_not_run_at():
     assert costs.cost(CHAIN5, 8) / costs.cost(CHAIN3, 8) == pytest.approx(1.2 * (3.0 / 2.0) / (2.0 / 1.0))
     policy.observe(CHAIN5, 8, 4.0, [4])  # its first step at batch 8 replaces the carried ratio
     assert (CHAIN5, 8) in costs.real and costs.ratio[(CHAIN5, 8)] == pytest.approx(4.0 / 2.0)
+
+
+def test_a_busy_bucket_measures_the_shapes_it_only_carried():
+    """A carried cost is a guess: at batch 8 the 3-chain's is carried from batch 1 and wrong
+    (the replays say 2x, the loop finds it as cheap as at batch 1, and the 5-chain dearer). The
+    bucket's first decision
+    runs the 5-chain on the guess; its second runs the 3-chain once, which then wins on its
+    measured cost. A bucket decided once (a batch passing through) probes nothing."""
+    costs = StepCosts([1, 8])
+    for bs, (r3, r5) in {1: (1.0, 1.2), 8: (2.0, 1.2)}.items():
+        costs.seed(CHAIN3, bs, r3)
+        costs.seed(CHAIN5, bs, r5)
+    profile = _profile(CHAIN5, [5, 5, 4, 3])
+    policy = AdaptivePolicy([CHAIN3, CHAIN5], costs, profile, probe_every=0, decide_every=4)
+    loop = {1: {CHAIN3: 3.0, CHAIN5: 3.6}, 8: {CHAIN3: 3.0, CHAIN5: 4.5}}
+    for _ in range(2):  # each runs once, at batch 1
+        c = policy.choose(1)
+        policy.observe(c.shape, 1, loop[1][c.shape], [4])
+    ran = []
+    for _ in range(12):
+        c = policy.choose(8)
+        ran.append((c.shape, c.probe))
+        policy.observe(c.shape, 8, loop[8][c.shape], [4] * 8)
+    assert ran[0] == (CHAIN5, False) and ran[:4] == [(CHAIN5, False)] * 4  # the carried guess
+    assert ran[4] == (CHAIN3, True)  # the second decision: the carried shape, measured once
+    assert (CHAIN3, 8) in costs.real and ran[8:] == [(CHAIN3, False)] * 4

@@ -19,7 +19,9 @@ shape's step with them) times each shape's cost relative to it (StepCosts). Plai
 ("off") commits exactly one token a step.
 
 Each candidate runs once before any is chosen (its first cost, carried to the other batch-size
-buckets by StepCosts until it runs there too). A shape not run for a while is re-measured:
+buckets by StepCosts until it runs there too: a bucket's second decision runs each speculative
+shape it only carried, once, so a busy bucket soon ranks on its own costs, while one a served
+batch only passes through pays nothing). A shape not run for a while is re-measured:
 every `probe_every` steps the speculative shape run longest ago runs for one step, so a profile
 that went stale (the traffic drifted) can win back. Plain decode is never probed: its estimate
 (one token, the start-up cost ratio) needs no acceptance, and a step of it costs the draft a
@@ -354,6 +356,7 @@ class AdaptivePolicy:
             return Choice(unmeasured[0], {s.label: v for s, v in est.items()}, probe=True)
         ranked = sorted(est, key=lambda s: (-est[s], s))
         self.steps += 1
+        again = b in self.decided
         self.decided[b] = (self.steps, own)
         pick, probe = ranked[0], False
         last = kept
@@ -368,7 +371,10 @@ class AdaptivePolicy:
                     pick = spec[0]
         self.kept[b] = pick
         others = [s for s in ranked if s != pick and not s.off]
-        if others and self.probe_every and self.steps % self.probe_every == 0:
+        carried = [s for s in others if (s, b) not in self.costs.real]
+        if again and carried:  # a bucket that stays busy measures what it only carried
+            pick, probe = carried[0], True
+        elif others and self.probe_every and self.steps % self.probe_every == 0:
             # the one measured longest ago: every shape's ratio is re-measured in turn
             pick, probe = min(others, key=lambda s: self.ran.get(s, -1)), True
         self.chosen[b] = pick.label
