@@ -40,8 +40,10 @@ class EngineConfig:
         1.0, "memory for the KV cache (target and draft) when --num-kv-blocks is unset, in GiB")
     max_num_seqs: int = _option(64, "requests decoded together at most; later ones wait")
     max_model_len: int | None = _option(
-        None, "context length (prompt + output tokens) per request; unset: the model's, capped by "
-        "the KV cache")
+        None, "context length (prompt + output tokens) per request: a request that fills it gets "
+        "every token it asked for; unset: the model's, capped by the KV cache (less the slots a "
+        "speculative step writes past the last token, at the model's whole context or the "
+        "cache's)")
     max_prefill_tokens: int | None = _option(
         8192, "chunked prefill: prompt tokens processed per step, so one long prompt never stalls "
         "the running requests for long; None (Python API): whole prompts")

@@ -74,11 +74,11 @@ def test_gguf_of_an_unsupported_architecture(tmp_path: Path) -> None:
 def test_prompt_longer_than_the_context(tiny_llm: LLM) -> None:
     assert tiny_llm.engine.max_model_len == 64
     with pytest.raises(InvalidRequestError,
-                       match=r"prompt of 64 tokens does not fit the context of 64 tokens \(at most 62 "
+                       match=r"prompt of 64 tokens does not fit the context of 64 tokens \(at most 63 "
                              r"prompt tokens .*shorten the prompt or raise max_model_len"):
         tiny_llm.generate(prompt_token_ids=[[1] * 64], sampling_params=GREEDY)
     # the longest prompt the message allows is accepted, and ends by length at the context
-    (out,) = tiny_llm.generate(prompt_token_ids=[[1] * 62], sampling_params=GREEDY)
+    (out,) = tiny_llm.generate(prompt_token_ids=[[1] * 63], sampling_params=GREEDY)
     assert out.finish_reason == "length" and len(out.token_ids) == 1
 
 

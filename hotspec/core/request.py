@@ -99,6 +99,11 @@ class Request:
         return arr
 
     @property
+    def num_tokens(self) -> int:
+        """Prompt and generated tokens: what counts against the context."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
     def last_token(self) -> int:
         """The newest token: sampled, not yet in the KV cache (the next step's input)."""
         return self.output_token_ids[-1]

@@ -48,6 +48,12 @@ class SpecShape:
         return self.num_steps + 1
 
     @property
+    def reserve(self) -> int:
+        """KV slots a step writes from a request's length on: the tree's tokens, the draft
+        tree's scratch slots, the accepted path's draft_extend rows (1 for plain decoding)."""
+        return max(self.num_draft_tokens, self.topk * (self.num_steps - 1), self.width)
+
+    @property
     def label(self) -> str:
         return "off" if self.off else f"{self.num_steps}/{self.topk}/{self.num_draft_tokens}"
 

@@ -68,6 +68,7 @@ class EngineParts:
     graphs: GraphRunner
     allocator: BlockAllocator
     draft: DraftHead | None
+    max_model_len: int  # the context a request gets (before the KV cache's capacity)
 
 
 class EngineBuilder:
@@ -125,7 +126,14 @@ class EngineBuilder:
         backend = self._backend()
         self.graphs = self._graph_runner()
         shapes, policy = self._shapes() if self.cfg.speculative_algorithm is not None else ([], None)
-        executor = StepExecutor(self.graphs, self.block_size, self._blocks_for(self.max_model_len),
+        # A step writes `reserve` KV slots from a request's length on, so a request that fills
+        # the context L writes up to position L + reserve - 2: the block tables hold those slots,
+        # and L leaves them inside the rotary tables (at the model's whole context, a speculative
+        # engine's L is reserve - 1 tokens shorter).
+        reserve = max((s.reserve for s in shapes), default=1)
+        self.max_model_len = min(self.max_model_len, c.max_position_embeddings - reserve + 1)
+        executor = StepExecutor(self.graphs, self.block_size,
+                                self._blocks_for(self.max_model_len + reserve - 1),
                                 self._overlap(), self.cfg.max_num_seqs,
                                 # (no step holds more tokens than the context; padding
                                 # positions stay inside the rotary tables)
@@ -153,6 +161,9 @@ class EngineBuilder:
                                  ModelRunner(draft, draft_pool, backend))
             worker = EagleWorker(models, executor, shapes, policy, fuse_step=self.cfg.fuse_spec_step,
                                  profile=self.cfg.profile_phases)
+        if executor.reserve != reserve:
+            raise RuntimeError(f"the worker's steps write {executor.reserve} KV slots past a "
+                               f"request's length, the block tables were sized for {reserve}")
         reserved = torch.cuda.memory_reserved(self.device) if self.graphs.mode == "cuda" else 0
         self.graphs.capture_all()
         if self.graphs.mode == "cuda":
@@ -169,7 +180,7 @@ class EngineBuilder:
             log.info("overlap schedule off: %s", "--no-overlap-schedule"
                      if self.cfg.overlap_schedule is False else
                      "the speculative step runs as three phase graphs (--no-fuse-spec-step)")
-        return EngineParts(worker, self.graphs, allocator, self.draft)
+        return EngineParts(worker, self.graphs, allocator, self.draft, self.max_model_len)
 
     def _overlap(self) -> bool:
         """EngineConfig.overlap_schedule, with None resolved: on with CUDA graphs and a fused

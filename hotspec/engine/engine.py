@@ -95,14 +95,15 @@ class Engine:
         parts = EngineBuilder(cfg, model_cfg, target, device, dtype, self.max_model_len).build()
         self.worker: Worker = parts.worker
         self.graphs, self.allocator, self.draft = parts.graphs, parts.allocator, parts.draft
+        self.max_model_len = parts.max_model_len
         self.prefixes = SharedPrefixes(self.allocator, self.block_size)
         # Rows of launched steps dropped because their request had finished by the time they were
         # read (overlap schedule: EOS, stop strings, aborts), a metric of the schedule's waste.
         self.dropped_rows = 0
-        # A request may never need more KV than the whole cache holds: alone, it always fits, so
-        # preemption cannot evict it in favour of nothing (see _reserve_step_slots).
+        # A request (L tokens: L + reserve - 1 slots at most) never needs more KV than the cache
+        # holds: alone, it fits, so preemption never evicts it for nothing (_reserve_step_slots).
         self.kv_capacity = self.allocator.num_blocks * self.block_size
-        self.max_model_len = min(self.max_model_len, self.kv_capacity)
+        self.max_model_len = min(self.max_model_len, self.kv_capacity - self.worker.reserve + 1)
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -245,7 +246,7 @@ class Engine:
         advance); it is launched again once they are read, if it goes on."""
         ahead = self.worker.ahead(req)
         return ahead > 0 and (len(req.output_token_ids) + ahead >= req.params.max_tokens
-                              or self._room(req) + 1 >= self.max_model_len)
+                              or self._room(req) > self.max_model_len + self.worker.reserve - 1)
 
     def _drain(self) -> list[StepOutput]:
         """Collect every launched step (the overlap schedule's; none otherwise)."""
@@ -364,8 +365,8 @@ class Engine:
                         raise RuntimeError(f"request {req.rid}: token {t} is outside its grammar")
                     if req.grammar.terminated:
                         reason = "stop"  # the grammar is complete
-                if reason is None and req.seq_len + self.worker.reserve + 1 >= self.max_model_len:
-                    reason = "length"
+                if reason is None and req.num_tokens >= self.max_model_len:
+                    reason = "length"  # the context is full
                 if reason is not None:
                     self.running.remove(req)
                     self._finish(req, reason)

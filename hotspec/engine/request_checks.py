@@ -20,7 +20,7 @@ def check_request(engine: Engine, prompt_token_ids: list[int], params: SamplingP
     bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
     if bad:
         raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-    room = engine.max_model_len - engine.worker.reserve
+    room = engine.max_model_len  # (a prompt of room - 1 tokens gets one token)
     if len(prompt_token_ids) >= room:
         limit = ("the KV cache's capacity; shorten the prompt or give the KV cache more memory"
                  if engine.max_model_len == engine.kv_capacity else

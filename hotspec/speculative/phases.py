@@ -99,7 +99,7 @@ class EaglePhases:
         self.num_steps, self.topk, self.state_k = shapes.num_steps, shapes.topk, shapes.state_k
         self.num_draft_tokens, self.width = shapes.num_draft_tokens, shapes.width
         self.scratch = self.topk * (self.num_steps - 1)  # draft-tree KV slots per request
-        self.reserve = max(self.num_draft_tokens, self.scratch, self.width)
+        self.reserve = shapes.shape.reserve  # (max of num_draft_tokens, scratch, width)
         self.max_kv = shapes.max_blocks_per_seq * block_size  # attention bound for static shapes
         # constants of the draft loop: frontier node ids, and owns[s][i, j]: node i of draft step
         # s + 1 writes scratch slot j (j == s*k + i)
