@@ -4,9 +4,10 @@
 
 Starts `hotspec serve` twice (vanilla: --no-default-head; the default head), sends requests one
 at a time (an idle server: rate 2's usual case), streamed like bench-serve's client, and prints
-per server the client's TTFT p50/min, the engine's own mean (its /metrics histogram: from the
-request reaching the engine loop to its first token leaving it) and the difference (HTTP, chat
-template, tokenization, the pipe both ways, detokenization, SSE).
+per server the client's TTFT p50/min (`--raw`: also a hand-written HTTP client's, without httpx),
+the engine's own mean (its /metrics histogram: from the request reaching the engine loop to its
+first token leaving it) and the difference (HTTP, chat template, tokenization, the pipe both
+ways, detokenization, SSE).
 """
 
 from __future__ import annotations
@@ -24,9 +25,35 @@ import httpx
 
 from hotspec.benchmark.servers import start, stop, wait_healthy
 
+RAW = False
 PROMPTS = ["Say hello.", "Write a haiku about the sea.",
            "Explain in two sentences why the sky is blue, for a child of eight.",
            "List three facts about the moon and one about the sun, then summarise them. " * 4]
+
+
+async def raw_ttft(url: str, bodies: list[dict]) -> list[float]:
+    """The same requests over one kept-alive connection written and read by hand (no HTTP
+    library): what bench-serve's httpx client adds to TTFT is the difference."""
+    host, port = url.split("//")[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    out = []
+    for body in bodies:
+        data = json.dumps(body).encode()
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                f"application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+        t, first = time.perf_counter(), None
+        writer.write(head + data)
+        assert b"chunked" in (await reader.readuntil(b"\r\n\r\n")).lower()
+        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            chunk = await reader.readexactly(size + 2)
+            if first is None and b'"content":"' in chunk and b'"content":""' not in chunk:
+                first = time.perf_counter()
+        await reader.readexactly(2)
+        if first is not None:
+            out.append((first - t) * 1e3)
+        await asyncio.sleep(0.05)
+    writer.close()
+    return out
 
 
 async def probe(url: str, n: int, max_tokens: int) -> tuple[list[float], float, float]:
@@ -58,6 +85,13 @@ async def probe(url: str, n: int, max_tokens: int) -> tuple[list[float], float, 
                 ttft.append((first - t) * 1e3)
             await asyncio.sleep(0.05)
         s1, n1 = await engine_ttft()
+        if RAW:
+            bodies = [{"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
+                       "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
+                      for i in range(n)]
+            raw = await raw_ttft(url, bodies)
+            print(f"  raw client: TTFT p50 {statistics.median(raw):.2f} ms, mean "
+                  f"{statistics.mean(raw):.2f} (min {min(raw):.2f}) over {len(raw)}", flush=True)
         return ttft, (s1 - s0) * 1e3 / max(n1 - n0, 1), n1 - n0
 
 
@@ -66,8 +100,12 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=30)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--only", choices=["vanilla", "speculative"], default=None)
+    p.add_argument("--raw", action="store_true",
+                   help="also time the requests with a hand-written HTTP client (after httpx's)")
     p.add_argument("serve_args", nargs="*")
     a = p.parse_args()
+    global RAW
+    RAW = a.raw
     log_dir = Path("/tmp/served_ttft")
     log_dir.mkdir(exist_ok=True)
     servers = [start(name, args, log_dir) for name, args in
