@@ -17,6 +17,8 @@
 #   batch   benchmarks/batch_bench.py on .data/spec_bench_dev.jsonl with BATCH_ARGS, BATCH_S (300) s
 #   profile lab/engine_profile.py (the engine loop under bench-serve's load, no HTTP), vanilla and
 #           speculative, PROFILE_ARGS (--num-requests 160 --kv-cache-memory-gb 8), PROFILE_S (90) s each
+#   ttft    lab/served_ttft.py --raw: an idle server's TTFT by httpx and by a hand-written client
+#           beside the engine's own, vanilla and speculative, TTFT_S (240) s
 #   stash   nothing but the carried parts;  outbox  the next pieces of a large result
 # TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model;
 # Qwen's distill adds CODE_PROMPTS (60000) code tasks from the image's Python source.
@@ -156,9 +158,11 @@ for stage in "$@"; do
         step "profile${v:---speculative}" "${PROFILE_S:-90}" python3 lab/engine_profile.py $v \
           ${PROFILE_ARGS:---num-requests 160 --kv-cache-memory-gb 8}
       done ;;
+    ttft) need "$GG" ttft && step ttft "${TTFT_S:-240}" python3 lab/served_ttft.py --raw \
+      --requests 40 -- --kv-cache-memory-gb 8 ;;
     outbox) outbox ;;
     stash) ;;
-    *) echo "unknown stage $stage (suite speed serve grammar batch profile stash distill train qtable" \
+    *) echo "unknown stage $stage (suite speed serve grammar batch profile ttft stash distill train qtable" \
          "outbox; here: parts)" >&2
       exit 2 ;;
   esac
