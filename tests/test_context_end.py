@@ -11,6 +11,7 @@ from engine_utils import tiny_target_and_head
 
 from hotspec.core.spec_shape import SpecShape
 from hotspec.entrypoints.llm import LLM
+from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import SamplingParams
 
 CONTEXT = 64
@@ -62,6 +63,9 @@ def test_a_speculative_engine_keeps_room_for_its_steps_in_a_small_cache(models):
     cap, reserve = llm.engine.kv_capacity, SpecShape.parse("4/8/12").reserve
     assert reserve == 24 == llm.engine.worker.reserve
     assert 64 <= cap <= 80 and llm.engine.max_model_len == cap - reserve + 1
+    with pytest.raises(InvalidRequestError, match=r"limited by the KV cache's capacity"):
+        llm.generate(prompt_token_ids=[[5] * (cap - reserve + 1)],
+                     sampling_params=SamplingParams(max_tokens=1))
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     (out,) = llm.generate(prompt_token_ids=[[5] * 40], sampling_params=params)
     assert out.finish_reason == "length" and len(out.token_ids) == cap - reserve + 1 - 40

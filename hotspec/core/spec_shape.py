@@ -85,7 +85,7 @@ class SpecShape:
 
 
 OFF = SpecShape(0, 0, 1)
-# The best fixed shape was 3/1/4 or 4/8/12 at every batch size from 1 to 64 on the H200 and on
-# the CPU (benchmarks/RESULTS.md); 2/1/3, 5/1/6 and 6/8/16 never were, and as candidates they cost
-# exploration steps, start-up graphs, and choices within the estimates' noise that lost 3-7 %.
+# The shapes that are the best fixed one at some batch size (benchmarks/RESULTS.md, "Adaptive
+# speculation shape"); each further candidate costs exploration steps, start-up graphs, and
+# choices made within the estimates' noise.
 DEFAULT_CANDIDATES = ("off", "3/1/4", "4/8/12")

@@ -23,7 +23,7 @@ def check_request(engine: Engine, prompt_token_ids: list[int], params: SamplingP
     room = engine.max_model_len  # (a prompt of room - 1 tokens gets one token)
     if len(prompt_token_ids) >= room:
         limit = ("the KV cache's capacity; shorten the prompt or give the KV cache more memory"
-                 if engine.max_model_len == engine.kv_capacity else
+                 if engine.max_model_len == engine.kv_capacity - engine.worker.reserve + 1 else
                  "max_model_len; shorten the prompt or raise max_model_len")
         raise InvalidRequestError(
             f"prompt of {len(prompt_token_ids)} tokens does not fit the context of "

@@ -92,9 +92,8 @@ class AcceptanceProfile:
     few steps."""
 
     # `request_weight`: a Beta prior of about this strength matches the spread of acceptance
-    # between Spec-Bench prompts against the binomial noise of a few verifies; at 4, a request's
-    # first few verifies swung batch 1's choice between shapes (CPU: 0.96 of the best fixed
-    # shape; at 12, 1.01).
+    # between prompts against the binomial noise of a few verifies, so a request's first few
+    # verifies do not swing the choice between shapes.
     # Batches of more requests use the batch's profile alone: their mean is about it, and the host
     # time of per-request tables grows with the batch, on the step's critical path.
     PER_REQUEST_MAX = 8
@@ -205,8 +204,8 @@ class StepCosts:
     its host work, about the same for every shape, so the replays overstate how much more a
     larger shape costs where the step is launch-bound. A shape's steps in the loop at a
     bucket therefore replace its replayed ratio (`real` records which have run): the mean of
-    its first samples (one step's time is noisy: a single sample kept a shape that measures
-    best off the CPU's batch-4 choice), then a moving average (`alpha`), so every shape is
+    its first samples (one step's time is noisy, and a single sample can keep the best shape
+    off), then a moving average (`alpha`), so every shape is
     measured against the same level. At a bucket where a shape has not run yet, its
     ratio comes from the nearest bucket where it has, carried over by how its replayed ratio
     changes between the two (`replayed`), so the replays' bias, measured once, is corrected
