@@ -92,7 +92,8 @@ def _summary(runs: list[Any]) -> dict[str, Any]:
             catch_ups += r.stats.phase_calls["catch_up"]
     return {"wall_s": wall, "prefill_s": sum(r.prefill_s for r in runs), "tokens": tokens,
             "tokens_per_s": tokens / wall, "decode_steps": sum(r.decode_steps for r in runs),
-            "steps_per_shape": dict(shapes), "catch_ups": catch_ups, "outputs": outputs}
+            "steps_per_shape": dict(shapes), "catch_ups": catch_ups, "outputs": outputs,
+            "compiles": sum(r.compiles for r in runs)}
 
 
 def decode_rate(r: dict[str, Any]) -> float:
@@ -142,6 +143,10 @@ def table(results: dict[str, dict[int, dict[str, Any]]], sizes: list[int]) -> tu
         lines.append(f"{b:>5} {s['x_vanilla']['adaptive']:>8.2f}x {best:>16} "
                      f"{s['adaptive_x_best'] or 0:>13.2f} {ident:>4}/{s['prompts']:<5}  {steps} "
                      f"({s['adaptive_catch_ups']})")
+    compiled = [f"{n} b{b}: {results[n][b]['compiles']}" for n in names for b in sizes
+                if results[n][b]["compiles"]]
+    if compiled:  # (each one held its step for the compile: that engine's figure is not clean)
+        lines.append("Triton kernels compiled inside timed passes: " + ", ".join(compiled))
     return lines, summary
 
 

@@ -86,3 +86,43 @@ def test_graphed_prefill_equals_eager(spec, tiny, monkeypatch):
         assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=p)] == w
     assert set(seen) <= {16, 32} and len(seen) >= 6  # the 70-token prompt: three chunks at least
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
+
+
+def test_catch_up_replays_the_draft_prefill_graphs(tiny, monkeypatch):
+    """The adaptive engine's catch-up after plain decode steps runs through the draft's prefill
+    graphs (static buffers on the CPU), in groups of at most the graphs' rows: no eager pass, so
+    no kernel specialises on a catch-up's lengths mid-serving. Greedy outputs stay the target's,
+    with more requests than a graphed step holds."""
+    from test_adaptive_engine import Cycle
+
+    target, head = tiny
+    kw = dict(model=str(target), dtype="float32", device="cpu", skip_tokenizer_init=True,
+              num_kv_blocks=256, block_size=4, max_model_len=128, max_num_seqs=5)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (5, 40, 17, 2, 9)]
+    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = [o.token_ids for o in LLM(**kw).generate(prompt_token_ids=prompts, sampling_params=p)]
+    monkeypatch.setattr(EngineBuilder, "_graph_runner",
+                        lambda self: GraphRunner(self.device, "static", [1, 2, 4, 8]))
+    llm = LLM(**kw, cuda_graph_prefill_tokens=32,
+              speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head),
+              speculative_adaptive=True, speculative_candidates=("off", "3/1/4"))
+    worker = llm.engine.worker
+    assert worker.prefill_limits() == (32, 5)
+    worker.policy = Cycle("3/1/4", 8)
+    runs: list[tuple[str, int]] = []
+    run_bucket = llm.engine.graphs.run_bucket
+
+    def spy(name, inputs):
+        runs.append((name, int(inputs["q_lens"][:-1].gt(0).sum())))
+        return run_bucket(name, inputs)
+
+    monkeypatch.setattr(llm.engine.graphs, "run_bucket", spy)
+    calls = worker.stats.phase_calls["catch_up"]
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=p)
+    assert [o.token_ids for o in outs] == want
+    assert worker.stats.phase_calls["catch_up"] - calls >= 2
+    assert worker.catch_up.eager_passes == 0
+    catch_up_runs = sum(name == "prefill_draft" for name, _ in runs) - \
+        sum(name == "prefill" for name, _ in runs)  # (a draft prefill follows each target's)
+    assert catch_up_runs > worker.stats.phase_calls["catch_up"] - calls  # some in two groups

@@ -25,6 +25,7 @@ from hotspec.engine.builder import load_target as load_target_parts
 from hotspec.engine.engine import Engine
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
+from hotspec.runtime import compile_watch
 from hotspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class BatchRun:
     # Engine.step() calls that did not prefill: the decode steps as the engine ran them, whatever
     # their batch (a batch thins out as its requests finish, so tokens / batch size undercounts)
     decode_steps: int = 0
+    compiles: int = 0  # Triton kernels compiled during the pass (runtime/compile_watch.py)
 
     @property
     def generated(self) -> int:
@@ -96,6 +98,7 @@ def drive(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> B
     dev = engine.device
     prefill_s, prefill_tokens, decode_steps = 0.0, 0, 0
     sync(dev)
+    compiled = compile_watch.compiles()
     start = time.perf_counter()
     reqs = [engine.add_request(p, params) for p in prompts]
     while engine.has_unfinished():
@@ -124,7 +127,8 @@ def drive(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> B
     if worker_stats is not None and before is not None:
         stats = _stats_delta(before, worker_stats)
     return BatchRun(wall, prefill_s, prefill_tokens, [list(r.output_token_ids) for r in reqs],
-                    [r.stats.spec_steps for r in reqs], [r.stats.tau for r in reqs], stats, decode_steps)
+                    [r.stats.spec_steps for r in reqs], [r.stats.tau for r in reqs], stats, decode_steps,
+                    compile_watch.compiles() - compiled)
 
 
 def run_categories(engine: Engine, groups: dict[str, list[list[int]]],

@@ -20,6 +20,7 @@ from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.attention.torch_ref import TorchRefBackend
 from hotspec.models.draft_head import DraftHead
+from hotspec.runtime import compile_watch
 from hotspec.runtime.graph_runner import GraphRunner, default_batch_sizes
 from hotspec.runtime.logits_state import LogitsState
 from hotspec.runtime.model_runner import ModelRunner
@@ -172,6 +173,9 @@ class EngineBuilder:
             log.info("layer kernels: %s", fused.describe(self.device))
         for line in worker.start_up():
             log.info("%s", line)
+        if self.graphs.mode == "cuda" and not compile_watch.arm():
+            log.info("this Triton has no compile hook: kernels compiled after start-up are not "
+                     "counted")
         if self._overlap():
             log.info("overlap schedule: step N+1 is launched before step N is read%s",
                      "" if self.cfg.overlap_schedule else " (the default with CUDA graphs; "

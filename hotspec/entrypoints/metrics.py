@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from hotspec.core.request import Request
 from hotspec.core.spec_stats import SpecStats
 from hotspec.engine.engine import Engine, StepOutput
+from hotspec.runtime import compile_watch
 
 # tau = tokens per verify pass, in [1, num_steps + 1]; quarter steps resolve a typical 2-4.
 TAU_BUCKETS = tuple(1.0 + 0.25 * i for i in range(1, 37))
@@ -51,6 +52,9 @@ class EngineMetrics:
                                     "because their request had finished (overlap schedule: a stop "
                                     "or abort in the step before)", registry=r)
         self._dropped_seen = 0
+        self.compiles = Gauge("hotspec_kernel_compiles_after_start", "Triton kernels compiled "
+                              "after start-up, in the engine's process (each held every running "
+                              "request for the compile; logged by name)", registry=r)
         self.graphs = Gauge("hotspec_cuda_graph_batch_sizes", "Captured batch sizes per phase and "
                             "status (graphed, static, eager, eager (<capture error>))",
                             ["phase", "status"], registry=r)
@@ -75,6 +79,7 @@ class EngineMetrics:
         self.kv_used.set(engine.allocator.num_blocks - engine.allocator.num_free)
         self.dropped_rows.inc(engine.dropped_rows - self._dropped_seen)
         self._dropped_seen = engine.dropped_rows
+        self.compiles.set(compile_watch.compiles())
         stats = engine.worker.spec_stats
         if self.hot_coverage is not None and stats is not None:
             self.hot_coverage.set(stats.hot_coverage)

@@ -78,11 +78,13 @@ class PrefillIn(PhaseIO):
 
 
 def prefill_rows(reqs: list[Request], tokens: list[list[int]], block_size: int, size: int,
-                 rows: int, max_blocks: int, trash: int) -> PrefillIn:
-    """The host inputs of a prefill step of `tokens[i]` after each request's `seq_len`, padded
-    to `size` tokens and `rows` + 1 request rows. The padding tokens belong to the row after the
-    requests: a request at positions 0.. of the null block 0 (zeros, never written), writing
-    the trash slot, so every token belongs to a row (the torch reference backend needs that)."""
+                 rows: int, max_blocks: int, trash: int, starts: list[int] | None = None
+                 ) -> PrefillIn:
+    """The host inputs of a prefill step of `tokens[i]` at positions starts[i], ... (default:
+    after each request's `seq_len`), padded to `size` tokens and `rows` + 1 request rows. The
+    padding tokens belong to the row after the requests: a request at positions 0.. of the null
+    block 0 (zeros, never written), writing the trash slot, so every token belongs to a row (the
+    torch reference backend needs that)."""
     n = sum(len(t) for t in tokens)
     ids = np.zeros(size, dtype=np.int64)
     pos = np.zeros(size, dtype=np.int64)
@@ -94,7 +96,7 @@ def prefill_rows(reqs: list[Request], tokens: list[list[int]], block_size: int, 
     last = np.zeros(rows + 1, dtype=np.int64)
     at = 0
     for i, (r, t) in enumerate(zip(reqs, tokens)):
-        k, s = len(t), r.seq_len
+        k, s = len(t), r.seq_len if starts is None else starts[i]
         ids[at:at + k] = t
         p = np.arange(s, s + k)
         pos[at:at + k] = p
@@ -133,7 +135,7 @@ class PrefillGraphs:
                  trash: int, hidden_in: tuple[int, torch.dtype] | None = None) -> None:
         ex = executor
         self.rows, self.max_blocks = ex.prefill_rows, ex.max_blocks_per_seq
-        self.block_size, self.trash = ex.block_size, trash
+        self.block_size, self.trash, self.hidden_in = ex.block_size, trash, hidden_in
         self.max_tokens = ex.prefill_sizes[-1]
         self.max_kv = self.max_blocks * self.block_size  # the static attention bound
         rows, max_blocks, dev = self.rows, self.max_blocks, ex.device
@@ -154,11 +156,13 @@ class PrefillGraphs:
     def fits(self, reqs: list[Request], tokens: list[list[int]]) -> bool:
         return len(reqs) <= self.rows and sum(len(t) for t in tokens) <= self.max_tokens
 
-    def inputs(self, reqs: list[Request], tokens: list[list[int]]) -> PrefillIn:
+    def inputs(self, reqs: list[Request], tokens: list[list[int]],
+               starts: list[int] | None = None) -> PrefillIn:
+        """The step's inputs (`starts`: as prefill_rows), padded to the bucket that holds it."""
         size = self.graph.bucket(sum(len(t) for t in tokens))
         assert size is not None, "check `fits` first"
         return prefill_rows(reqs, tokens, self.block_size, size, self.rows, self.max_blocks,
-                            self.trash)
+                            self.trash, starts)
 
     def run(self, x: PrefillIn) -> PhaseIO:
         """The phase's outputs: views of the graph's buffers, valid until it runs again."""

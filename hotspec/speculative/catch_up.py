@@ -1,10 +1,14 @@
-"""The draft's catch-up after plain decode steps (the adaptive policy's "off"): an eager draft
-pass over the tokens those steps committed, as at prefill, so the next speculative step finds
-each request's draft KV and draft state current.
+"""The draft's catch-up after plain decode steps (the adaptive policy's "off"): a draft pass over
+the tokens those steps committed, as at prefill, so the next speculative step finds each
+request's draft KV and draft state current.
 
 The row at position p reads the token after p with the target feature at p (kept by the plain
 decode step, runtime/decode.py), writing the draft's KV there; each request's last row gives its
-new draft state. Its host time is the policy's catch-up cost for the batch size it served.
+new draft state. With CUDA graphs the pass replays the draft's prefill graphs (runtime/prefill.py:
+token buckets, a group of requests a replay), so a catch-up costs a few replays and never
+compiles a kernel mid-serving; an eager pass, whose kernels specialise on the batch's lengths,
+runs only where there are no prefill graphs (or a request's pending tokens overflow the largest
+bucket). Its host time is the policy's catch-up cost for the batch size it served.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import torch
 from hotspec.core.forward_batch import ForwardBatch, ForwardMode
 from hotspec.core.request import DraftRow, Request
 from hotspec.runtime.batch_builder import last_token_index, prefill_batch
+from hotspec.runtime.prefill import PrefillGraphs, PrefillIn
 from hotspec.runtime.step_executor import StepExecutor
+from hotspec.speculative.io import DraftState
 from hotspec.speculative.phases import EaglePhases
 
 MAX_PENDING = 64  # plain decode steps after which the draft catches up even while off
@@ -27,17 +33,72 @@ Observe = Callable[[int, float], None]  # (batch size, ms): the policy's catch-u
 
 
 class CatchUp:
-    def __init__(self, phases: EaglePhases, executor: StepExecutor, observe: Observe | None) -> None:
-        self.phases, self.executor, self.observe = phases, executor, observe
+    """`graphs`: the draft's prefill graphs (None: every catch-up runs eagerly)."""
+
+    def __init__(self, phases: EaglePhases, executor: StepExecutor, observe: Observe | None,
+                 graphs: PrefillGraphs | None = None) -> None:
+        self.phases, self.executor, self.observe, self.graphs = phases, executor, observe, graphs
+        self.eager_passes = 0  # catch-up passes run eagerly (no graph held them)
 
     def run(self, reqs: list[Request], bs: int) -> None:
         """The draft over each request's pending plain-decode tokens; `bs`: the batch served."""
         t0 = time.perf_counter()
-        p, ex = self.phases, self.executor
-        items = [r.spec.pending for r in reqs]
-        for it in items:
+        for r in reqs:
+            it = r.spec.pending
             assert [pos for pos, _, _ in it] == list(range(it[0][0], it[0][0] + len(it))), \
                 "plain decode steps are caught up on in order"
+        for group, graphed in self._groups(reqs):
+            (self._graphed if graphed else self._eager)(group)
+            for r in group:
+                r.spec.pending = []
+        if self.observe is not None:
+            self.observe(bs, (time.perf_counter() - t0) * 1e3)
+
+    def _groups(self, reqs: list[Request]) -> list[tuple[list[Request], bool]]:
+        """`reqs` cut into groups one prefill graph holds each (in order); without graphs, one
+        eager group. A request with more pending tokens than the largest bucket goes alone,
+        eagerly."""
+        g = self.graphs
+        if g is None:
+            return [(reqs, False)]
+        out: list[tuple[list[Request], bool]] = []
+        group: list[Request] = []
+        tokens = 0
+        for r in reqs:
+            n = len(r.spec.pending)
+            if n > g.max_tokens:
+                out.append(([r], False))
+                continue
+            if group and (len(group) == g.rows or tokens + n > g.max_tokens):
+                out.append((group, True))
+                group, tokens = [], 0
+            group.append(r)
+            tokens += n
+        if group:
+            out.append((group, True))
+        return out
+
+    def _graphed(self, reqs: list[Request]) -> None:
+        g, p = self.graphs, self.phases
+        assert g is not None
+        items = [r.spec.pending for r in reqs]
+        x = g.inputs(reqs, [[t for _, _, t in it] for it in items], [it[0][0] for it in items])
+        feats = torch.stack([f for it in items for _, f, _ in it])
+        hidden = torch.zeros(x.input_ids.shape[0], feats.shape[1], dtype=p.shapes.dtype,
+                             device=feats.device)
+        hidden[:feats.shape[0]] = feats
+        x.hidden_in = hidden
+        out = g.run(x)
+        assert isinstance(out, DraftState)
+        n = len(reqs)  # (the graph's buffers: the next replay overwrites them)
+        logp, ids, feat = out.topk_logp[:n].clone(), out.topk_ids[:n].clone(), out.feature[:n].clone()
+        for i, r in enumerate(reqs):
+            r.spec.draft = DraftRow(logp[i], ids[i], feat[i])
+
+    def _eager(self, reqs: list[Request]) -> None:
+        p, ex = self.phases, self.executor
+        self.eager_passes += 1
+        items = [r.spec.pending for r in reqs]
         fb = prefill_batch(reqs, [[t for _, _, t in it] for it in items], ex.block_size,
                            ex.device, starts=[it[0][0] for it in items])
         fb.hidden_in = torch.cat([torch.stack([f for _, f, _ in it]) for it in items])
@@ -46,16 +107,16 @@ class CatchUp:
         logp, ids, _ = p.draft_topk(h_logits[last], p.state_k)
         for i, r in enumerate(reqs):
             r.spec.draft = DraftRow(logp[i], ids[i], h_feat[last[i]])
-            r.spec.pending = []
-        if self.observe is not None:
-            self.observe(bs, (time.perf_counter() - t0) * 1e3)
 
     def warm(self, lengths: tuple[int, ...] = WARM_LENGTHS) -> int:
-        """The catch-up's eager draft pass once for every captured batch size and pending length
-        (powers of two: the kernels' block shapes), at a short and a long context, writing only
-        the trash slot: its kernels compile at start-up rather than on the first switch back from
-        plain decode, mid-serving. Then a one-token pass at each batch size, timed, seeds the
-        policy's catch-up cost. Returns the passes run."""
+        """Seeds the policy's catch-up cost at every captured batch size; returns the passes run.
+        With the prefill graphs: a timed catch-up of one token a request (the replays of the
+        smallest bucket that holds them, all padding: the trash slot). Without: the eager pass
+        once for every pending length (powers of two: the kernels' block shapes) at a short and
+        a long context, writing only the trash slot, so that its kernels compile at start-up
+        rather than on the first switch back from plain decode; then a one-token pass, timed."""
+        if self.graphs is not None:
+            return self._seed_graphed()
         p, ex = self.phases, self.executor
         dev = ex.device
         trash = p.draft_runner.kv.trash_slot
@@ -86,4 +147,25 @@ class CatchUp:
                     runs += 1
                     if timed and self.observe is not None:
                         self.observe(bs, (time.perf_counter() - t0) * 1e3)
+        return runs
+
+    def _seed_graphed(self) -> int:
+        g, ex = self.graphs, self.executor
+        assert g is not None and g.hidden_in is not None
+        runs = 0
+        for bs in ex.graphs.batch_sizes:
+            size = g.graph.bucket(min(bs, g.rows))
+            assert size is not None
+            x = PrefillIn.example(size, g.rows, g.max_blocks, g.trash, ex.device, g.hidden_in)
+            g.run(x)  # (the first replay after capture: not timed)
+            if ex.device.type == "cuda":
+                torch.cuda.synchronize(ex.device)
+            t0 = time.perf_counter()
+            for _ in range(-(-bs // g.rows)):
+                g.run(x)
+                runs += 1
+            if ex.device.type == "cuda":
+                torch.cuda.synchronize(ex.device)
+            if self.observe is not None:
+                self.observe(bs, (time.perf_counter() - t0) * 1e3)
         return runs

@@ -94,7 +94,8 @@ class EagleWorker(Worker):
                 models.draft_runner.kv.trash_slot,
                 hidden_in=(draft.target_feature_size, models.target.lm_head.weight.dtype))
         self.catch_up = CatchUp(self.phases, executor,
-                                policy.observe_catch_up if policy is not None else None)
+                                policy.observe_catch_up if policy is not None else None,
+                                self.prefill_draft)
         self.shape = primary  # the shape the next step runs (the policy's choice, when there is one)
         self._planned: tuple[int, SpecShape] | None = None  # (batch, shape) chosen ahead
         self._launched: deque[SpecShape] = deque()  # the shapes of the uncollected launches
@@ -147,8 +148,9 @@ class EagleWorker(Worker):
         if self.off is not None:
             t0 = time.perf_counter()
             runs = self.catch_up.warm()
+            how = "draft prefill graphs" if self.prefill_draft is not None else "eager passes"
             lines.append(f"speculative-adaptive: the draft's catch-up after plain decode steps "
-                         f"warmed in {runs} passes ({time.perf_counter() - t0:.1f} s)")
+                         f"({how}) timed in {runs} passes ({time.perf_counter() - t0:.1f} s)")
         return lines
 
     # -- prefill (eager, ragged) -----------------------------------------------------------------
