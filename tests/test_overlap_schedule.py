@@ -271,3 +271,28 @@ def test_default_is_on_with_cuda_graphs_and_a_fused_step_only(target):
     assert not resolved("cuda", overlap_schedule=False)
     assert resolved("eager", overlap_schedule=True)
     assert not LLM(**_kw(target)).engine.worker.overlapping  # CPU default
+
+
+@pytest.mark.parametrize("spec", list(SPEC))
+def test_a_prefill_is_launched_before_the_steps_in_flight_are_read(target, head, monkeypatch, spec):
+    """Requests admitted while a decode step is in flight (max_num_seqs 2, five prompts of mixed
+    lengths): the prefill pass is launched first and the step collected while it runs (the host
+    emits the step's tokens while the device prefills); outputs equal the plain schedule's."""
+    _static(monkeypatch)
+    prompts, params = _prompts(), PARAMS["mixed-lengths"]
+    kw = _kw(target, SPEC[spec], head, max_num_seqs=2)
+    ref = _run(LLM(**kw), prompts, params)
+    llm = LLM(**dict(kw, overlap_schedule=True))
+    worker, graphs = llm.engine.worker, llm.engine.graphs
+    unread_at_prefill: list[int] = []
+    run_bucket = graphs.run_bucket
+
+    def spy(name, inputs):
+        if name == "prefill":
+            unread_at_prefill.append(worker.unread())
+        return run_bucket(name, inputs)
+
+    monkeypatch.setattr(graphs, "run_bucket", spy)
+    assert _run(llm, prompts, params) == ref
+    assert len(unread_at_prefill) >= 3 and max(unread_at_prefill) > 0
+    assert not worker.unread() and llm.engine.allocator.num_free == llm.engine.allocator.num_blocks

@@ -235,11 +235,11 @@ class Faults:
         worker = engine.worker
         real_prefill, real_step = worker.prefill, worker.step
 
-        def prefill(reqs: list, chunks: list[int] | None = None) -> list[list[int]]:
+        def prefill(reqs: list, chunks: list[int] | None = None, **kw: object) -> list[list[int]]:
             if self.prefill > 0:
                 self.prefill -= 1
                 raise RuntimeError("injected prefill failure")
-            return real_prefill(reqs, chunks)
+            return real_prefill(reqs, chunks, **kw)
 
         def step(reqs: list) -> list[list[int]]:
             if self.step > 0:

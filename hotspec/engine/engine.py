@@ -70,21 +70,16 @@ class Engine:
                dtype: torch.dtype) -> None:
         self.cfg = cfg
         self.device, self.dtype = device, dtype
-        self.model_config = model_cfg
-        self.target = target
-        self.tokenizer = tokenizer
+        self.model_config, self.target, self.tokenizer = model_cfg, target, tokenizer
         self.grammars = Grammars(tokenizer, model_cfg.vocab_size)
         self.eos_token_ids = set(model_cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.max_model_len = min(cfg.max_model_len or model_cfg.max_position_embeddings,
                                  model_cfg.max_position_embeddings)
-        self.block_size = cfg.block_size
-        self._rng = random.Random(cfg.seed)
-        self._ids = itertools.count()
+        self.block_size, self._rng, self._ids = cfg.block_size, random.Random(cfg.seed), itertools.count()
         self.waiting: deque[Request] = deque()
-        # Admitted (every block they need is held) but their pending tokens are not all in the KV
-        # yet: chunked prefill. They join `running` when their last chunk samples a token.
+        # Admitted (blocks held), pending tokens not all in the KV yet (chunked prefill); then running
         self.prefilling: list[Request] = []
         self.running: list[Request] = []
         # The requests the current step hands to a model pass; when step() raises, exactly these
@@ -97,8 +92,7 @@ class Engine:
         self.graphs, self.allocator, self.draft = parts.graphs, parts.allocator, parts.draft
         self.max_model_len = parts.max_model_len
         self.prefixes = SharedPrefixes(self.allocator, self.block_size)
-        # Rows of launched steps dropped because their request had finished by the time they were
-        # read (overlap schedule: EOS, stop strings, aborts), a metric of the schedule's waste.
+        # Rows of launched steps whose request had finished when read (overlap: EOS, stops, aborts)
         self.dropped_rows = 0
         # A request (L tokens: L + reserve - 1 slots at most) never needs more KV than the cache
         # holds: alone, it fits, so preemption never evicts it for nothing (_reserve_step_slots).
@@ -121,8 +115,7 @@ class Engine:
         if later:
             self.grammars.submit(req)
         req.checker = StopChecker(self.tokenizer if params.detokenize else None, params,
-                                  self.eos_token_ids,
-                                  req.prompt_token_ids)
+                                  self.eos_token_ids, req.prompt_token_ids)
         self.waiting.append(req)
         return req
 
@@ -181,7 +174,7 @@ class Engine:
         alternate = self.cfg.decode_during_prefill and bool(self.running) and not self._prefill_turn
         if self.prefilling and not alternate:
             self._prefill_turn = False
-            return self._served(self._drain()) + self._prefill_step()
+            return self._prefill_step()
         self._prefill_turn = True
         if not self.running:
             return self._served(self._drain())
@@ -262,8 +255,9 @@ class Engine:
     def _prefill_step(self) -> list[StepOutput]:
         """Prefill the oldest admitted requests' pending tokens, at most max_prefill_tokens in all
         (and no more tokens and requests than the prefill graphs hold): the last one taken may
-        get only a chunk (its KV grows over several steps). Requests whose
-        pending tokens are all written sample their next token and join `running`."""
+        get only a chunk (its KV grows over several steps). Requests whose pending tokens are all
+        written sample their next token and join `running`. Decode steps still in flight are
+        collected once the prefill is launched, while the device runs it."""
         budget = self.cfg.max_prefill_tokens or sys.maxsize
         rows = sys.maxsize
         graphed = self.worker.prefill_limits()
@@ -277,8 +271,15 @@ class Engine:
             chunks.append(min(self._pending(req), budget))
             batch.append(req)
             budget -= chunks[-1]
+        drained: list[StepOutput] = []
+
+        def collect() -> None:  # (a failure here is no pass's: every request fails, as before)
+            self.in_flight = []
+            drained.extend(self._served(self._drain()))
+            self.in_flight = batch
+
         self.in_flight = batch
-        tokens = self.worker.prefill(batch, chunks)
+        tokens = self.worker.prefill(batch, chunks, meanwhile=collect if self.worker.unread() else None)
         for r in batch:
             self.prefixes.register(r)
         done = [(r, t) for r, t in zip(batch, tokens) if self._pending(r) == 0]
@@ -287,7 +288,7 @@ class Engine:
             self.running.append(r)
         outs = self._emit([r for r, _ in done], [t for _, t in done])
         self.in_flight = []
-        return outs
+        return drained + outs
 
     def _blocks_for(self, n_slots: int) -> int:
         return -(-n_slots // self.block_size)
@@ -375,8 +376,7 @@ class Engine:
             logprobs = None
             if req.params.logprobs is not None:
                 if req.step_logprobs is None or len(req.step_logprobs) < len(taken):
-                    raise RuntimeError(f"request {req.rid} asked for logprobs, but its step "
-                                       "produced none for these tokens")
+                    raise RuntimeError(f"request {req.rid}: its step produced no logprobs")
                 logprobs, req.step_logprobs = req.step_logprobs[:len(taken)], None
             prompt = None
             if first and req.params.prompt_logprobs is not None:  # (a 1-token prompt: [None])

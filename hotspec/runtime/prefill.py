@@ -191,7 +191,8 @@ class Prefilled:
     (`graphed`: the padded bucket, else `batch`, the eager ragged batch, and `last`). Lengths
     are not advanced yet (the speculative worker's draft pass reads them first)."""
 
-    def __init__(self, worker: Worker, reqs: list[Request], chunks: list[int] | None) -> None:
+    def __init__(self, worker: Worker, reqs: list[Request], chunks: list[int] | None,
+                 meanwhile: Callable[[], None] | None = None) -> None:
         assert not any(worker.ahead(r) for r in reqs), "collect a request's steps before prefill"
         self.reqs = reqs
         self.tokens, self.final = prefill_chunks(reqs, chunks)
@@ -218,6 +219,8 @@ class Prefilled:
             for i in scoring:
                 score_prompt(worker.target, reqs[i], self.tokens[i],
                              hidden[sum(len(t) for t in self.tokens[:i]):])
+        if meanwhile is not None:  # (the pass is launched; the host is free until it is read)
+            meanwhile()
         self.next: list[int | None] = [None] * len(reqs)
         if logits is not None:
             sampled = sample_for([reqs[i] for i in rows], logits, worker.executor.logits_state)

@@ -3,6 +3,8 @@ program, runtime/decode.py, run by the step executor)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hotspec.core.request import Request
@@ -20,8 +22,9 @@ class VanillaWorker(Worker):
                                   executor.carry, logits_state=executor.logits_state)
 
     @torch.inference_mode()
-    def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:
-        return Prefilled(self, reqs, chunks).advance()
+    def prefill(self, reqs: list[Request], chunks: list[int] | None = None, *,
+                meanwhile: Callable[[], None] | None = None) -> list[list[int]]:
+        return Prefilled(self, reqs, chunks, meanwhile).advance()
 
     @torch.inference_mode()
     def launch(self, reqs: list[Request]) -> None:

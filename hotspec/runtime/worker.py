@@ -10,6 +10,8 @@ schedule the engine launches step N+1 before it collects step N (core/launches.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hotspec.core.forward_batch import ForwardBatch
@@ -43,9 +45,12 @@ class Worker:
                           feature=self.feature(hidden, aux) if self.feature is not None else None)
 
     # -- required -------------------------------------------------------------------------------
-    def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:
+    def prefill(self, reqs: list[Request], chunks: list[int] | None = None, *,
+                meanwhile: Callable[[], None] | None = None) -> list[list[int]]:
         """KV for `chunks[i]` pending tokens of each request (all when None); a request whose
-        chunk was its last gets its next token, the others none yet."""
+        chunk was its last gets its next token, the others none yet. `meanwhile`: host work to
+        do once the pass is launched, before its tokens are read (the engine collects the steps
+        still in flight there: the device runs the prefill while the host emits their tokens)."""
         raise NotImplementedError
 
     def launch(self, reqs: list[Request]) -> None:

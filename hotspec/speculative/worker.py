@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -155,11 +156,12 @@ class EagleWorker(Worker):
 
     # -- prefill (eager, ragged) -----------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, reqs: list[Request], chunks: list[int] | None = None) -> list[list[int]]:
+    def prefill(self, reqs: list[Request], chunks: list[int] | None = None, *,
+                meanwhile: Callable[[], None] | None = None) -> list[list[int]]:
         """Target and draft KV for the chunks; a request whose chunk was its last samples its
         next token and gets its draft state."""
         m = self.models
-        pre = Prefilled(self, reqs, chunks)
+        pre = Prefilled(self, reqs, chunks, meanwhile)
         assert pre.feature is not None
         # The draft reads token p+1 with the target feature at p: the chunk shifted by one, closed
         # by the token after it: the next chunk's first pending token, or the sampled one.
