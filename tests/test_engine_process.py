@@ -89,3 +89,40 @@ def test_a_dead_engine_process_fails_open_requests_and_health(model: Path) -> No
         r = httpx.post(srv.url + "/v1/completions", timeout=30,
                        json={"model": "tiny", "prompt": "hi", "max_tokens": 4})
         assert r.status_code == 503 and "not running" in r.text
+
+
+def test_the_engine_thread_reads_the_pipe_itself() -> None:
+    """PipeInbox: submissions and aborts become the loop's commands, a metrics request is answered
+    as it is read, an abort of an unknown request is dropped, and once the parent's end closes
+    the loop gets Stop and then nothing (no spin on the closed pipe)."""
+    import multiprocessing as mp
+    import queue
+
+    from hotspec.entrypoints.engine_loop import Abort, Stop, Submit
+    from hotspec.entrypoints.engine_process import PipeInbox
+
+    class Metrics:
+        def render(self) -> bytes:
+            return b"hotspec_x 1\n"
+
+    cmd_r, cmd_w = mp.Pipe(duplex=False)
+    res_r, res_w = mp.Pipe(duplex=False)
+    handles: dict = {}
+    inbox = PipeInbox(cmd_r, res_w, handles, Metrics())  # type: ignore[arg-type]
+    with pytest.raises(queue.Empty):
+        inbox.get_nowait()
+    params = SamplingParams(max_tokens=3)
+    cmd_w.send(("submit", 7, [1, 2], params))
+    cmd_w.send(("metrics",))
+    cmd_w.send(("abort", 99))
+    cmd_w.send(("abort", 7))
+    sub = inbox.get()
+    assert isinstance(sub, Submit) and sub.handle.cid == 7 and sub.prompt_token_ids == [1, 2]
+    ab = inbox.get_nowait()  # (the metrics answer and the unknown abort were read on the way)
+    assert isinstance(ab, Abort) and ab.handle is sub.handle and not handles
+    assert res_r.recv() == ("metrics", b"hotspec_x 1\n")
+    cmd_w.close()
+    assert isinstance(inbox.get_nowait(), Stop)
+    with pytest.raises(queue.Empty):
+        inbox.get_nowait()
+    assert isinstance(inbox.get(), Stop)

@@ -73,6 +73,16 @@ class Stop:
 
 
 Command = Submit | Abort | Stop
+
+
+class Inbox(Protocol):
+    """Where the engine thread reads commands: `get` waits for one, `get_nowait` raises
+    queue.Empty when none is there (queue.SimpleQueue's interface)."""
+
+    def get(self) -> Command: ...
+
+    def get_nowait(self) -> Command: ...
+
 # What the engine thread hands to a request's event loop: an event (a stream item), or the outcome
 # of its submission (None: accepted; an exception: rejected).
 Delivery = tuple[Handle, RequestEvent | BaseException | None]
@@ -84,12 +94,14 @@ class EngineLoop:
     threads only put commands in `inbox`, under `lock` for submissions."""
 
     def __init__(self, engine: Engine, observer: EngineObserver | None = None,
-                 post: Post | None = None) -> None:
-        """`post`: how deliveries leave the engine thread (default: to each handle's event loop)."""
+                 post: Post | None = None, source: Inbox | None = None) -> None:
+        """`post`: how deliveries leave the engine thread (default: to each handle's event loop);
+        `source`: where commands come from (default: `inbox`, which other threads put to)."""
         self.engine = engine
         self.observer = observer
         self._post = post or _post
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self.source: Inbox = source if source is not None else self.inbox
         self._handles: dict[int, Handle] = {}  # engine thread only: Request.rid -> handle
         # engine thread only: Request.rid -> when its submission reached the loop, until its first
         # token is posted (the engine's own time to first token, beside what clients measure)
@@ -134,7 +146,7 @@ class EngineLoop:
         """Drain the inbox (waiting for a command when idle); False once asked to stop."""
         deliveries: list[Delivery] = []
         try:
-            cmd: Command | None = self.inbox.get() if block else self.inbox.get_nowait()
+            cmd: Command | None = self.source.get() if block else self.source.get_nowait()
         except queue.Empty:
             return True
         while cmd is not None:
@@ -146,7 +158,7 @@ class EngineLoop:
             else:
                 deliveries += self._abort(cmd.handle)
             try:
-                cmd = self.inbox.get_nowait()
+                cmd = self.source.get_nowait()
             except queue.Empty:
                 cmd = None
         self._post(deliveries)
@@ -244,7 +256,7 @@ class EngineLoop:
         self._handles.clear()
         while True:  # submissions that never reached the engine
             try:
-                cmd = self.inbox.get_nowait()
+                cmd = self.source.get_nowait()
             except queue.Empty:
                 break
             if isinstance(cmd, Submit):

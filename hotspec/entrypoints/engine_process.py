@@ -3,10 +3,10 @@ never holds the interpreter lock while a step is being built, as SGLang and vLLM
 engine cores (how `hotspec serve` runs it).
 
 The child builds the Engine from the EngineConfig and runs the same EngineLoop as the thread
-variant (engine_loop.py), fed by a reader thread that turns the parent's messages into inbox
-commands; the loop's deliveries go back over a pipe. The parent (`ProcessEngine`, the interface of
-AsyncEngine) keeps each request's RequestHandle and hands what arrives to its event loop. Messages,
-each a tuple:
+variant (engine_loop.py), whose inbox there reads the parent's messages from the pipe on the
+engine thread itself (`PipeInbox`); the loop's deliveries go back over a pipe. The parent
+(`ProcessEngine`, the interface of AsyncEngine) keeps each request's RequestHandle and hands
+what arrives to its event loop. Messages, each a tuple:
 
     parent -> child   ("submit", cid, prompt_token_ids, params) | ("abort", cid) | ("metrics",) | ("stop",)
     child -> parent   ("ready", max_model_len) | ("fatal", message) | ("metrics", text)
@@ -20,19 +20,23 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing as mp
+import queue
 import signal
 import threading
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hotspec.config import EngineConfig
 from hotspec.core.request import Request
-from hotspec.entrypoints.engine_loop import Abort, Delivery, EngineLoop, Stop, Submit
+from hotspec.entrypoints.engine_loop import Abort, Command, Delivery, EngineLoop, Stop, Submit
 from hotspec.entrypoints.request_handle import EngineDeadError, RequestEvent, RequestHandle, deliver
 from hotspec.errors import HotspecError
 from hotspec.logs import setup_logging
 from hotspec.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hotspec.entrypoints.metrics import EngineMetrics
 
 START_TIMEOUT_S = 1800.0  # model load and graph capture
 
@@ -61,46 +65,65 @@ def _child(cfg: EngineConfig, commands: Connection, results: Connection, log_lev
         return
     metrics = EngineMetrics()
     metrics.describe_engine(engine)
-    send_lock = threading.Lock()
+    handles: dict[int, RemoteHandle] = {}
 
     def post(deliveries: list[Delivery]) -> None:
         items = [(h.cid, item) for h, item in deliveries if isinstance(h, RemoteHandle)]
-        for cid, item in items:  # a request's last delivery: the reader forgets it
+        for cid, item in items:  # a request's last delivery: forget it
             if isinstance(item, BaseException) or (isinstance(item, RequestEvent) and item.finish_reason):
                 handles.pop(cid, None)
-        with send_lock:
-            results.send(("out", items, loop.step_errors, loop.consecutive_step_errors))
+        results.send(("out", items, loop.step_errors, loop.consecutive_step_errors))
 
-    loop = EngineLoop(engine, metrics, post=post)
-    handles: dict[int, RemoteHandle] = {}
-
-    def read() -> None:
-        while True:
-            try:
-                msg = commands.recv()
-            except EOFError:  # the parent is gone
-                msg = ("stop",)
-            if msg[0] == "submit":
-                h = handles[msg[1]] = RemoteHandle(msg[1])
-                with loop.lock:
-                    if loop.closed:
-                        post([(h, EngineDeadError("the engine is not running"))])
-                        continue
-                    loop.inbox.put(Submit(h, msg[2], msg[3]))
-            elif msg[0] == "abort":
-                gone = handles.pop(msg[1], None)
-                if gone is not None:
-                    loop.inbox.put(Abort(gone))
-            elif msg[0] == "metrics":
-                with send_lock:
-                    results.send(("metrics", metrics.render()))
-            else:
-                loop.inbox.put(Stop())
-                return
-
-    threading.Thread(target=read, name="hotspec-engine-reader", daemon=True).start()
+    loop = EngineLoop(engine, metrics, post=post,
+                      source=PipeInbox(commands, results, handles, metrics))
     results.send(("ready", engine.max_model_len))
     loop.run()
+
+
+class PipeInbox:
+    """The engine loop's inbox in the engine's process: the parent's messages read from the pipe
+    by the engine thread itself, between steps (no reader thread: a submission is not handed from
+    thread to thread under the interpreter lock). Metrics requests are answered as they are read."""
+
+    def __init__(self, commands: Connection, results: Connection, handles: dict[int, RemoteHandle],
+                 metrics: EngineMetrics) -> None:
+        self.commands, self.results, self.handles, self.metrics = commands, results, handles, metrics
+        self.ended = False  # the parent closed its end: Stop was read, nothing more comes
+
+    def get(self) -> Command:
+        """The next command, waiting for one (the engine is idle)."""
+        while True:
+            cmd = self._read()
+            if cmd is not None:
+                return cmd
+
+    def get_nowait(self) -> Command:
+        """The next command; queue.Empty if no message is waiting."""
+        while not self.ended and self.commands.poll(0):
+            cmd = self._read()
+            if cmd is not None:
+                return cmd
+        raise queue.Empty
+
+    def _read(self) -> Command | None:
+        if self.ended:
+            return Stop()
+        try:
+            msg = self.commands.recv()
+        except (EOFError, OSError):  # the parent is gone
+            self.ended = True
+            return Stop()
+        if msg[0] == "submit":
+            h = self.handles[msg[1]] = RemoteHandle(msg[1])
+            return Submit(h, msg[2], msg[3])
+        if msg[0] == "abort":
+            gone = self.handles.pop(msg[1], None)
+            return Abort(gone) if gone is not None else None
+        if msg[0] == "metrics":
+            self.results.send(("metrics", self.metrics.render()))
+            return None
+        self.ended = True  # ("stop",)
+        return Stop()
 
 
 class ProcessEngine:
