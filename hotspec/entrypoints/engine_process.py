@@ -5,8 +5,8 @@ engine cores (how `hotspec serve` runs it).
 The child builds the Engine from the EngineConfig and runs the same EngineLoop as the thread
 variant (engine_loop.py), whose inbox there reads the parent's messages from the pipe on the
 engine thread itself (`PipeInbox`); the loop's deliveries go back over a pipe. The parent
-(`ProcessEngine`, the interface of AsyncEngine) keeps each request's RequestHandle and hands
-what arrives to its event loop. Messages, each a tuple:
+(`ProcessEngine`, the interface of AsyncEngine) keeps each request's RequestHandle and reads the
+results on its event loop as they arrive (loop.add_reader). Messages, each a tuple:
 
     parent -> child   ("submit", cid, prompt_token_ids, params) | ("abort", cid) | ("metrics",) | ("stop",)
     child -> parent   ("ready", max_model_len) | ("fatal", message) | ("metrics", text)
@@ -23,6 +23,7 @@ import multiprocessing as mp
 import queue
 import signal
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -138,8 +139,8 @@ class ProcessEngine:
         self._handles: dict[int, RequestHandle] = {}
         self._cids: dict[RequestHandle, int] = {}
         self._send_lock = threading.Lock()
-        self._metrics: list[bytes] = []
-        self._metrics_ready = threading.Condition()
+        self._metrics: deque[asyncio.Future[bytes]] = deque()  # metrics requests not answered yet
+        self._loop: asyncio.AbstractEventLoop | None = None  # where results are read (_watch)
         self._proc: Any = None
         self._dead = False
 
@@ -165,7 +166,6 @@ class ProcessEngine:
             self._proc.join(10)
             raise HotspecError(f"the engine could not start: {msg[1]}")
         self.max_model_len = msg[1]
-        threading.Thread(target=self._read, name="hotspec-engine-results", daemon=True).start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine process (it aborts every unfinished request first)."""
@@ -188,6 +188,7 @@ class ProcessEngine:
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
         loop = asyncio.get_running_loop()
+        self._watch(loop)
         handle = RequestHandle(loop, accepted=loop.create_future())
         cid = next(self._ids)
         self._handles[cid], self._cids[handle] = handle, cid
@@ -211,8 +212,18 @@ class ProcessEngine:
             self._send(("abort", cid))
 
     async def metrics(self) -> bytes:
-        """The engine's Prometheus text (rendered in its process)."""
-        return await asyncio.to_thread(self._metrics_text)
+        """The engine's Prometheus text (rendered in its process); b"" if it does not answer."""
+        loop = asyncio.get_running_loop()
+        self._watch(loop)
+        fut: asyncio.Future[bytes] = loop.create_future()
+        self._metrics.append(fut)
+        self._send(("metrics",))
+        if self._dead:
+            self._gone()
+        try:
+            return await asyncio.wait_for(fut, 10.0)
+        except TimeoutError:
+            return b""
 
     # -- plumbing ------------------------------------------------------------------------------
     def _send(self, msg: tuple[Any, ...]) -> None:
@@ -222,48 +233,55 @@ class ProcessEngine:
             except (BrokenPipeError, OSError):
                 self._dead = True
 
-    def _metrics_text(self) -> bytes:
-        with self._metrics_ready:
-            self._metrics.clear()
-            self._send(("metrics",))
-            self._metrics_ready.wait_for(lambda: bool(self._metrics) or self._dead, timeout=10.0)
-            return self._metrics[0] if self._metrics else b""
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the engine's results on `loop` itself as they arrive (loop.add_reader): no
+        results thread handing them over under the interpreter lock."""
+        if self._loop is loop:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            raise RuntimeError("a ProcessEngine serves the event loop of its first request only")
+        self._loop = loop
+        loop.add_reader(self._results.fileno(), self._on_results)
 
-    def _read(self) -> None:
-        """The results thread: hand each delivery to its request's event loop."""
-        while True:
-            try:
+    def _on_results(self) -> None:
+        """(event loop) Every message waiting on the results pipe."""
+        try:
+            while self._results.poll(0):
                 msg = self._results.recv()
-            except (EOFError, OSError):
-                break
-            if msg[0] == "metrics":
-                with self._metrics_ready:
-                    self._metrics.append(msg[1])
-                    self._metrics_ready.notify_all()
-                continue
-            _, items, self.step_errors, self.consecutive_step_errors = msg
-            self._deliver(items)
-        self._dead = True
-        with self._metrics_ready:
-            self._metrics_ready.notify_all()
-        # the process is gone: every request still open fails
+                if msg[0] == "metrics":
+                    while self._metrics:
+                        fut = self._metrics.popleft()
+                        if not fut.done():
+                            fut.set_result(msg[1])
+                            break
+                    continue
+                _, items, self.step_errors, self.consecutive_step_errors = msg
+                self._deliver(items)
+        except (EOFError, OSError):
+            assert self._loop is not None
+            self._loop.remove_reader(self._results.fileno())
+            self._dead = True
+            self._gone()
+
+    def _gone(self) -> None:
+        """The process is gone: every request still open fails, metrics answer nothing."""
+        while self._metrics:
+            fut = self._metrics.popleft()
+            if not fut.done():
+                fut.set_result(b"")
         self._deliver([(cid, RequestEvent("", [], "error", "the engine process exited"))
                        for cid in list(self._handles)])
 
     def _deliver(self, items: list[tuple[int, object]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, object]]] = {}
+        """(event loop) Hand each item to its request; a request's last item forgets it."""
+        batch: list[tuple[RequestHandle, object]] = []
         for cid, item in items:
             handle = self._handles.get(cid)
             if handle is None:
                 continue
-            done = isinstance(item, BaseException) or (
-                isinstance(item, RequestEvent) and item.finish_reason is not None)
-            if done:
+            if isinstance(item, BaseException) or (
+                    isinstance(item, RequestEvent) and item.finish_reason is not None):
                 del self._handles[cid]
                 self._cids.pop(handle, None)
-            by_loop.setdefault(handle.loop, []).append((handle, item))
-        for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(deliver, batch)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
+            batch.append((handle, item))
+        deliver(batch)
