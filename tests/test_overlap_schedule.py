@@ -296,3 +296,39 @@ def test_a_prefill_is_launched_before_the_steps_in_flight_are_read(target, head,
     assert _run(llm, prompts, params) == ref
     assert len(unread_at_prefill) >= 3 and max(unread_at_prefill) > 0
     assert not worker.unread() and llm.engine.allocator.num_free == llm.engine.allocator.num_blocks
+
+
+def test_steps_read_during_a_prefill_are_not_timed_for_the_policy(target, head, monkeypatch):
+    """The adaptive policy's step costs leave out the steps a prefill step collects after its
+    launch (their wait holds the prefill's host work); the others are timed."""
+    from test_adaptive_engine import RandomShapes
+
+    from hotspec.core.spec_shape import SpecShape
+
+    class Record(RandomShapes):
+        def __init__(self) -> None:
+            super().__init__([SpecShape.parse("3/1/4")], 0)
+            self.ms: list[float | None] = []
+
+        def observe(self, shape, bs, ms, *args) -> None:
+            self.ms.append(ms)
+
+    _static(monkeypatch)
+    kw = _kw(target, None, None, max_num_seqs=2, speculative_algorithm="EAGLE3",
+             speculative_draft_model_path=str(head), speculative_adaptive=True,
+             speculative_candidates=("3/1/4",), overlap_schedule=True)
+    llm = LLM(**kw)
+    worker = llm.engine.worker
+    worker.policy = policy = Record()
+    during: list[int] = []
+    untimed = worker._untimed
+
+    def spy(collect):
+        before = len(policy.ms)
+        untimed(collect)
+        during.extend(range(before, len(policy.ms)))
+
+    monkeypatch.setattr(worker, "_untimed", spy)
+    _run(llm, _prompts(), PARAMS["mixed-lengths"])
+    assert during and all(policy.ms[i] is None for i in during)
+    assert sum(m is not None for m in policy.ms) > len(policy.ms) // 2

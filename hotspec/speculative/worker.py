@@ -101,6 +101,7 @@ class EagleWorker(Worker):
         self._planned: tuple[int, SpecShape] | None = None  # (batch, shape) chosen ahead
         self._launched: deque[SpecShape] = deque()  # the shapes of the uncollected launches
         self._last_read = 0.0  # when the host last read a step
+        self._timed = True  # False while a prefill collects steps: its host work is in their wait
         ids = draft.to_target_ids(torch.arange(draft.draft_vocab_size, device=dev))
         self.draft_vocab: frozenset[int] = frozenset(ids.tolist())  # host-side, for statistics
         self.profile = profile
@@ -161,7 +162,8 @@ class EagleWorker(Worker):
         """Target and draft KV for the chunks; a request whose chunk was its last samples its
         next token and gets its draft state."""
         m = self.models
-        pre = Prefilled(self, reqs, chunks, meanwhile)
+        pre = Prefilled(self, reqs, chunks, None if meanwhile is None else
+                        lambda: self._untimed(meanwhile))
         assert pre.feature is not None
         # The draft reads token p+1 with the target feature at p: the chunk shifted by one, closed
         # by the token after it: the next chunk's first pending token, or the sampled one.
@@ -278,6 +280,15 @@ class EagleWorker(Worker):
             # (Counter's stubs only know int counts; float seconds work the same at runtime)
             self.stats.phase_seconds[phase] += time.perf_counter() - t0  # type: ignore[assignment]
 
+    def _untimed(self, collect: Callable[[], None]) -> None:
+        """`collect` (steps read after a prefill's launch) without timing those steps for the
+        policy: their wait holds the prefill's host work."""
+        self._timed = False
+        try:
+            collect()
+        finally:
+            self._timed = True
+
     def _run_catch_up(self, reqs: list[Request], bs: int) -> None:
         self.catch_up.run(reqs, bs)
         self.states.forget()
@@ -293,7 +304,8 @@ class EagleWorker(Worker):
         tag: _Launch = c.tag
         now = time.perf_counter()
         if self.policy is not None:  # the step's time: since its launch, or since the last read
-            ms = (now - max(tag.t_launch, self._last_read)) * 1e3 if tag.t_launch >= 0 else None
+            ms = (now - max(tag.t_launch, self._last_read)) * 1e3 \
+                if tag.t_launch >= 0 and self._timed else None
             self.policy.observe(tag.shape, len(c.reqs), ms, [a - 1 for a in c.accepted],
                                 [r.rid for r in c.reqs])
         self._last_read = now
