@@ -127,3 +127,24 @@ def test_adaptive_shapes_with_the_overlap_schedule_equal_vanilla_fp32(vanilla):
         assert [o.token_ids for o in outs] == vanilla[:bs]
     measured = {s.label for (s, _) in spec.engine.worker.policy.costs.ms}
     assert measured == {"off", "2/1/3", "3/1/4", "4/8/12", "6/8/16"}
+    worker = spec.engine.worker  # the catch-ups after plain steps replayed the draft's prefill graphs
+    assert worker.stats.phase_calls["catch_up"] > 0 and worker.catch_up.eager_passes == 0
+
+
+def test_serving_compiles_no_kernel_after_start_up():
+    """Once start-up has captured and warmed everything, no Triton kernel compiles while serving
+    (each compile holds every running request 0.1-1 s): the adaptive engine, greedy and sampled,
+    batches of 1 to 6 and prompts of 2 to ~600 tokens."""
+    from hotspec.runtime import compile_watch
+
+    llm = LLM(device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8,
+              speculative_algorithm="EAGLE3", speculative_adaptive=True)
+    if not compile_watch.arm():
+        pytest.skip("this Triton has no compile hook")
+    before = compile_watch.compiles()
+    prompts = PROMPTS + [" ".join(PROMPTS) * 12]
+    for bs in (1, 3, 6):
+        for p in (SamplingParams(temperature=0, max_tokens=N),
+                  SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=N)):
+            llm.generate(prompts[-bs:], p)
+    assert compile_watch.compiles() == before
