@@ -78,9 +78,9 @@ def test_chunked_prefill_generates_what_one_shot_prefill_does(models: dict[str, 
     chunk_sizes: list[list[int]] = []
     prefill = chunked.engine.worker.prefill
 
-    def spy(reqs: list, chunks: list[int] | None = None) -> list[list[int]]:
+    def spy(reqs: list, chunks: list[int] | None = None, **kw: object) -> list[list[int]]:
         chunk_sizes.append(list(chunks or []))
-        return prefill(reqs, chunks)
+        return prefill(reqs, chunks, **kw)
 
     chunked.engine.worker.prefill = spy  # type: ignore[method-assign]
     for p in params:
