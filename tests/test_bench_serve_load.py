@@ -64,3 +64,30 @@ def test_failed_steps_fail_the_run(llm: LLM, monkeypatch: pytest.MonkeyPatch, tm
     assert exit_.value.code == 1 and not out["passed"]
     (report,) = out["reports"]
     assert report["http_5xx"] > 0 and report["step_errors"] > 0 and report["drained"]
+
+
+def test_a_kernel_compiled_while_serving_fails_the_run(llm: LLM, monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    """The engine's count of Triton compiles after start-up (/metrics) rising during a run is a
+    FAIL: each compile held every running request."""
+    from hotspec.runtime import compile_watch
+
+    worker = llm.engine.worker
+    real_step = worker.step
+
+    def compiling_step(reqs: list) -> list[list[int]]:
+        compile_watch._state["count"] += 1  # (as the Triton hook counts a compile)
+        return real_step(reqs)
+
+    monkeypatch.setitem(compile_watch._state, "count", compile_watch._state["count"])
+    monkeypatch.setattr(worker, "step", compiling_step)
+    with BackgroundServer(create_app(llm.engine, ServerSettings("tiny"))) as srv:
+        with pytest.raises(SystemExit) as exit_:
+            main(["bench-serve", "--target", f"t={srv.url}", *ARGS, "--verify-greedy", "0",
+                  "--out", str(tmp_path)])
+    out = json.loads((tmp_path / "bench_serve.json").read_text())
+    assert exit_.value.code == 1 and not out["passed"]
+    (report,) = out["reports"]
+    assert report["kernel_compiles"] > 0 and report["failed"] == 0
+    assert any("Triton kernels compiled while serving" in c["check"] and not c["ok"]
+               for c in out["checks"]), out["checks"]

@@ -17,7 +17,8 @@ import httpx
 GAUGES = ("hotspec_num_requests_running", "hotspec_num_requests_waiting", "hotspec_kv_blocks_used",
           "hotspec_kv_blocks_total", "hotspec_generated_tokens_total", "hotspec_engine_step_errors_total",
           "hotspec_request_tau_sum", "hotspec_request_tau_count",
-          "hotspec_time_to_first_token_seconds_sum", "hotspec_time_to_first_token_seconds_count")
+          "hotspec_time_to_first_token_seconds_sum", "hotspec_time_to_first_token_seconds_count",
+          "hotspec_kernel_compiles_after_start")
 FINISHED = re.compile(r'^hotspec_requests_finished_total\{finish_reason="(\w+)"\} (\S+)$', re.M)
 SHAPE_STEPS = re.compile(r'^hotspec_spec_steps_total\{shape="([^"]+)"\} (\S+)$', re.M)
 

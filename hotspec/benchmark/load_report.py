@@ -33,6 +33,7 @@ class RunReport:
     shape_steps: dict[str, int] = field(default_factory=dict)  # steps per speculation shape
     greedy_checked: int = 0
     greedy_mismatched: int = 0
+    kernel_compiles: int = 0  # Triton kernels the engine compiled during the run (each held steps)
     errors: list[str] = field(default_factory=list)
 
 
@@ -50,6 +51,9 @@ def checks(reports: list[RunReport], verify: bool) -> list[tuple[bool, str]]:
         hung, aborted = sum(r.disconnected for r in rs), sum(r.server_aborts for r in rs)
         out.append((aborted == hung, f"{target}: {hung} clients hung up mid-stream, the server "
                     f"aborted {aborted} requests"))
+        compiled = sum(r.kernel_compiles for r in rs)
+        out.append((compiled == 0, f"{target}: {compiled} Triton kernels compiled while serving "
+                    "(counted with CUDA graphs)"))
         if verify:
             n, bad = sum(r.greedy_checked for r in rs), sum(r.greedy_mismatched for r in rs)
             out.append((n > 0 and bad == 0, f"{target}: greedy under load == alone for {n - bad} of "

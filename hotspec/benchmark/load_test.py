@@ -133,7 +133,7 @@ async def run_one(args: argparse.Namespace, label: str, url: str, rate: float,
         delta("hotspec_request_tau_sum") / taus if taus else None,
         delta("hotspec_time_to_first_token_seconds_sum") * 1e3 / firsts if firsts else None,
         shape_steps={k[6:]: int(delta(k)) for k in after if k.startswith("steps_") and delta(k) > 0},
-        errors=errors)
+        kernel_compiles=int(delta("hotspec_kernel_compiles_after_start")), errors=errors)
     return report, results
 
 
