@@ -59,6 +59,10 @@ class EngineConfig:
     attention_backend: str = _option(
         "auto", "attention kernels: triton (GPU) or torch (the reference, also on CPU); auto picks "
         "triton on GPU and torch on CPU")
+    deterministic: bool = _option(
+        False, "batch-invariant kernels (CUDA): a request's tokens do not depend on the other "
+        "requests in its batch, and greedy speculative output equals vanilla's bit for bit in "
+        "bfloat16 too; costs speed (README, Deterministic mode)")
     disable_cuda_graph: bool = _option(
         False, "run every phase eagerly instead of replaying CUDA graphs, for debugging")
     allow_eager_fallback: bool = _option(
@@ -129,6 +133,9 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "cuda_graph_max_bs", "num_continuous_decode_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.deterministic and self.attention_backend == "torch":
+            raise ConfigError("deterministic: its attention is the Triton kernel's; use "
+                              "--attention-backend triton (or auto) on CUDA")
         if self.cuda_graph_bs is not None:
             sizes = tuple(sorted(set(self.cuda_graph_bs)))
             if not sizes or sizes[0] < 1:

@@ -44,7 +44,7 @@ def greedy_tokens(engine: Engine, prompts: list[list[int]], params: SamplingPara
 def random_engine(tmp_path=None, *, layers: int = 6, dtype: torch.dtype = torch.bfloat16,
                   seed: int = 5, algo: str | None = None, head_seed: int = 1,
                   attn_scale: float = 5.0, shape: ModelConfig | None = None,
-                  graphed: bool = True) -> Engine:
+                  graphed: bool = True, **engine_kw) -> Engine:
     """A CUDA-graphed engine around SmolLM2's shape with random weights (no model file): decode
     at batch 1, 2 and 4; with `algo` ("EAGLE" / "EAGLE3") a random head in tmp_path (3 steps,
     top-4, 8 draft tokens). The attention weights are scaled by `attn_scale`: at the plain
@@ -52,7 +52,8 @@ def random_engine(tmp_path=None, *, layers: int = 6, dtype: torch.dtype = torch.
     (on the CPU, 4 layers: 1-3 distinct tokens in 24), which would hide a wrong KV read; at 5x
     every one of 24 tokens differs, so they depend on the cache. `shape`: another model shape
     than SmolLM2's (its layer count replaced by `layers`). graphed=False: --disable-cuda-graph
-    (eager phases, host inputs copied as tensors: the reference for the graph runner)."""
+    (eager phases, host inputs copied as tensors: the reference for the graph runner).
+    `engine_kw`: EngineConfig fields over these (the speculative shape's too)."""
     from dataclasses import replace
 
     from hotspec.benchmark.random_models import SMOLLM2_135M, random_state
@@ -74,7 +75,7 @@ def random_engine(tmp_path=None, *, layers: int = 6, dtype: torch.dtype = torch.
                     speculative_num_steps=3, speculative_eagle_topk=4, speculative_num_draft_tokens=8)
     cfg = EngineConfig(dtype="auto", device="auto", block_size=16, num_kv_blocks=256, max_num_seqs=4,
                        skip_tokenizer_init=True, attention_backend="auto", disable_cuda_graph=not graphed,
-                       cuda_graph_max_bs=4, **spec)
+                       cuda_graph_max_bs=4, **{**spec, **engine_kw})
     return Engine.from_model(cfg, mc, target)
 
 

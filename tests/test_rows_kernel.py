@@ -61,22 +61,36 @@ def test_rows_linear_matches_linear(m, k, n, glu):
     _check(y, _reference(x, w, glu))
 
 
-def test_rows_linear_row_strided_x_and_the_row_limit():
-    """A row-strided x (a view of a wider buffer) reads its rows at their stride; MAX_ROWS rows
-    run and one more is refused."""
+def test_rows_linear_row_strided_x():
+    """A row-strided x (a view of a wider buffer) reads its rows at their stride."""
     x, w = _inputs(rk.MAX_ROWS, 64, 16, seed=3)
     _check(rk.rows_linear(x[:, :32], w[:, :32], SMALL), _reference(x[:, :32], w[:, :32], False))
-    x, w = _inputs(rk.MAX_ROWS + 1, 32, 16, seed=3)
-    with pytest.raises(ValueError, match="M must be"):
-        rk.rows_linear(x, w, SMALL)
+
+
+@pytest.mark.parametrize("glu", [False, True])
+def test_rows_linear_rows_are_batch_invariant(glu):
+    """Past MAX_ROWS the rows go in further tiles, and every row comes out bit for bit as it
+    does alone or among any other rows (the deterministic mode's linear); a bias is added in
+    fp32 before the one rounding."""
+    x, w = _inputs(2 * rk.MAX_ROWS + 5, 64, 32, seed=7)
+    bias = None if glu else (torch.randn(32, device=DEV) / 4).to(BF16)
+    every = rk.rows_linear(x, w, SMALL, glu=glu, bias=bias)
+    ref = _reference(x, w, glu) + (0 if bias is None else bias.float())
+    torch.testing.assert_close(every.float(), ref, rtol=1.6e-2, atol=1e-2)
+    for rows in (slice(0, 1), slice(3, 4), slice(20, 37), slice(36, 37)):
+        alone = rk.rows_linear(x[rows].contiguous(), w, SMALL, glu=glu, bias=bias)
+        assert torch.equal(alone, every[rows]), rows
+    assert rk.rows_linear(x[:0], w, SMALL, glu=glu, bias=bias).shape[0] == 0
 
 
 def test_rows_linear_rejects_what_it_does_not_handle():
     x, w = _inputs(4, 32, 16, seed=5)
     with pytest.raises(ValueError, match="bf16/fp16"):
-        rk.rows_linear(x.float(), w.float())
+        rk.rows_linear(x.double(), w.double())
     with pytest.raises(ValueError, match="even row count"):
         rk.rows_linear(x, w[:15], glu=True)
+    with pytest.raises(ValueError, match="a bias of w's row count"):
+        rk.rows_linear(x, w, bias=w[0])
     with pytest.raises(ValueError, match=r"x \[M, K\]"):
         rk.rows_linear(x, w[:, :16])
 
@@ -98,6 +112,20 @@ def test_gpu_rows_linear_real_shapes(n, k, glu, m):
     engine chooses, PDL on."""
     x, w = _inputs(m, k, 2 * n if glu else n, seed=m)
     _check(rk.rows_linear(x, w, glu=glu), _reference(x, w, glu))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("n,k,glu", [(6144, 4096, False), (14336, 4096, True), (4096, 14336, False),
+                                     (960, 576, False), (49152, 576, False)])
+def test_gpu_rows_linear_rows_are_batch_invariant(n, k, glu):
+    """The deterministic mode's linear at the 8B's and SmolLM2's shapes (its LM head too): a row
+    comes out bit for bit alike among 1 to 300 rows."""
+    x, w = _inputs(300, k, 2 * n if glu else n, seed=n)
+    every = rk.rows_linear(x, w, glu=glu)
+    _check(every, _reference(x, w, glu))
+    for rows in (slice(0, 1), slice(7, 10), slice(100, 117), slice(0, 64), slice(299, 300)):
+        assert torch.equal(rk.rows_linear(x[rows].contiguous(), w, glu=glu), every[rows]), rows
 
 
 def test_rows_config_takes_the_few_row_projections(monkeypatch):

@@ -16,7 +16,7 @@ from hotspec.config import ConfigError, EngineConfig
 from hotspec.core.kv_pool import KVPool
 from hotspec.core.spec_shape import SpecShape
 from hotspec.engine.block_allocator import BlockAllocator
-from hotspec.layers import fused
+from hotspec.layers import deterministic, fused
 from hotspec.layers.attention.base import AttentionBackend
 from hotspec.layers.attention.torch_ref import TorchRefBackend
 from hotspec.models.draft_head import DraftHead
@@ -100,9 +100,9 @@ class EngineBuilder:
         if choice == "auto":
             choice = "triton" if self.device.type == "cuda" else "torch"
         if choice == "triton":
-            from hotspec.layers.attention.triton_backend import TritonBackend
+            from hotspec.layers.attention.triton_backend import KernelTuning, TritonBackend
 
-            return TritonBackend(self.block_size)
+            return TritonBackend(self.block_size, KernelTuning(deterministic=self.cfg.deterministic))
         return TorchRefBackend(self.block_size)
 
     def _graph_runner(self) -> GraphRunner:
@@ -112,6 +112,17 @@ class EngineBuilder:
         return GraphRunner(self.device, mode, sizes, self.cfg.allow_eager_fallback)
 
     def build(self) -> EngineParts:
+        if self.cfg.deterministic:
+            if self.device.type != "cuda":
+                raise ConfigError(f"deterministic: its batch-invariant kernels are Triton's, for "
+                                  f"CUDA; this engine runs on {self.device} (drop --deterministic)")
+            if not envs.switches().fused_kernels:
+                raise ConfigError("deterministic: its kernels are the fused Triton ones, which "
+                                  "the fused_kernels switch turns off (hotspec/envs.py)")
+        with deterministic.mode(self.cfg.deterministic):  # (every capture and warm-up)
+            return self._build()
+
+    def _build(self) -> EngineParts:
         from hotspec.runtime.vanilla_worker import VanillaWorker
         from hotspec.speculative.phases import EagleModels
         from hotspec.speculative.worker import EagleWorker

@@ -20,6 +20,7 @@ from hotspec.engine.grammars import Grammars
 from hotspec.engine.prefix_share import SharedPrefixes
 from hotspec.engine.request_checks import check_request
 from hotspec.engine.stop_checker import StopChecker
+from hotspec.layers import deterministic
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import LlamaForCausalLM
 from hotspec.runtime.logits_state import LogitsState
@@ -128,21 +129,16 @@ class Engine:
         self._finish(req, reason)
 
     def has_unfinished(self) -> bool:
-        """Requests to serve, or steps still in flight: with the overlap schedule a request that
-        ends at EOS or a stop token leaves the step launched after it unread, and the next
-        `step()` collects it, so that nothing on the device outlives the work (a replay of the
-        graphs between two `generate` calls, as the benchmarks' timing does, would otherwise
-        overwrite its pinned outputs before they are read)."""
+        """Requests to serve, or steps in flight (overlap: the next `step()` collects the step
+        launched after a request ended, before a later replay overwrites its pinned outputs)."""
         return bool(self.waiting or self.prefilling or self.running or self.worker.unread())
 
     def fail_in_flight(self, error: str) -> list[Request]:
         """After step() raised: finish the requests that step was computing (reason "error", blocks
-        freed) and return them, so the loop can go on with the others. Their KV or draft state may
-        be half-written, so they cannot resume; every other request's KV is untouched (a model pass
-        writes only its own requests' slots and the trash slot). A failure outside any model pass
-        (nothing in flight) leaves no culprit: every unfinished request fails, so that a repeated
-        failure cannot loop forever. Requests in flight that had already finished are returned
-        too: the step's outputs, their last tokens included, were lost."""
+        freed; their KV may be half-written) and return them, so the loop goes on with the others,
+        whose KV a pass never touches. A failure outside any model pass (nothing in flight) fails
+        every unfinished request, so that it cannot loop forever. Requests in flight that had
+        finished are returned too: the step's outputs, their last tokens included, were lost."""
         victims = self.in_flight or [*self.waiting, *self.prefilling, *self.running]
         self.in_flight = []
         self.worker.drop_unread()  # uncollected steps (overlap) die with the step that failed
@@ -154,6 +150,10 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        with deterministic.mode(self.cfg.deterministic):  # (every kernel launched from here)
+            return self._settle_grammars() + self._step()
+
+    def _settle_grammars(self) -> list[StepOutput]:
         failed = self.grammars.settle() if self.grammars.pending else []
         for req in failed:  # (its grammar did not compile: engine/grammars.py)
             self.waiting.remove(req)
@@ -161,7 +161,7 @@ class Engine:
         if self.grammars.pending and len(self.grammars.pending) == len(self.waiting) and \
                 not (self.running or self.prefilling or self.worker.unread()):
             self.grammars.wait(0.002)  # nothing to run until a compile ends
-        return [StepOutput(r, "", []) for r in failed] + self._step()
+        return [StepOutput(r, "", []) for r in failed]
 
     def _step(self) -> list[StepOutput]:
         self.in_flight = []
@@ -220,8 +220,7 @@ class Engine:
         return self._served(outs)
 
     def _room(self, req: Request) -> int:
-        """KV slots `req` may need for its next step: its unread steps may each advance it by the
-        worker's most, then the step writes `reserve` slots."""
+        """KV slots `req` may need next: its unread steps' largest advances, then `reserve`."""
         return req.seq_len + self.worker.ahead(req) * self.worker.max_advance + self.worker.reserve
 
     def _grow(self, reqs: list[Request]) -> bool:

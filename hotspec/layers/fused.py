@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hotspec import envs
+from hotspec.layers import deterministic
 
 if TYPE_CHECKING:
     from hotspec.layers.gemv_kernels import GemvConfig
@@ -108,7 +109,28 @@ def gemv_resident(like: torch.Tensor, rows: int, lin: torch.nn.Linear) -> bool:
 
 
 def _gemv_allowed() -> bool:
-    return envs.switches().gemv
+    """The GEMVs (and the norm folded into one) run: the gemv switch on, not the deterministic
+    mode (a GEMV computes one row otherwise than the GEMM computes it among others)."""
+    return envs.switches().gemv and not deterministic.on()
+
+
+def deterministic_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = False
+                         ) -> GemvConfig | None:
+    """In the deterministic mode (layers/deterministic.py), where the fused kernels run on x: the
+    tiled GEMM's config for `x @ weight.T` at any row count, chosen from the weight's shape alone
+    (layers/rows_kernel.choose), so a row computes alike in every batch; else None. An input the
+    kernel cannot take raises: the mode never falls back to a batch-dependent kernel silently."""
+    if not deterministic.on() or not enabled(x, weight):
+        return None
+    if x.dim() != 2 or x.stride(1) != 1 or weight.stride(1) != 1 or weight.dtype != x.dtype \
+            or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"deterministic mode: no batch-invariant GEMM for x {tuple(x.shape)} "
+                         f"{x.dtype} (stride {x.stride()}) @ weight {tuple(weight.shape)} "
+                         f"{weight.dtype}: [M, K] inputs of the weight's dtype, unit stride")
+    from hotspec.layers.rows_kernel import choose
+
+    n, k = weight.shape
+    return choose(n // 2 if glu else n, k, glu)
 
 
 def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor
@@ -135,6 +157,8 @@ def rows_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = False) -> Gem
     GEMVs allowed, and a weight under 32 MB or enough column blocks for about half the SMs (a
     large narrow output, such as the 8B o and down projections, keeps the split-K GEMV or
     cuBLAS); else None."""
+    if deterministic.on():
+        return deterministic_config(x, weight, glu)
     if x.dim() != 2 or x.stride(1) != 1 or not _gemv_allowed():
         return None
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
@@ -149,11 +173,11 @@ def rows_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = False) -> Gem
     return cfg if wide or n * k < 1 << 24 else None
 
 
-def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, glu: bool = False
-                ) -> torch.Tensor:
+def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, glu: bool = False,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
     from hotspec.layers.rows_kernel import rows_linear as kernel
 
-    return kernel(x, weight, config, glu=glu)
+    return kernel(x, weight, config, glu=glu, bias=bias)
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

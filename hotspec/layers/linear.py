@@ -16,7 +16,10 @@ def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Ten
     rows (layers/rows_kernel.py) where fused.rows_config takes the shape, else the Triton GEMV
     where it measured faster than cuBLAS (one row, or the split-K GEMV of the 8B o and down
     projections at 2..16 rows); else nn.Linear. heuristic=False (the LM head): table rows of
-    the GEMV only."""
+    the GEMV only. The deterministic mode: the tiled GEMM at every row count, bias included."""
+    det = exact_linear(lin, x)
+    if det is not None:
+        return det
     if lin.bias is not None:
         return lin(x)
     rows = fused.rows_config(x, lin.weight) if heuristic else None
@@ -24,6 +27,23 @@ def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Ten
         return fused.rows_linear(x, lin.weight, rows)
     cfg = fused.gemv_config(x, lin.weight, heuristic=heuristic)
     return fused.gemv(x, lin.weight, cfg) if cfg is not None else lin(x)
+
+
+def exact_linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
+    """lin(x) through the batch-invariant GEMM in the deterministic mode (layers/deterministic.py)
+    where the fused kernels run on x, else None."""
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    cfg = fused.deterministic_config(x2, lin.weight)
+    if cfg is None:
+        return None
+    return fused.rows_linear(x2, lin.weight, cfg, bias=lin.bias).view(*x.shape[:-1], -1)
+
+
+def plain_linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear's own call (cuBLAS on CUDA), except in the deterministic mode (`exact_linear`):
+    the draft heads' fc and LM head."""
+    det = exact_linear(lin, x)
+    return lin(x) if det is None else det
 
 
 def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None

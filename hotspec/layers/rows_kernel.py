@@ -57,13 +57,15 @@ def choose(n: int, k: int, glu: bool) -> GemvConfig:
 
 
 @triton.jit
-def _rows_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym, GLU: tl.constexpr,
+def _rows_kernel(X, W, Y, B, M, N, K, stride_xm, stride_wn, stride_ym, GLU: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, F32_DOT: tl.constexpr, PDL: tl.constexpr = False,
-                 PF_COLS: tl.constexpr = -1):
-    """Program n: the M rows (padded to BLOCK_M) x output columns [n*BLOCK_N, +BLOCK_N)."""
+                 EVEN_K: tl.constexpr, F32_DOT: tl.constexpr, HAS_BIAS: tl.constexpr = False,
+                 PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1):
+    """Program (n, m): rows [m*BLOCK_M, +BLOCK_M) (masked past M) x output columns
+    [n*BLOCK_N, +BLOCK_N). A row's result depends on its own x row and the tiles alone, never on
+    M or the other rows (the deterministic mode's batch invariance rests on it)."""
     pid_n = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
@@ -95,6 +97,8 @@ def _rows_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym, GLU: tl.cons
                            eviction_policy="evict_first")
             acc_up = mac(acc_up, w_up, x, BLOCK_M, F32_DOT)
     dt = X.dtype.element_ty
+    if HAS_BIAS:  # added in fp32 before the one rounding
+        acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y = acc.to(dt)
     if GLU:  # silu(gate) * up, rounded as fused_kernels._silu_mul_kernel rounds
         gate = y.to(tl.float32)
@@ -106,10 +110,8 @@ def _rows_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym, GLU: tl.cons
 def _check(x: torch.Tensor, w: torch.Tensor, glu: bool, what: str) -> None:
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"{what}: x [M, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}")
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"{what}: M must be in [1, {MAX_ROWS}], got {x.shape[0]}")
-    if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
-        raise ValueError(f"{what}: bf16/fp16 x and w of one dtype only")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or w.dtype != x.dtype:
+        raise ValueError(f"{what}: bf16/fp16/fp32 x and w of one dtype only")
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError(f"{what}: unit stride along K")
     if glu and w.shape[0] % 2:
@@ -117,19 +119,27 @@ def _check(x: torch.Tensor, w: torch.Tensor, glu: bool, what: str) -> None:
 
 
 def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *,
-                glu: bool = False, use_pdl: bool | None = None) -> torch.Tensor:
-    """x [M, K] @ w.T for 1 <= M <= MAX_ROWS; glu: w is [gate | up] [2N, K] and the result is
-    silu(x @ gate.T) * (x @ up.T) [M, N]. bf16/fp16, unit stride along K; anything else raises
-    ValueError (callers take F.linear)."""
+                glu: bool = False, bias: torch.Tensor | None = None,
+                use_pdl: bool | None = None) -> torch.Tensor:
+    """x [M, K] @ w.T (+ bias) in MAX_ROWS-row tiles; glu: w is [gate | up] [2N, K] and the
+    result is silu(x @ gate.T) * (x @ up.T) [M, N]. bf16/fp16 (fp32 through fp32 dots), unit
+    stride along K; anything else raises ValueError (callers take F.linear). The engine's fast
+    path sends it 2..MAX_ROWS rows; the deterministic mode every row count (layers/linear.py)."""
     _check(x, w, glu, "rows_linear")
+    if bias is not None and (glu or bias.shape != (w.shape[0],)):
+        raise ValueError("rows_linear: a bias of w's row count, without glu")
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     cfg = config or choose(n, k, glu)
     use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _rows_kernel[(triton.cdiv(n, cfg.BLOCK_N),)](
-        x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), GLU=glu, BLOCK_M=MAX_ROWS,
-        BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=_INTERPRET,
-        PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
+    if m == 0:
+        return y
+    _rows_kernel[(triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, MAX_ROWS))](
+        x, w, y, bias if bias is not None else w, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        GLU=glu, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+        EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=_INTERPRET or x.dtype == torch.float32,
+        HAS_BIAS=bias is not None, PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if use_pdl else {}))
     return y

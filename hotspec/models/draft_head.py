@@ -22,6 +22,7 @@ from torch import nn
 from hotspec.core.forward_batch import ForwardBatch
 from hotspec.core.kv_pool import KVPool
 from hotspec.layers.attention.base import AttentionBackend
+from hotspec.layers.linear import plain_linear
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
 from hotspec.models.llama import MLP, Attention
@@ -104,7 +105,7 @@ class DraftHead(nn.Module, abc.ABC):
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """compute_logits in the head's dtype (the draft loop's top-k reads them as they are)."""
-        return self.lm_head(hidden)
+        return plain_linear(self.lm_head, hidden)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """The one place a draft-vocabulary index becomes a target token id (FR-Spec hot ids,

@@ -19,6 +19,7 @@ from torch import nn
 from hotspec.core.forward_batch import ForwardBatch
 from hotspec.core.kv_pool import KVPool
 from hotspec.layers.attention.base import AttentionBackend
+from hotspec.layers.linear import plain_linear
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
@@ -53,7 +54,7 @@ class EagleHead(DraftHead):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         feature = require_hidden_in(fb)
         # Order matters: [token embedding, feature], as in EAGLE's cnets.py and SGLang.
-        x = self.fc(torch.cat((self.embed_tokens(fb.input_ids), feature.to(self.fc.weight.dtype)),
-                              dim=-1))
+        x = plain_linear(self.fc, torch.cat(
+            (self.embed_tokens(fb.input_ids), feature.to(self.fc.weight.dtype)), dim=-1))
         h = self.layers[0](x, fb, self.rotary, kv, backend)
         return h, h

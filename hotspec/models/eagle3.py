@@ -29,7 +29,7 @@ from hotspec.core.forward_batch import ForwardBatch
 from hotspec.core.kv_pool import KVPool
 from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend
-from hotspec.layers.linear import norm_mlp
+from hotspec.layers.linear import norm_mlp, plain_linear
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
@@ -124,6 +124,6 @@ class Eagle3Head(DraftHead):
         # Width tells the two inputs apart (n >= 2 aux layers, so n*H != H): the target's
         # concatenated aux states go through fc, the head's own previous feature does not.
         if feature.shape[-1] != self.hidden_size:
-            feature = self.fc(feature)
+            feature = plain_linear(self.fc, feature)
         m, r = self.midlayer(fb.input_ids, self.embed_tokens, feature, fb, self.rotary, kv, backend)
         return self.norm.add_forward(m, r)  # (norm(s), s) with s = m + r

@@ -18,7 +18,7 @@ from hotspec.core.forward_batch import ForwardBatch
 from hotspec.core.kv_pool import KVPool
 from hotspec.layers import fused
 from hotspec.layers.attention.base import AttentionBackend, RopeFold, store_kv
-from hotspec.layers.linear import linear, merge_linears, norm_linear, norm_mlp, silu_mul_linear
+from hotspec.layers.linear import linear, merge_linears, norm_linear, norm_mlp, plain_linear, silu_mul_linear
 from hotspec.layers.norm import RMSNorm
 from hotspec.layers.rotary import RotaryEmbedding
 from hotspec.models.config import ModelConfig
@@ -56,7 +56,8 @@ class Attention(nn.Module):
         if self.qkv_proj is not None:
             return self.split_qkv(linear(self.qkv_proj, x))
         d, lead = self.head_dim, x.shape[:-1]
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = (plain_linear(self.q_proj, x), plain_linear(self.k_proj, x),
+                   plain_linear(self.v_proj, x))
         return (q.view(*lead, self.num_heads, d), k.view(*lead, self.num_kv_heads, d),
                 v.view(*lead, self.num_kv_heads, d))
 
@@ -111,7 +112,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return plain_linear(self.down_proj, F.silu(plain_linear(self.gate_proj, x))
+                                * plain_linear(self.up_proj, x))
         return silu_mul_linear(self.down_proj, linear(self.gate_up_proj, x))
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from hotspec.core.forward_batch import ForwardBatch
+from hotspec.core.forward_batch import ForwardBatch, ForwardMode
 from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.merge_kernels import combine_splits
@@ -52,6 +52,7 @@ class TritonPlan:
     max_kv: int  # host-side bound, only used to choose the split count
     mask_bits: bool = False  # custom_mask packed: bit j of row i's word = mask[i, j] (M <= 64)
     m_custom: int = 0  # M, the custom mask's width
+    tree_positions: torch.Tensor | None = None  # deterministic verify: [T] the nodes' positions
 
 
 # Split counts. Decode (one query row per request) aims at two waves of programs: more, shorter
@@ -99,7 +100,14 @@ class KernelTuning:
     word per row (False: the byte mask wider masks use); fold_rope: decode batches pass RoPE and
     the KV store to the kernel (`folds_rope`; False: their own kernel, as every other phase);
     min_chunk: the fewest kv indices a split covers (None: `min_chunk`'s rule for the automatic
-    splits of several-row phases, equal shares otherwise)."""
+    splits of several-row phases, equal shares otherwise).
+
+    deterministic (the engine's `--deterministic`, layers/deterministic.py): one tile config for
+    every phase and batch (16-row tiles, DET_BLOCK_N kv rows, no split, 4 warps, 2 stages, no
+    FMA contraction), one query row per program in the uniform phases, no RoPE fold, and verify
+    reads each tree node's keys as the sequence decode reads (the kernel's TREE_SEQ): a row's
+    output then depends on its own keys alone, and a verify row equals the decode row of its
+    token bit for bit. Overrides every other field."""
 
     block_n: int | None = None
     block_m: int | None = None
@@ -109,11 +117,19 @@ class KernelTuning:
     mask_bits: bool = True
     fold_rope: bool = True
     min_chunk: int | None = None
+    deterministic: bool = False
+
+
+DET_BLOCK_N = {torch.float32: 32}  # the deterministic tile's kv rows by dtype (else 64)
 
 
 class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, tuning: KernelTuning | None = None) -> None:
         t = tuning or KernelTuning()
+        if t.deterministic:
+            t = KernelTuning(block_m=16, num_splits=1, num_warps=4, num_stages=2, fold_rope=False,
+                             deterministic=True)
+        self.deterministic = t.deterministic
         self.block_size = block_size
         self.mask_bits, self.fold_rope, self.min_chunk = t.mask_bits, t.fold_rope, t.min_chunk
         self.block_n, self.block_m, self.num_splits = t.block_n, t.block_m, t.num_splits
@@ -138,8 +154,14 @@ class TritonBackend(AttentionBackend):
                 cm = cm.view(torch.uint8)
         if fb.width is None and fb.cu_seqlens_q is None:
             raise ValueError("ragged batch without cu_seqlens_q")
+        tree = None
+        if self.deterministic and fb.mode is ForwardMode.VERIFY and cm is not None:
+            if not bits:
+                raise ValueError(f"deterministic mode: a verify tree of at most {MASK_BITS_MAX} "
+                                 f"nodes, got {m_custom} (lower --speculative-num-draft-tokens)")
+            tree = fb.positions
         fb.attn_meta = TritonPlan(fb.q_lens, fb.kv_lens, bt, fb.cu_seqlens_q, cm, fb.width,
-                                  int(fb.max_q), int(fb.max_kv), bits, m_custom)
+                                  int(fb.max_q), int(fb.max_kv), bits, m_custom, tree)
 
     # -- launch configuration -----------------------------------------------------------------
     def _sms(self, dev: torch.device) -> int:
@@ -156,6 +178,8 @@ class TritonBackend(AttentionBackend):
         work, which a smaller tile shortens; with more programs the larger tile is faster."""
         if self.block_n:
             return self.block_n
+        if self.deterministic:
+            return 32 if is_fp32 else 64
         if is_fp32:
             return 32
         if p.width == 1 and dev.type == "cuda" and programs <= self._sms(dev) // 16:
@@ -207,7 +231,7 @@ class TritonBackend(AttentionBackend):
         with tiles of at most 32 rows (the batch-1 decode tile; V's registers are then live
         during the scores). The 64-row tiles of larger batches do not gain from it and keep V's
         loads after the softmax."""
-        return self._stages(p) == 1 and block_n <= 32
+        return self._stages(p) == 1 and block_n <= 32 and not self.deterministic
 
     def folds_rope(self, fb: ForwardBatch) -> bool:
         """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: with
@@ -249,6 +273,8 @@ class TritonBackend(AttentionBackend):
             target = 32 if is_fp32 else 64
             block_m = min(target, _pow2(rows * gp))
         block_m = max(16, block_m, gp)
+        if self.deterministic and p.width is not None:
+            gp = block_m  # one query row per program (a verify tile: one tree node's keys)
         block_q = block_m // gp
         q_blocks = triton.cdiv(max(rows, 1), block_q)
         block_n = self._block_n(p, is_fp32, q_blocks * b * hkv, q.device)
@@ -296,7 +322,7 @@ class TritonBackend(AttentionBackend):
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait, V_EARLY=self._v_early(p, block_n),
             MIN_CHUNK=self._min_chunk(p, splits, block_m, block_n),
-            **_rope_kwargs(rope, k_cache),
+            **_rope_kwargs(rope, k_cache), **self._tree_kwargs(p),
             num_warps=num_warps, num_stages=self._stages(p), **launch,
         )
         if splits > 1:
@@ -309,6 +335,18 @@ class TritonBackend(AttentionBackend):
                 num_warps=4, **({"launch_pdl": True} if comb_wait else {}),
             )
         return out
+
+
+    def _tree_kwargs(self, p: TritonPlan) -> dict[str, object]:
+        """The deterministic mode's launch options: TREE_SEQ with the nodes' positions for a
+        verify batch, and no FMA contraction anywhere (a contraction the compiler chooses per
+        specialization could round one phase's row otherwise than another's)."""
+        if not self.deterministic:
+            return {}
+        kw: dict[str, object] = {} if self._interp else {"enable_fp_fusion": False}
+        if p.tree_positions is not None:
+            kw.update(TREE_SEQ=True, POS=p.tree_positions)
+        return kw
 
 
 def _rope_kwargs(rope: RopeFold | None, k_cache: torch.Tensor) -> dict[str, object]:

@@ -34,6 +34,8 @@ import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (the interpreter fix)
 
+TREE_SLOTS: tl.constexpr = tl.constexpr(64)  # TREE_SEQ: tree slots a packed mask word holds
+
 
 @triton.jit
 def _v_tile(v_base, slot, stride_vt, d, d_ok, n_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
@@ -50,22 +52,31 @@ def _v_tile(v_base, slot, stride_vt, d, d_ok, n_ok, MASKED: tl.constexpr, EVEN_D
 @triton.jit
 def _attn_blocks(
     acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, hi, kv_len, lim, real, row_ok,
-    start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+    start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok, anc, node_depth,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CUSTOM: tl.constexpr, MASKED: tl.constexpr,
     F32_DOT: tl.constexpr, EVEN_D: tl.constexpr, MASK_BITS: tl.constexpr,
-    V_EARLY: tl.constexpr = False,
+    V_EARLY: tl.constexpr = False, TREE_SEQ: tl.constexpr = False,
 ):
     """Online-softmax over kv indices [lo, hi) in BLOCK_N steps. MASKED=False: every index is
     < kv_len and visible to every real row (padding rows still see index 0 only). V_EARLY: the
     V tile's loads are issued right after the K tile's instead of after the scores (see
-    TritonBackend._v_early)."""
+    TritonBackend._v_early). TREE_SEQ: index start_tree + j reads the tile's tree node's
+    ancestor at depth j (`anc`: the node's ancestors among the tree slots, `node_depth`: each
+    slot's depth), so the node's keys are the sequence a decode step of its token reads, and
+    its visibility is causal (`lim`)."""
     n = tl.arange(0, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         offs = start + n
         if MASKED:
             n_ok = offs < kv_len
-            blk = tl.load(bt_row + offs // PAGE, mask=n_ok, other=0).to(tl.int64)
-            slot = blk * PAGE + (offs % PAGE)
+            src = offs
+            if TREE_SEQ:
+                rel = offs - start_tree
+                hit = anc[None, :] & (node_depth[None, :] == rel[:, None])
+                slot_of = tl.sum(tl.where(hit, tl.arange(0, TREE_SLOTS)[None, :], 0), 1)
+                src = tl.where(rel >= 0, start_tree + slot_of, offs)
+            blk = tl.load(bt_row + src // PAGE, mask=n_ok, other=0).to(tl.int64)
+            slot = blk * PAGE + (src % PAGE)
             kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],
                          mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, N]
         else:
@@ -85,7 +96,7 @@ def _attn_blocks(
             s = tl.dot(q, kt)
         s = s * scale_log2
         if MASKED:
-            if CUSTOM:
+            if CUSTOM and not TREE_SEQ:
                 rel = offs - start_tree
                 in_tree = rel >= 0
                 if MASK_BITS:  # bit j of the row's word: tree slot j visible (M <= 64)
@@ -150,6 +161,7 @@ def paged_attn_fwd(
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
     ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, MIN_CHUNK: tl.constexpr = 0,
+    TREE_SEQ: tl.constexpr = False,
     KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt: tl.constexpr = 0, stride_knh: tl.constexpr = 0, stride_vnt: tl.constexpr = 0,
@@ -197,10 +209,20 @@ def paged_attn_fwd(
         q = q.to(tl.float32)
 
     # kv range this tile can see: [0, end)
+    tslot = tl.arange(0, TREE_SLOTS).to(tl.int64)
+    anc = tslot < 0
+    node_depth = tslot
     if CUSTOM:
         start_tree = kv_len - m_custom
         end = kv_len
         lim = kv_len  # unused
+        if TREE_SEQ:  # (BLOCK_Q == 1, MASK_BITS) the tile's rows: tree node q_start's heads
+            word = tl.load(CM + b.to(tl.int64) * stride_cmb + q_start * stride_cmi,
+                           mask=q_start < q_len, other=0)
+            anc = (((word >> tslot) & 1) != 0) & (tslot < m_custom)
+            node_depth = tl.load(POS + q_base + tslot, mask=tslot < m_custom, other=-1) - start_tree
+            end = start_tree + tl.sum(anc.to(tl.int32), 0)  # the node's own kv length
+            lim = tl.where(real, end - 1, 0)
     else:
         start_tree = kv_len  # unused
         q_hi = tl.minimum(q_start + BLOCK_Q, q_len) - 1  # last real row of the tile
@@ -254,11 +276,13 @@ def paged_attn_fwd(
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, tl.minimum(hi, full), kv_len,
         lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
-        PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS, V_EARLY)
+        anc, node_depth, PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS,
+        V_EARLY, TREE_SEQ)
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, tl.maximum(lo, full), hi, kv_len,
         lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
-        PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS, V_EARLY)
+        anc, node_depth, PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS,
+        V_EARLY, TREE_SEQ)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]

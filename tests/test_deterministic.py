@@ -1,0 +1,210 @@
+"""The deterministic mode (`--deterministic`, layers/deterministic.py): a row's result does not
+depend on its batch, and a verify row equals the decode row of the same token, bit for bit.
+
+On the CPU the Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1, conftest), where
+these tests check the kernels' index logic (a tree node's keys read as decode's sequence, one
+tile config everywhere); the `gpu` tests check the bits on the GPU's own instructions."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton")
+
+from hotspec.config import ConfigError, EngineConfig  # noqa: E402
+from hotspec.core.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from hotspec.layers import deterministic  # noqa: E402
+from hotspec.layers.attention import triton_backend, triton_kernels  # noqa: E402
+
+if not torch.cuda.is_available() and not triton_kernels.is_interpreted():
+    pytest.skip("the attention kernels were imported compiled before TRITON_INTERPRET was set",
+                allow_module_level=True)
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+PAGE = 16
+
+
+def _tree(n: int, g: torch.Generator) -> tuple[list[int], torch.Tensor]:
+    """Parents (node 0 the root, parent[i] < i) and the [n, n] ancestor-or-self mask."""
+    parents = [-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, n)]
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        mask[i, i] = True
+        if i:
+            mask[i] |= mask[parents[i]]
+    return parents, mask
+
+
+class _Cache:
+    """A paged KV cache holding sequences at shuffled blocks."""
+
+    def __init__(self, blocks: int, hkv: int, d: int, g: torch.Generator) -> None:
+        self.k = torch.zeros(blocks * PAGE + 1, hkv, d, dtype=torch.bfloat16)
+        self.v = torch.zeros_like(self.k)
+        self.free = torch.randperm(blocks, generator=g).tolist()
+
+    def put(self, k: torch.Tensor, v: torch.Tensor, cols: int) -> torch.Tensor:
+        """Store a sequence's K/V [n, hkv, d] at logical 0..n-1; its block-table row."""
+        n = k.shape[0]
+        row = torch.full((cols,), 1 << 20, dtype=torch.int32)
+        for j in range(triton.cdiv(n, PAGE)):
+            row[j] = self.free.pop()
+        idx = torch.arange(n)
+        slots = row[idx // PAGE].long() * PAGE + idx % PAGE
+        self.k[slots], self.v[slots] = k, v
+        return row
+
+
+def _fb(mode: ForwardMode, q_lens: list[int], kv_lens: list[int], tables: torch.Tensor,
+        width: int | None, positions: torch.Tensor, mask: torch.Tensor | None = None
+        ) -> ForwardBatch:
+    t = positions.shape[0]
+    cu = None if width is not None else torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
+    dv = (lambda x: None if x is None else x.to(DEV))  # noqa: E731
+    return ForwardBatch(mode=mode, input_ids=dv(torch.zeros(t, dtype=torch.long)),
+                        positions=dv(positions), out_cache_loc=dv(torch.zeros(t, dtype=torch.long)),
+                        q_lens=dv(torch.tensor(q_lens)), kv_lens=dv(torch.tensor(kv_lens)),
+                        block_tables=dv(tables), width=width, cu_seqlens_q=dv(cu),
+                        max_q=max(q_lens) if width is None else width, max_kv=max(kv_lens),
+                        custom_mask=dv(mask))
+
+
+def _attend(backend, fb: ForwardBatch, q: torch.Tensor, cache: _Cache) -> torch.Tensor:
+    backend.plan(fb)
+    d = q.shape[-1]
+    return backend.forward(fb, q.to(DEV), cache.k.to(DEV), cache.v.to(DEV), d ** -0.5).cpu()
+
+
+@pytest.mark.parametrize("prefix,n", [(60, 8), (17, 5)])
+def test_verify_rows_equal_decode_rows_and_decode_is_batch_invariant(prefix: int, n: int):
+    """A tree's verify rows (keys: the prefix, then the node's ancestors at their tree slots)
+    equal, bit for bit, a decode step of each node's token over the prefix and its path laid out
+    in order, alone or among the other nodes' decode steps, and a prefill of that sequence's
+    last row; every output is close to the fast path's."""
+    _check_tree_rows(prefix, n, 6, 2, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("prefix,n,hq,hkv,d", [(700, 12, 9, 3, 64), (93, 16, 32, 8, 128),
+                                               (1500, 8, 14, 2, 64)])
+def test_gpu_verify_rows_equal_decode_rows(prefix: int, n: int, hq: int, hkv: int, d: int):
+    """As above at SmolLM2's, the 8B's and Qwen2.5-0.5B's head shapes, on the GPU's own
+    instructions."""
+    _check_tree_rows(prefix, n, hq, hkv, d)
+
+
+def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int) -> None:
+    g = torch.Generator().manual_seed(prefix)
+    parents, mask = _tree(n, g)
+    depth = mask.sum(-1) - 1
+    k = torch.randn(prefix + n, hkv, d, generator=g).to(torch.bfloat16)
+    v = torch.randn(prefix + n, hkv, d, generator=g).to(torch.bfloat16)
+    q = torch.randn(n, hq, d, generator=g).to(torch.bfloat16)
+    cache = _Cache((n + 2) * triton.cdiv(prefix + n, PAGE), hkv, d, g)  # (the tree's, n paths)
+    cols = triton.cdiv(prefix + n, PAGE) + 1
+    det = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(deterministic=True))
+
+    tree_table = cache.put(k, v, cols)[None]  # the prefix, then node i at prefix + i
+    verify = _attend(det, _fb(ForwardMode.VERIFY, [n], [prefix + n], tree_table, n,
+                              prefix + depth, mask[None]), q, cache)
+
+    paths, tables = [], []  # node i's keys as decode reads them: the prefix, then its path
+    for i in range(n):
+        path = [j for j in range(n) if mask[i, j]]  # ancestors have smaller indices: depth order
+        seq = list(range(prefix)) + [prefix + j for j in path]
+        paths.append(seq)
+        tables.append(cache.put(k[seq], v[seq], cols))
+    lens = [len(s) for s in paths]
+    batch = _attend(det, _fb(ForwardMode.DECODE, [1] * n, lens, torch.stack(tables), 1,
+                             torch.tensor(lens) - 1), q, cache)
+    for i in range(n):
+        alone = _attend(det, _fb(ForwardMode.DECODE, [1], [lens[i]], tables[i][None], 1,
+                                 torch.tensor([lens[i] - 1])), q[i:i + 1], cache)
+        assert torch.equal(alone[0], batch[i]), f"decode row {i} changes with its batch"
+        assert torch.equal(verify[i], alone[0]), f"verify row {i} differs from its decode row"
+
+    # a prefill of node n-1's sequence (and another request beside it): its last row is decode's
+    last = paths[-1]
+    qs = torch.randn(len(last), hq, d, generator=g).to(torch.bfloat16)
+    qs[-1] = q[-1]
+    other = torch.randn(9, hq, d, generator=g).to(torch.bfloat16)
+    table = torch.stack([tables[-1], tables[0]])
+    pre = _attend(det, _fb(ForwardMode.PREFILL, [len(last), 9], [len(last), 9], table, None,
+                           torch.cat([torch.arange(len(last)), torch.arange(9)])),
+                  torch.cat([qs, other]), cache)
+    assert torch.equal(pre[len(last) - 1], verify[-1]), "a prefill row differs from decode's"
+
+    ref = triton_backend.TritonBackend(PAGE)  # the fast path: close, not necessarily equal
+    fast = _attend(ref, _fb(ForwardMode.VERIFY, [n], [prefix + n], tree_table, n, prefix + depth,
+                            mask[None]), q, cache)
+    torch.testing.assert_close(verify.float(), fast.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_mode_is_scoped():
+    assert not deterministic.on()
+    with deterministic.mode(True):
+        assert deterministic.on()
+        with deterministic.mode(False):
+            assert not deterministic.on()
+        assert deterministic.on()
+    assert not deterministic.on()
+
+
+def test_deterministic_tuning_overrides_every_choice():
+    b = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(
+        deterministic=True, block_n=16, num_splits=8, fold_rope=True))
+    assert b.deterministic and not b.fold_rope and b.num_splits == 1 and b.block_n is None
+
+
+def test_deterministic_needs_cuda_and_the_triton_backend(tmp_path):
+    """--deterministic refuses what it cannot keep: the torch attention, and a CPU engine."""
+    with pytest.raises(ConfigError, match="--attention-backend triton"):
+        EngineConfig(deterministic=True, attention_backend="torch")
+    if not torch.cuda.is_available():
+        from engine_utils import save_tiny_llama
+
+        from hotspec.engine.engine import Engine
+
+        path = save_tiny_llama(tmp_path / "t", vocab=64, hidden=32, layers=1, std=0.2)
+        with pytest.raises(ConfigError, match="CUDA"):
+            Engine(EngineConfig(model=str(path), deterministic=True, skip_tokenizer_init=True,
+                                num_kv_blocks=8))
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, 40000, (int(torch.randint(3, 60, (), generator=g)),),
+                          generator=g).tolist() for _ in range(n)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_deterministic_greedy_is_batch_invariant_and_speculative_equals_vanilla(tmp_path):
+    """bf16, graphed: every prompt's greedy tokens are the same alone and in a batch of 4, and
+    the speculative engines (a 4/4/8 tree, a 3/1/4 chain) produce vanilla's tokens bit for bit;
+    the default (non-deterministic) kernels are the control: they are not required to."""
+    from engine_utils import greedy_tokens, random_engine
+
+    from hotspec.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    prompts = _prompts(8, 3)
+    vanilla = random_engine(deterministic=True, cuda_graph_max_bs=8, max_num_seqs=8)
+    alone = [greedy_tokens(vanilla, [p], params)[0] for p in prompts]
+    assert greedy_tokens(vanilla, prompts[:4], params) == alone[:4]
+    assert greedy_tokens(vanilla, prompts, params) == alone
+    del vanilla
+    for shape in [dict(), dict(speculative_num_steps=3, speculative_eagle_topk=1,
+                                speculative_num_draft_tokens=4)]:
+        spec = random_engine(tmp_path / str(len(shape)), algo="EAGLE3", deterministic=True,
+                             cuda_graph_max_bs=8, max_num_seqs=8, **shape)
+        assert greedy_tokens(spec, prompts, params) == alone, shape
+        assert [greedy_tokens(spec, [p], params)[0] for p in prompts[:3]] == alone[:3], shape
+        del spec
