@@ -88,7 +88,7 @@ def build_engine(args: argparse.Namespace, num_kv_blocks: int, max_batch: int) -
     cfg = EngineConfig(dtype=args.dtype, device=args.device, block_size=BLOCK_SIZE,
                        num_kv_blocks=num_kv_blocks, max_num_seqs=max_batch, skip_tokenizer_init=True,
                        max_prefill_tokens=None, overlap_schedule=args.overlap_schedule,
-                       seed=args.seed, **pinned)
+                       seed=args.seed, deterministic=args.deterministic, **pinned)
     if args.model == "default":
         return Engine(cfg)
     device, dtype = resolve_device_dtype(cfg)
@@ -339,6 +339,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="launch decode step N+1 before reading step N (the engine option; "
                         "default: the engine's, on with CUDA graphs)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="the engine's --deterministic (batch-invariant kernels)")
     p.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

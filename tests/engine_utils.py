@@ -73,9 +73,10 @@ def random_engine(tmp_path=None, *, layers: int = 6, dtype: torch.dtype = torch.
         head = random_draft_checkpoint(tmp_path / "head", mc, algo, seed=head_seed)
         spec = dict(speculative_algorithm=algo, speculative_draft_model_path=str(head),
                     speculative_num_steps=3, speculative_eagle_topk=4, speculative_num_draft_tokens=8)
-    cfg = EngineConfig(dtype="auto", device="auto", block_size=16, num_kv_blocks=256, max_num_seqs=4,
-                       skip_tokenizer_init=True, attention_backend="auto", disable_cuda_graph=not graphed,
-                       cuda_graph_max_bs=4, **{**spec, **engine_kw})
+    kw = dict(dtype="auto", device="auto", block_size=16, num_kv_blocks=256, max_num_seqs=4,
+              skip_tokenizer_init=True, attention_backend="auto", disable_cuda_graph=not graphed,
+              cuda_graph_max_bs=4, **spec)
+    cfg = EngineConfig(**{**kw, **engine_kw})
     return Engine.from_model(cfg, mc, target)
 
 
