@@ -84,10 +84,12 @@ def build_engine(args: argparse.Namespace, num_kv_blocks: int, max_batch: int) -
                   "cuda_graph_max_bs": max_batch}
     elif args.mode == "eager-triton":
         pinned = {"attention_backend": "triton", "disable_cuda_graph": True}
-    # the whole batch prefills in one step (no chunking), so every timed step is a decode step
+    # whole prompts, every prefill step before the first decode step (a batch larger than the
+    # prefill graphs' largest bucket prefills in several steps), so every timed step is a decode step
     cfg = EngineConfig(dtype=args.dtype, device=args.device, block_size=BLOCK_SIZE,
                        num_kv_blocks=num_kv_blocks, max_num_seqs=max_batch, skip_tokenizer_init=True,
-                       max_prefill_tokens=None, overlap_schedule=args.overlap_schedule,
+                       max_prefill_tokens=None, decode_during_prefill=False,
+                       overlap_schedule=args.overlap_schedule,
                        seed=args.seed, deterministic=args.deterministic, **pinned)
     if args.model == "default":
         return Engine(cfg)
@@ -116,10 +118,12 @@ def measure(engine: Engine, batch: int, context: int, warmup: int, tokens: int, 
     dev = engine.device
     _sync(dev)
     t0 = time.perf_counter()
-    outs = engine.step()  # the whole batch is admitted and prefilled in one step
+    outs = engine.step()  # prefill steps, until every request has its first token
+    while engine.prefilling and len(outs) < batch:
+        outs += engine.step()
     _sync(dev)
     prefill_ms = (time.perf_counter() - t0) * 1e3
-    if len(outs) != batch:
+    if len(outs) != batch or engine.waiting:
         raise RuntimeError(f"prefill admitted {len(outs)} of {batch} requests; raise num_kv_blocks")
     # Overlap schedule: the first decode step only launches, and no step syncs beyond its own
     # read, so each timed step is the pipeline's period (launch N+1, read N).

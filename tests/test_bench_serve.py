@@ -85,6 +85,20 @@ def test_server_options_reach_both_servers() -> None:
     assert spec[-4:] == vanilla[-4:] == ["--max-num-seqs", "7", "--max-body-bytes", "999"]
 
 
+def test_greedy_is_checked_by_default_where_outputs_do_not_depend_on_the_batch() -> None:
+    """float32 and --deterministic servers get the greedy check by default; bf16 ones do not;
+    --deterministic reaches both servers."""
+    from hotspec.cli.bench_serve import _server_options
+    from hotspec.cli.main import build_parser
+
+    def options(*extra: str) -> tuple[list[str], list[str], bool]:
+        return _server_options(build_parser().parse_args(["bench-serve", *CHAIN, *extra]))
+
+    assert not options("--device", "cuda", "--dtype", "bfloat16")[2]
+    spec, vanilla, exact = options("--device", "cuda", "--dtype", "bfloat16", "--deterministic")
+    assert exact and "--deterministic" in spec and "--deterministic" in vanilla
+
+
 @pytest.mark.parametrize("bad, message", [
     (["--speculative-eagle-topk", "0"], "topk must be >= 1"),
     (["--pinned", "3/1"], "--pinned: a speculation shape is 'off' or STEPS/TOPK/TOKENS"),

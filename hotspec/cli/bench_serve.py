@@ -14,7 +14,7 @@ Reported per server and rate: completed / failed / hung-up requests, requests/s,
 TTFT and ITL (gap between streamed chunks) p50/p99, TPOT p50, and tau of the speculative server.
 Checks, PASS or FAIL (exit status 1 on a FAIL): no failed request and no failed engine step, the
 server drained after each run (no request left, every KV block free), every hang-up aborted, and
-(float32 servers, or --verify-greedy) each greedy request's output under load equal to the same
+(float32 or --deterministic servers, or --verify-greedy) each greedy request's output under load equal to the same
 request sent alone. DIR/bench_serve.json holds every number, DIR/bench_serve.png plots latency
 against throughput, DIR/serve_*.log the servers' logs.
 """
@@ -68,8 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="clients that hang up after a few chunks (default: 0.1)")
     b.add_argument("--verify-greedy", type=int, default=None,
                    help="distinct greedy requests re-sent alone and compared (-1: all, 0: none; "
-                   "default: all for float32 servers, none otherwise: bf16 outputs part at "
-                   "near-ties with the batch)")
+                   "default: all for float32 or --deterministic servers, none otherwise: bf16 "
+                   "outputs part at near-ties with the batch)")
     b.add_argument("--timeout", type=float, default=600.0, help="per request, between bytes (s)")
     b.add_argument("--drain-timeout", type=float, default=30.0,
                    help="after a run, seconds to wait for no request and no KV block in use")
@@ -98,7 +98,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _server_options(args: argparse.Namespace) -> tuple[list[str], list[str], bool]:
     """(speculative, vanilla) `hotspec serve` options from the engine options, and whether the
-    servers run float32. A bad option fails here, before any server starts."""
+    servers' greedy outputs are independent of the batch (float32, or --deterministic). A bad
+    option fails here, before any server starts."""
     from dataclasses import fields
 
     from hotspec.benchmark.servers import SPECULATIVE, engine_cli_args
@@ -109,9 +110,9 @@ def _server_options(args: argparse.Namespace) -> tuple[list[str], list[str], boo
     values = {f.name: getattr(args, f.name) for f in fields(EngineConfig)}
     spec = engine_cli_args(values)
     vanilla = engine_cli_args({k: v for k, v in values.items() if k not in SPECULATIVE})
-    float32 = cfg.dtype == "float32" or (cfg.dtype == "auto" and cfg.device == "cpu")
+    exact = cfg.deterministic or cfg.dtype == "float32" or (cfg.dtype == "auto" and cfg.device == "cpu")
     extra = shlex.split(args.serve_args)
-    return [*spec, *extra], [*vanilla, "--no-default-head", *extra], float32
+    return [*spec, *extra], [*vanilla, "--no-default-head", *extra], exact
 
 
 def _pinned(shapes: list[str]) -> list[Any]:
@@ -138,9 +139,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
     started: list[srv.Server] = []
     if args.target:
         targets = [tuple(t.split("=", 1)) if "=" in t else ("server", t) for t in args.target]
-        float32 = False
+        exact = False
     else:
-        spec_args, vanilla_args, float32 = _server_options(args)
+        spec_args, vanilla_args, exact = _server_options(args)
         pinned = _pinned(args.pinned)
         started = [srv.start("vanilla", vanilla_args, args.out),
                    srv.start("speculative", spec_args, args.out)]
@@ -150,7 +151,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
                 str(shape.topk), "--speculative-num-draft-tokens", str(shape.num_draft_tokens)],
                 args.out))
         targets = [(s.name, s.url) for s in started]
-    verify = args.verify_greedy if args.verify_greedy is not None else (-1 if float32 else 0)
+    verify = args.verify_greedy if args.verify_greedy is not None else (-1 if exact else 0)
     load = argparse.Namespace(**(vars(args) | {"model": args.served_model, "seed": args.load_seed,
                                                "verify_greedy": verify}))
     try:
@@ -172,8 +173,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
         srv.stop(started)
     print(table(reports))
     if verify == 0:
-        print("greedy under load == alone: not checked (--verify-greedy -1 checks it; only float32 "
-              "servers give outputs independent of the batch)")
+        print("greedy under load == alone: not checked (--verify-greedy -1 checks it; float32 and "
+              "--deterministic servers give outputs independent of the batch)")
     results = checks(reports, verify != 0)
     for ok, line in results:
         print(("PASS " if ok else "FAIL ") + line)
