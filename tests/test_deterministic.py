@@ -188,7 +188,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_deterministic_greedy_is_batch_invariant_and_speculative_equals_vanilla(tmp_path):
     """bf16, graphed: every prompt's greedy tokens are the same alone and in a batch of 4, and
-    the speculative engines (a 4/4/8 tree, a 3/1/4 chain) produce vanilla's tokens bit for bit;
+    the speculative engines (a 3/4/8 tree, a 3/1/4 chain) produce vanilla's tokens bit for bit;
     the default (non-deterministic) kernels are the control: they are not required to."""
     from engine_utils import greedy_tokens, random_engine
 
