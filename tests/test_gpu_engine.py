@@ -148,3 +148,41 @@ def test_serving_compiles_no_kernel_after_start_up():
                   SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=N)):
             llm.generate(prompts[-bs:], p)
     assert compile_watch.compiles() == before
+
+
+def test_deterministic_bf16_equals_alone_batched_and_speculative(head, tmp_path):
+    """--deterministic in bf16 (graphed, overlap schedule): the default model's greedy tokens are
+    the same alone and batched, and so are seeded samples; the shipped head's default (adaptive)
+    engine and its 4/8/12 tree, and a random EAGLE head with an 8k FR-Spec map, give vanilla's
+    greedy tokens bit for bit, and the speculative engine's seeded samples are alike alone and
+    batched too."""
+    kw = dict(device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8,
+              deterministic=True)
+    greedy = SamplingParams(temperature=0, max_tokens=64)
+    sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=32)
+
+    def alone_and_batched(llm: LLM, params: SamplingParams) -> list[list[int]]:
+        alone = [llm.generate([p], params)[0].token_ids for p in PROMPTS]
+        assert [o.token_ids for o in llm.generate(PROMPTS, params)] == alone
+        return alone
+
+    van = LLM(**kw)
+    assert set(van.engine.graphs.status.values()) == {"graphed"} and van.engine.worker.overlapping
+    want = alone_and_batched(van, greedy)
+    alone_and_batched(van, sampled)
+    del van
+    tmap = str(tmp_path / "m.pt")
+    torch.save(list(range(8192)), tmap)
+    for spec in [dict(speculative_algorithm="EAGLE3"),
+                 dict(speculative_algorithm="EAGLE3", speculative_num_steps=4,
+                      speculative_eagle_topk=8, speculative_num_draft_tokens=12),
+                 dict(speculative_algorithm="EAGLE", speculative_draft_model_path=str(head),
+                      speculative_num_steps=5, speculative_eagle_topk=1,
+                      speculative_num_draft_tokens=6, speculative_token_map=tmap)]:
+        llm = LLM(**spec, **kw)
+        assert set(llm.engine.graphs.status.values()) == {"graphed"}, spec
+        assert [o.token_ids for o in llm.generate(PROMPTS, greedy)] == want, spec
+        if "speculative_draft_model_path" not in spec:  # the shipped head accepts
+            assert max(llm.engine.worker.stats.accept_hist) > 2, spec
+            alone_and_batched(llm, sampled)
+        del llm
