@@ -19,6 +19,9 @@
 #           speculative, PROFILE_ARGS (--num-requests 160 --kv-cache-memory-gb 8), PROFILE_S (90) s each
 #   ttft    lab/served_ttft.py --raw: an idle server's TTFT by httpx and by a hand-written client
 #           beside the engine's own, vanilla and speculative, TTFT_S (240) s
+#   det     the deterministic mode (DET: tests sweep cost): its GPU tests; spec_sweep.py
+#           --deterministic 3/1/4 4/8/12 adaptive at DET_BATCHES (1 8: 26 / 104 prompts), greedy
+#           identical to vanilla; decode_bench.py b1/8/32, both shapes, with and without it
 #   stash   nothing but the carried parts;  outbox  the next pieces of a large result
 # TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model;
 # Qwen's distill adds CODE_PROMPTS (60000) code tasks from the image's Python source.
@@ -160,9 +163,25 @@ for stage in "$@"; do
       done ;;
     ttft) need "$GG" ttft && step ttft "${TTFT_S:-240}" python3 lab/served_ttft.py --raw \
       --requests 40 -- --kv-cache-memory-gb 8 ;;
+    det) need "$GG" det || continue
+      for part in ${DET:-tests sweep cost}; do case $part in
+        tests) step det_tests "${DET_TESTS_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+          tests/test_deterministic.py tests/test_rows_kernel.py tests/test_gpu_engine.py \
+          -k "deterministic or batch_invariant" ;;
+        sweep) for b in ${DET_BATCHES:-1 8}; do
+          step "det_sweep_b$b" "${DET_S:-270}" python3 benchmarks/spec_sweep.py --deterministic \
+            --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl --max-tokens 256 \
+            --num-prompts $((b == 1 ? 26 : 104)) --batch-size "$b" --variants 3/1/4 4/8/12 adaptive \
+            --out "$OUT/det_sweep_b$b.json"
+          done ;;
+        cost) for m in llama8b-shape smollm2-shape; do for d in "" --deterministic; do
+          step "det_cost_$m${d:+_det}" 150 python3 benchmarks/decode_bench.py --model "$m" \
+            --device cuda --mode graphed --batch-sizes 1,8,32 --context 512 --tokens 64 $d
+          done; done ;;
+      esac; done ;;
     outbox) outbox ;;
     stash) ;;
-    *) echo "unknown stage $stage (suite speed serve grammar batch profile ttft stash distill train qtable" \
+    *) echo "unknown stage $stage (suite speed serve grammar batch profile ttft det stash distill train qtable" \
          "outbox; here: parts)" >&2
       exit 2 ;;
   esac
