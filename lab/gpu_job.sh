@@ -177,7 +177,11 @@ for stage in "$@"; do
         cost) for m in llama8b-shape smollm2-shape; do for d in "" --deterministic; do
           step "det_cost_$m${d:+_det}" 150 python3 benchmarks/decode_bench.py --model "$m" \
             --device cuda --mode graphed --batch-sizes 1,8,32 --context 512 --tokens 64 $d
-          done; done ;;
+          done; done
+          for d in "" --deterministic; do  # where the launch-bound model's step goes, kernel by kernel
+            step "det_kernels${d:+_det}" 120 python3 benchmarks/decode_bench.py --model smollm2-shape \
+              --device cuda --mode graphed --batch-sizes 1 --context 512 --tokens 16 --kernels $d
+          done ;;
       esac; done ;;
     outbox) outbox ;;
     stash) ;;
