@@ -20,8 +20,8 @@
 #   ttft    lab/served_ttft.py --raw: an idle server's TTFT by httpx and by a hand-written client
 #           beside the engine's own, vanilla and speculative, TTFT_S (240) s
 #   det     the deterministic mode (DET: tests sweep cost): its GPU tests; spec_sweep.py
-#           --deterministic 3/1/4 4/8/12 adaptive at DET_BATCHES (1 8: 26 / 104 prompts), greedy
-#           identical to vanilla; decode_bench.py b1/8/32, both shapes, with and without it
+#           --deterministic 3/1/4 4/8/12 adaptive 4/8/12+map at DET_BATCHES (1 8: 26 / 104
+#           prompts), greedy identical to vanilla; decode_bench.py b1/8/32, both shapes, +- it
 #   stash   nothing but the carried parts;  outbox  the next pieces of a large result
 # TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model;
 # Qwen's distill adds CODE_PROMPTS (60000) code tasks from the image's Python source.
@@ -168,11 +168,12 @@ for stage in "$@"; do
         tests) step det_tests "${DET_TESTS_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
           tests/test_deterministic.py tests/test_rows_kernel.py tests/test_gpu_engine.py \
           -k "deterministic or batch_invariant" ;;
-        sweep) for b in ${DET_BATCHES:-1 8}; do
+        sweep) python3 -c "import torch; torch.save(list(range(4096)), '$R/map4k.pt')"
+          for b in ${DET_BATCHES:-1 8}; do  # (map4k: the head's draft vocabulary cut to ids < 4096)
           step "det_sweep_b$b" "${DET_S:-270}" python3 benchmarks/spec_sweep.py --deterministic \
             --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl --max-tokens 256 \
-            --num-prompts $((b == 1 ? 26 : 104)) --batch-size "$b" --variants 3/1/4 4/8/12 adaptive \
-            --out "$OUT/det_sweep_b$b.json"
+            --num-prompts $((b == 1 ? 26 : 104)) --batch-size "$b" \
+            --variants 3/1/4 4/8/12 adaptive "4/8/12:map=$R/map4k.pt" --out "$OUT/det_sweep_b$b.json"
           done ;;
         cost) for m in llama8b-shape smollm2-shape; do for d in "" --deterministic; do
           step "det_cost_$m${d:+_det}" 150 python3 benchmarks/decode_bench.py --model "$m" \
