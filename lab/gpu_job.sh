@@ -19,9 +19,10 @@
 #           speculative, PROFILE_ARGS (--num-requests 160 --kv-cache-memory-gb 8), PROFILE_S (90) s each
 #   ttft    lab/served_ttft.py --raw: an idle server's TTFT by httpx and by a hand-written client
 #           beside the engine's own, vanilla and speculative, TTFT_S (240) s
-#   det     the deterministic mode (DET: tests sweep cost): its GPU tests; spec_sweep.py
+#   det     the deterministic mode (DET: tests sweep cost linear): its GPU tests; spec_sweep.py
 #           --deterministic 3/1/4 4/8/12 adaptive 4/8/12+map at DET_BATCHES (1 8: 26 / 104
-#           prompts), greedy identical to vanilla; decode_bench.py b1/8/32, both shapes, +- it
+#           prompts), greedy identical to vanilla; decode_bench.py b1/8/32, both shapes, +- it;
+#           lab/benchmarks/det_linear_bench.py (the mode's GEMM at 16/64-row tiles vs the default)
 #   stash   nothing but the carried parts;  outbox  the next pieces of a large result
 # TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model;
 # Qwen's distill adds CODE_PROMPTS (60000) code tasks from the image's Python source.
@@ -183,6 +184,8 @@ for stage in "$@"; do
             step "det_kernels${d:+_det}" 120 python3 benchmarks/decode_bench.py --model smollm2-shape \
               --device cuda --mode graphed --batch-sizes 1 --context 512 --tokens 16 --kernels $d
           done ;;
+        linear) step det_linear 200 python3 lab/benchmarks/det_linear_bench.py \
+          --out "$OUT/det_linear.json" ;;
       esac; done ;;
     outbox) outbox ;;
     stash) ;;

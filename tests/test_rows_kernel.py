@@ -67,18 +67,18 @@ def test_rows_linear_row_strided_x():
     _check(rk.rows_linear(x[:, :32], w[:, :32], SMALL), _reference(x[:, :32], w[:, :32], False))
 
 
-@pytest.mark.parametrize("glu", [False, True])
-def test_rows_linear_rows_are_batch_invariant(glu):
+@pytest.mark.parametrize("glu,block_m", [(False, 16), (True, 16), (False, 64)])
+def test_rows_linear_rows_are_batch_invariant(glu, block_m):
     """Past MAX_ROWS the rows go in further tiles, and every row comes out bit for bit as it
     does alone or among any other rows (the deterministic mode's linear); a bias is added in
     fp32 before the one rounding."""
     x, w = _inputs(2 * rk.MAX_ROWS + 5, 64, 32, seed=7)
     bias = None if glu else (torch.randn(32, device=DEV) / 4).to(BF16)
-    every = rk.rows_linear(x, w, SMALL, glu=glu, bias=bias)
+    every = rk.rows_linear(x, w, SMALL, glu=glu, bias=bias, block_m=block_m)
     ref = _reference(x, w, glu) + (0 if bias is None else bias.float())
     torch.testing.assert_close(every.float(), ref, rtol=1.6e-2, atol=1e-2)
     for rows in (slice(0, 1), slice(3, 4), slice(20, 37), slice(36, 37)):
-        alone = rk.rows_linear(x[rows].contiguous(), w, SMALL, glu=glu, bias=bias)
+        alone = rk.rows_linear(x[rows].contiguous(), w, SMALL, glu=glu, bias=bias, block_m=block_m)
         assert torch.equal(alone, every[rows]), rows
     assert rk.rows_linear(x[:0], w, SMALL, glu=glu, bias=bias).shape[0] == 0
 

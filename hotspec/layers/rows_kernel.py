@@ -120,11 +120,13 @@ def _check(x: torch.Tensor, w: torch.Tensor, glu: bool, what: str) -> None:
 
 def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *,
                 glu: bool = False, bias: torch.Tensor | None = None,
-                use_pdl: bool | None = None) -> torch.Tensor:
+                use_pdl: bool | None = None, block_m: int = MAX_ROWS) -> torch.Tensor:
     """x [M, K] @ w.T (+ bias) in MAX_ROWS-row tiles; glu: w is [gate | up] [2N, K] and the
     result is silu(x @ gate.T) * (x @ up.T) [M, N]. bf16/fp16 (fp32 through fp32 dots), unit
     stride along K; anything else raises ValueError (callers take F.linear). The engine's fast
-    path sends it 2..MAX_ROWS rows; the deterministic mode every row count (layers/linear.py)."""
+    path sends it 2..MAX_ROWS rows; the deterministic mode every row count (layers/linear.py).
+    block_m: rows a tile holds (a power of two >= 16; the benchmarks' question is which one the
+    deterministic mode should fix)."""
     _check(x, w, glu, "rows_linear")
     if bias is not None and (glu or bias.shape != (w.shape[0],)):
         raise ValueError("rows_linear: a bias of w's row count, without glu")
@@ -135,9 +137,9 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = No
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    _rows_kernel[(triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, MAX_ROWS))](
+    _rows_kernel[(triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, block_m))](
         x, w, y, bias if bias is not None else w, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        GLU=glu, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+        GLU=glu, BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=_INTERPRET or x.dtype == torch.float32,
         HAS_BIAS=bias is not None, PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

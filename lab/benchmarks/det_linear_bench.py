@@ -1,0 +1,96 @@
+"""What the deterministic mode's Linear costs: the engine's default dispatch (GEMV at one row,
+the few-row GEMM at 2..16, cuBLAS above; layers/linear.py) against the tiled GEMM at every row
+count (layers/rows_kernel.py, the mode's kernel) with 16- and 64-row tiles, CUDA only.
+
+    python lab/benchmarks/det_linear_bench.py [--shapes 8b,smol] [--m 1,8,32,64,512]
+
+Per (projection, M): microseconds a call (lab/benchmarks/gemv_bench.py's timing: one call per
+weight copy, >= ~1 GB of them, in one CUDA graph), each candidate first checked against the fp32
+reference, and whether each deterministic candidate gives a row bit for bit alike alone and
+among the M (the property the mode rests on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from gemv_bench import graph_us
+
+from hotspec.layers import deterministic
+from hotspec.layers.linear import linear
+from hotspec.layers.rows_kernel import choose, rows_linear
+
+SHAPES = {  # name, weight rows, K, glu ([gate | up] with silu * up in the epilogue)
+    "8b": [("8b.qkv", 6144, 4096, False), ("8b.gate_up", 28672, 4096, True),
+           ("8b.o", 4096, 4096, False), ("8b.down", 4096, 14336, False),
+           ("8b.lm_head", 128256, 4096, False)],
+    "smol": [("smol.qkv", 960, 576, False), ("smol.gate_up", 3072, 576, True),
+             ("smol.o", 576, 576, False), ("smol.down", 576, 1536, False),
+             ("smol.lm_head", 49152, 576, False)],
+}
+
+
+def bench(name: str, n: int, k: int, glu: bool, m: int) -> dict:
+    copies = max(2, min(64, (1 << 30) // (n * k * 2)))
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    lins = []
+    for w in ws:
+        lin = torch.nn.Linear(k, n, bias=False, device="meta")
+        lin.weight = torch.nn.Parameter(w, requires_grad=False)
+        lins.append(lin)
+    ref = F.linear(x.float(), ws[0].float())
+    if glu:
+        gate, up = ref.chunk(2, dim=-1)
+        ref = F.silu(gate) * up
+    cfg = choose(n // 2 if glu else n, k, glu)
+    row: dict = {"shape": name, "M": m, "N": n, "K": k, "config": str(cfg)}
+    with torch.inference_mode():
+        if not glu:  # (the engine's glu path is norm_mlp's; its plain gate_up is what cuBLAS does)
+            row["default_us"] = graph_us(lambda i: linear(lins[i], x), copies)
+        else:
+            row["default_us"] = graph_us(lambda i: F.linear(x, ws[i]), copies)
+        for bm in (16, 64):
+            def call(i: int, bm: int = bm) -> torch.Tensor:
+                return rows_linear(x, ws[i], cfg, glu=glu, block_m=bm)
+            y = call(0)
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            alone = rows_linear(x[-1:].contiguous(), ws[0], cfg, glu=glu, block_m=bm)
+            row[f"det{bm}_us"] = graph_us(call, copies)
+            row[f"det{bm}_rel_err"] = round(err, 5)
+            row[f"det{bm}_row_invariant"] = bool(torch.equal(alone[0], y[-1]))
+    with deterministic.mode(True), torch.inference_mode():  # what the engine's mode dispatches to
+        if not glu:
+            row["engine_det_us"] = graph_us(lambda i: linear(lins[i], x), copies)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="8b,smol")
+    p.add_argument("--m", default="1,8,32,64,512")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    rows = []
+    print(f"{'projection':<14} {'M':>4} {'default us':>10} {'det16 us':>9} {'det64 us':>9} "
+          f"{'x16':>5} {'x64':>5} invariant")
+    for group in args.shapes.split(","):
+        for name, n, k, glu in SHAPES[group]:
+            for m in (int(v) for v in args.m.split(",")):
+                r = bench(name, n, k, glu, m)
+                rows.append(r)
+                print(f"{name:<14} {m:>4} {r['default_us']:>10.1f} {r['det16_us']:>9.1f} "
+                      f"{r['det64_us']:>9.1f} {r['det16_us'] / r['default_us']:>5.2f} "
+                      f"{r['det64_us'] / r['default_us']:>5.2f} "
+                      f"{r['det16_row_invariant']}/{r['det64_row_invariant']}", flush=True)
+                torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
