@@ -165,7 +165,7 @@ for stage in "$@"; do
     ttft) need "$GG" ttft && step ttft "${TTFT_S:-240}" python3 lab/served_ttft.py --raw \
       --requests 40 -- --kv-cache-memory-gb 8 ;;
     det) need "$GG" det || continue
-      for part in ${DET:-tests sweep cost}; do case $part in
+      for part in ${DET:-tests linear sweep cost}; do case $part in
         tests) step det_tests "${DET_TESTS_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
           tests/test_deterministic.py tests/test_rows_kernel.py tests/test_gpu_engine.py \
           -k "deterministic or batch_invariant" ;;
