@@ -159,8 +159,9 @@ def test_mode_is_scoped():
 
 def test_deterministic_tuning_overrides_every_choice():
     b = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(
-        deterministic=True, block_n=16, num_splits=8, fold_rope=True))
-    assert b.deterministic and not b.fold_rope and b.num_splits == 1 and b.block_n is None
+        deterministic=True, block_n=16, num_splits=8, fold_rope=False, num_stages=1))
+    assert b.deterministic and b.fold_rope and b.num_splits == 1 and b.block_n is None
+    assert b.num_stages == 2 and b.block_m == 16
 
 
 def test_deterministic_needs_cuda_and_the_triton_backend(tmp_path):

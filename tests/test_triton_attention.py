@@ -308,11 +308,12 @@ def _rope_case(group: int, dtype: torch.dtype, seed: int, kv_lens: list[int], d:
 
 
 @pytest.mark.parametrize("case", ["g4-bf16", "g3-f32", "g1-bf16"])
-@pytest.mark.parametrize("splits", [1, 2, 5])
-def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
+@pytest.mark.parametrize("splits", [1, 2, 5, "deterministic"])
+def test_rope_folded_into_decode_attention(case: str, splits: int | str) -> None:
     """The RoPE fold: the attention kernel rotating q and storing the step's K and V itself
     gives the bits of fused_kernels.rope_store followed by attention: the output, and the caches
-    (the new token's slot included, every other slot untouched)."""
+    (the new token's slot included, every other slot untouched); the deterministic mode's tiles
+    too (its decode folds, its other phases take rope_store)."""
     from hotspec.layers import fused_kernels as fk
 
     g, dt = case.split("-")
@@ -321,10 +322,15 @@ def test_rope_folded_into_decode_attention(case: str, splits: int) -> None:
     scale = q.shape[-1] ** -0.5
     kc2, vc2 = kc.clone(), vc.clone()
     q_rot = fk.rope_store(q, rope.k, rope.v, rope.positions, rope.cos, rope.sin, kc, vc, rope.loc)
-    base = TritonBackend(PAGE, KernelTuning(num_splits=splits, block_n=16, fold_rope=False))
+    if splits == "deterministic":
+        base = TritonBackend(PAGE, KernelTuning(deterministic=True))
+        base.fold_rope = False
+        folded = TritonBackend(PAGE, KernelTuning(deterministic=True))
+    else:
+        base = TritonBackend(PAGE, KernelTuning(num_splits=splits, block_n=16, fold_rope=False))
+        folded = TritonBackend(PAGE, KernelTuning(num_splits=splits, block_n=16, fold_rope=True))
     base.plan(fb)
     want = base.forward(fb, q_rot, kc, vc, scale)
-    folded = TritonBackend(PAGE, KernelTuning(num_splits=splits, block_n=16, fold_rope=True))
     assert folded.folds_rope(fb) and not base.folds_rope(fb)
     folded.plan(fb)
     got = folded.forward(fb, q, kc2, vc2, scale, rope=rope)

@@ -104,10 +104,11 @@ class KernelTuning:
 
     deterministic (the engine's `--deterministic`, layers/deterministic.py): one tile config for
     every phase and batch (16-row tiles, DET_BLOCK_N kv rows, no split, 4 warps, 2 stages, no
-    FMA contraction), one query row per program in the uniform phases, no RoPE fold, and verify
-    reads each tree node's keys as the sequence decode reads (the kernel's TREE_SEQ): a row's
-    output then depends on its own keys alone, and a verify row equals the decode row of its
-    token bit for bit. Overrides every other field."""
+    FMA contraction), one query row per program in the uniform phases (decode keeps the RoPE
+    fold, whose rotation is rope_store's to the bit), and verify reads each tree node's keys as
+    the sequence decode reads (the kernel's TREE_SEQ): a row's output then depends on its own
+    keys alone, and a verify row equals the decode row of its token bit for bit. Overrides every
+    other field."""
 
     block_n: int | None = None
     block_m: int | None = None
@@ -127,8 +128,7 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, tuning: KernelTuning | None = None) -> None:
         t = tuning or KernelTuning()
         if t.deterministic:
-            t = KernelTuning(block_m=16, num_splits=1, num_warps=4, num_stages=2, fold_rope=False,
-                             deterministic=True)
+            t = KernelTuning(block_m=16, num_splits=1, num_warps=4, num_stages=2, deterministic=True)
         self.deterministic = t.deterministic
         self.block_size = block_size
         self.mask_bits, self.fold_rope, self.min_chunk = t.mask_bits, t.fold_rope, t.min_chunk
