@@ -15,8 +15,8 @@ TTFT and ITL (gap between streamed chunks) p50/p99, TPOT p50, and tau of the spe
 Checks, PASS or FAIL (exit status 1 on a FAIL): no failed request and no failed engine step, the
 server drained after each run (no request left, every KV block free), every hang-up aborted, and
 (float32 or --deterministic servers, or --verify-greedy) each greedy request's output under load
-equal to the same request sent alone. DIR/bench_serve.json holds every number, DIR/bench_serve.png plots latency
-against throughput, DIR/serve_*.log the servers' logs.
+equal to the same request sent alone. DIR/bench_serve.json holds every number, DIR/bench_serve.png
+plots latency against throughput, DIR/serve_*.log the servers' logs.
 """
 
 from __future__ import annotations
