@@ -1,6 +1,8 @@
 """What the deterministic mode's Linear costs: the engine's default dispatch (GEMV at one row,
 the few-row GEMM at 2..16, cuBLAS above; layers/linear.py) against the tiled GEMM at every row
-count (layers/rows_kernel.py, the mode's kernel) with 16- and 64-row tiles, CUDA only.
+count (layers/rows_kernel.py, the mode's kernel) with 16- and 64-row tiles, at the config
+`choose` gives the weight and with 32 columns a program (twice the programs of a narrow
+weight: the 8B's o and down have 64 column blocks at `choose`'s 64), CUDA only.
 
     python lab/benchmarks/det_linear_bench.py [--shapes 8b,smol] [--m 1,8,32,64,512]
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -53,15 +56,21 @@ def bench(name: str, n: int, k: int, glu: bool, m: int) -> dict:
             row["default_us"] = graph_us(lambda i: linear(lins[i], x), copies)
         else:
             row["default_us"] = graph_us(lambda i: F.linear(x, ws[i]), copies)
+        narrow = replace(cfg, BLOCK_N=32)
         for bm in (16, 64):
-            def call(i: int, bm: int = bm) -> torch.Tensor:
-                return rows_linear(x, ws[i], cfg, glu=glu, block_m=bm)
-            y = call(0)
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            alone = rows_linear(x[-1:].contiguous(), ws[0], cfg, glu=glu, block_m=bm)
-            row[f"det{bm}_us"] = graph_us(call, copies)
-            row[f"det{bm}_rel_err"] = round(err, 5)
-            row[f"det{bm}_row_invariant"] = bool(torch.equal(alone[0], y[-1]))
+            for tag, c in (("", cfg), ("n32", narrow)):
+                if tag and cfg.BLOCK_N == 32:
+                    continue
+
+                def call(i: int, bm: int = bm, c=c) -> torch.Tensor:
+                    return rows_linear(x, ws[i], c, glu=glu, block_m=bm)
+                y = call(0)
+                err = ((y.float() - ref).norm() / ref.norm()).item()
+                alone = rows_linear(x[-1:].contiguous(), ws[0], c, glu=glu, block_m=bm)
+                key = f"det{bm}{tag}"
+                row[f"{key}_us"] = graph_us(call, copies)
+                row[f"{key}_rel_err"] = round(err, 5)
+                row[f"{key}_row_invariant"] = bool(torch.equal(alone[0], y[-1]))
     with deterministic.mode(True), torch.inference_mode():  # what the engine's mode dispatches to
         if not glu:
             row["engine_det_us"] = graph_us(lambda i: linear(lins[i], x), copies)
@@ -76,16 +85,19 @@ def main() -> None:
     args = p.parse_args()
     rows = []
     print(f"{'projection':<14} {'M':>4} {'default us':>10} {'det16 us':>9} {'det64 us':>9} "
-          f"{'x16':>5} {'x64':>5} invariant")
+          f"{'x16':>5} {'x64':>5} {'x16n32':>6} {'x64n32':>6} invariant")
     for group in args.shapes.split(","):
         for name, n, k, glu in SHAPES[group]:
             for m in (int(v) for v in args.m.split(",")):
                 r = bench(name, n, k, glu, m)
                 rows.append(r)
-                print(f"{name:<14} {m:>4} {r['default_us']:>10.1f} {r['det16_us']:>9.1f} "
-                      f"{r['det64_us']:>9.1f} {r['det16_us'] / r['default_us']:>5.2f} "
-                      f"{r['det64_us'] / r['default_us']:>5.2f} "
-                      f"{r['det16_row_invariant']}/{r['det64_row_invariant']}", flush=True)
+                d = r["default_us"]
+                n32 = [f"{r[k] / d:>6.2f}" if k in r else f"{'-':>6}"
+                       for k in ("det16n32_us", "det64n32_us")]
+                inv = all(v for k, v in r.items() if k.endswith("_row_invariant"))
+                print(f"{name:<14} {m:>4} {d:>10.1f} {r['det16_us']:>9.1f} {r['det64_us']:>9.1f} "
+                      f"{r['det16_us'] / d:>5.2f} {r['det64_us'] / d:>5.2f} {' '.join(n32)} {inv}",
+                      flush=True)
                 torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
