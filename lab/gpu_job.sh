@@ -22,7 +22,8 @@
 #   det     the deterministic mode (DET: tests sweep cost linear): its GPU tests; spec_sweep.py
 #           --deterministic 3/1/4 4/8/12 adaptive 4/8/12+map at DET_BATCHES (1 8: 26 / 104
 #           prompts), greedy identical to vanilla; decode_bench.py b1/8/32, both shapes, +- it;
-#           lab/benchmarks/det_linear_bench.py (the mode's GEMM at 16/64-row tiles vs the default)
+#           lab/benchmarks/det_linear_bench.py (the mode's GEMM at 16/64-row tiles vs the default),
+#           attn_bench.py's det tile variants (the mode's attention vs the default's, by phase)
 #   stash   nothing but the carried parts;  outbox  the next pieces of a large result
 # TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model;
 # Qwen's distill adds CODE_PROMPTS (60000) code tasks from the image's Python source.
@@ -185,7 +186,12 @@ for stage in "$@"; do
               --device cuda --mode graphed --batch-sizes 1 --context 512 --tokens 16 --kernels $d
           done ;;
         linear) step det_linear 200 python3 lab/benchmarks/det_linear_bench.py \
-          --out "$OUT/det_linear.json" ;;
+          --out "$OUT/det_linear.json"
+          for m in default llama8b-shape; do
+            step "det_attn_$m" 150 python3 lab/benchmarks/attn_bench.py --model "$m" --context 512 \
+              --batch-sizes 1,8,32 --phases decode,verify,draft_extend \
+              --variants auto,det,det-n32,det-n128,det-st1,det-st3 --out "$OUT/det_attn_$m.json"
+          done ;;
       esac; done ;;
     outbox) outbox ;;
     stash) ;;

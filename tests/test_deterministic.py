@@ -147,6 +147,17 @@ def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int) -> None:
     torch.testing.assert_close(verify.float(), fast.float(), rtol=2e-2, atol=2e-2)
 
 
+def test_a_verify_batch_is_its_trees_nodes():
+    """The deterministic verify reads a node's ancestors from its own mask row: a verify batch
+    whose rows are not the tree's nodes is refused, not read wrong."""
+    mask = torch.ones(1, 2, 4, dtype=torch.bool)
+    fb = _fb(ForwardMode.VERIFY, [2], [10], torch.zeros(1, 2, dtype=torch.int32), 2,
+             torch.arange(2), mask)
+    det = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(deterministic=True))
+    with pytest.raises(ValueError, match="rows are its tree's nodes"):
+        det.plan(fb)
+
+
 def test_mode_is_scoped():
     assert not deterministic.on()
     with deterministic.mode(True):
@@ -157,11 +168,16 @@ def test_mode_is_scoped():
     assert not deterministic.on()
 
 
-def test_deterministic_tuning_overrides_every_choice():
+def test_deterministic_tuning_fixes_the_choices_that_follow_the_batch():
+    """No split, the RoPE fold and packed masks whatever is asked; its own tile config unless
+    one is given (a benchmark's variant, still one config for every phase)."""
     b = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(
-        deterministic=True, block_n=16, num_splits=8, fold_rope=False, num_stages=1))
-    assert b.deterministic and b.fold_rope and b.num_splits == 1 and b.block_n is None
-    assert b.num_stages == 2 and b.block_m == 16
+        deterministic=True, num_splits=8, fold_rope=False, mask_bits=False))
+    assert b.deterministic and b.fold_rope and b.mask_bits and b.num_splits == 1
+    assert (b.block_n, b.block_m, b.num_stages, b.num_warps) == (None, 16, 2, 4)
+    b = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(
+        deterministic=True, block_n=128, num_stages=3))
+    assert (b.block_n, b.num_stages) == (128, 3)
 
 
 def test_deterministic_needs_cuda_and_the_triton_backend(tmp_path):

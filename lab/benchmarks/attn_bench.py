@@ -58,7 +58,12 @@ VARIANTS = {"auto": {}, "bits": {"mask_bits": True}, "bytes": {"mask_bits": Fals
             "n32": {"block_n": 32}, "n128": {"block_n": 128}, "m16": {"block_m": 16},
             "m32": {"block_m": 32}, "m64": {"block_m": 64}, "s1": {"num_splits": 1}, "s8": {"num_splits": 8},
             "s16": {"num_splits": 16}, "s4": {"num_splits": 4}, "s2": {"num_splits": 2},
-            "s32": {"num_splits": 32}, "real-kv": {}}
+            "s32": {"num_splits": 32}, "real-kv": {},
+            # the deterministic mode's one config for every phase (no split), and tile candidates
+            "det": {"deterministic": True}, "det-n32": {"deterministic": True, "block_n": 32},
+            "det-n128": {"deterministic": True, "block_n": 128},
+            "det-st1": {"deterministic": True, "num_stages": 1},
+            "det-st3": {"deterministic": True, "num_stages": 3}}
 
 
 @dataclass
@@ -107,9 +112,13 @@ def make_case(phase: str, batch: int, context: int, static_kv: int, heads: tuple
     elif kind == "scratch":
         mask = torch.stack([scratch_mask(rows, m, g) for _ in range(batch)])
     zeros = torch.zeros(batch * rows, dtype=torch.long, device=device)
+    # positions: the tree's depths past the context (the deterministic verify reads them)
+    depth = mask.sum(-1) - 1 if kind == "tree" else torch.arange(rows).expand(batch, rows)
+    positions = (kv_len - (m if kind != "causal" else rows) + depth).reshape(-1).to(device)
     fb = ForwardBatch(
-        mode=ForwardMode.VERIFY if mask is not None else ForwardMode.DECODE, input_ids=zeros,
-        positions=zeros, out_cache_loc=zeros,
+        mode={"tree": ForwardMode.VERIFY, "scratch": ForwardMode.DRAFT}.get(kind, ForwardMode.DECODE),
+        input_ids=zeros,
+        positions=positions, out_cache_loc=zeros,
         q_lens=torch.full((batch,), rows, dtype=torch.long, device=device),
         kv_lens=torch.full((batch,), kv_len, dtype=torch.long, device=device),
         block_tables=tables.to(device), width=rows, max_q=rows, max_kv=static_kv,

@@ -103,12 +103,13 @@ class KernelTuning:
     splits of several-row phases, equal shares otherwise).
 
     deterministic (the engine's `--deterministic`, layers/deterministic.py): one tile config for
-    every phase and batch (16-row tiles, DET_BLOCK_N kv rows, no split, 4 warps, 2 stages, no
-    FMA contraction), one query row per program in the uniform phases (decode keeps the RoPE
+    every phase and batch (16-row tiles, 64 kv rows (32 in fp32), no split, 4 warps, 2 stages,
+    no FMA contraction), one query row per program in the uniform phases (decode keeps the RoPE
     fold, whose rotation is rope_store's to the bit), and verify reads each tree node's keys as
     the sequence decode reads (the kernel's TREE_SEQ): a row's output then depends on its own
-    keys alone, and a verify row equals the decode row of its token bit for bit. Overrides every
-    other field."""
+    keys alone, and a verify row equals the decode row of its token bit for bit. It forces no
+    split, the fold and packed masks; given tile sizes, warps and stages replace its own (the
+    attention benchmark's variants: still one config for every phase)."""
 
     block_n: int | None = None
     block_m: int | None = None
@@ -121,14 +122,14 @@ class KernelTuning:
     deterministic: bool = False
 
 
-DET_BLOCK_N = {torch.float32: 32}  # the deterministic tile's kv rows by dtype (else 64)
-
 
 class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, tuning: KernelTuning | None = None) -> None:
         t = tuning or KernelTuning()
         if t.deterministic:
-            t = KernelTuning(block_m=16, num_splits=1, num_warps=4, num_stages=2, deterministic=True)
+            t = KernelTuning(block_n=t.block_n, block_m=t.block_m or 16, num_splits=1,
+                             num_warps=t.num_warps or 4, num_stages=t.num_stages or 2,
+                             deterministic=True)
         self.deterministic = t.deterministic
         self.block_size = block_size
         self.mask_bits, self.fold_rope, self.min_chunk = t.mask_bits, t.fold_rope, t.min_chunk
@@ -159,6 +160,9 @@ class TritonBackend(AttentionBackend):
             if not bits:
                 raise ValueError(f"deterministic mode: a verify tree of at most {MASK_BITS_MAX} "
                                  f"nodes, got {m_custom} (lower --speculative-num-draft-tokens)")
+            if fb.width != m_custom:
+                raise ValueError(f"a verify batch's rows are its tree's nodes: width {fb.width}, "
+                                 f"mask of {m_custom} slots")
             tree = fb.positions
         fb.attn_meta = TritonPlan(fb.q_lens, fb.kv_lens, bt, fb.cu_seqlens_q, cm, fb.width,
                                   int(fb.max_q), int(fb.max_kv), bits, m_custom, tree)
