@@ -204,9 +204,9 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_deterministic_greedy_is_batch_invariant_and_speculative_equals_vanilla(tmp_path):
-    """bf16, graphed: every prompt's greedy tokens are the same alone and in a batch of 4, and
-    the speculative engines (a 3/4/8 tree, a 3/1/4 chain) produce vanilla's tokens bit for bit;
-    the default (non-deterministic) kernels are the control: they are not required to."""
+    """bf16, graphed: every prompt's greedy tokens are the same alone and in a batch of 4 or 8,
+    and with the prompts prefilled in 16-token chunks; the speculative engines (a 3/4/8 tree, a
+    3/1/4 chain) produce vanilla's tokens bit for bit."""
     from engine_utils import greedy_tokens, random_engine
 
     from hotspec.sampling_params import SamplingParams
@@ -218,6 +218,10 @@ def test_gpu_deterministic_greedy_is_batch_invariant_and_speculative_equals_vani
     assert greedy_tokens(vanilla, prompts[:4], params) == alone[:4]
     assert greedy_tokens(vanilla, prompts, params) == alone
     del vanilla
+    chunked = random_engine(deterministic=True, cuda_graph_max_bs=8, max_num_seqs=8,
+                            max_prefill_tokens=16)
+    assert greedy_tokens(chunked, prompts, params) == alone
+    del chunked
     for shape in [dict(), dict(speculative_num_steps=3, speculative_eagle_topk=1,
                                 speculative_num_draft_tokens=4)]:
         spec = random_engine(tmp_path / str(len(shape)), algo="EAGLE3", deterministic=True,
