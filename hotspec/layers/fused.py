@@ -118,8 +118,9 @@ def deterministic_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = Fals
                          ) -> GemvConfig | None:
     """In the deterministic mode (layers/deterministic.py), where the fused kernels run on x: the
     tiled GEMM's config for `x @ weight.T` at any row count, chosen from the weight's shape alone
-    (layers/rows_kernel.choose), so a row computes alike in every batch; else None. An input the
-    kernel cannot take raises: the mode never falls back to a batch-dependent kernel silently."""
+    (layers/rows_kernel.deterministic_config), so a row computes alike in every batch; else None.
+    An input the kernel cannot take raises: the mode never falls back to a batch-dependent
+    kernel silently."""
     if not deterministic.on() or not enabled(x, weight):
         return None
     if x.dim() != 2 or x.stride(1) != 1 or weight.stride(1) != 1 or weight.dtype != x.dtype \
@@ -127,10 +128,10 @@ def deterministic_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = Fals
         raise ValueError(f"deterministic mode: no batch-invariant GEMM for x {tuple(x.shape)} "
                          f"{x.dtype} (stride {x.stride()}) @ weight {tuple(weight.shape)} "
                          f"{weight.dtype}: [M, K] inputs of the weight's dtype, unit stride")
-    from hotspec.layers.rows_kernel import choose
+    from hotspec.layers.rows_kernel import deterministic_config as config
 
     n, k = weight.shape
-    return choose(n // 2 if glu else n, k, glu)
+    return config(n // 2 if glu else n, k, glu)
 
 
 def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor

@@ -24,6 +24,7 @@ waits for the kernel before: nothing else is read before the wait.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 import triton
@@ -56,16 +57,38 @@ def choose(n: int, k: int, glu: bool) -> GemvConfig:
     return GemvConfig(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=stages)
 
 
+SMS = 132  # the H200's (and H100's) SMs: deterministic_config's one wave
+
+
+def deterministic_config(n: int, k: int, glu: bool) -> GemvConfig:
+    """The deterministic mode's config for x [rows, k] against n output columns, the same at
+    every row count (the mode's batch invariance): `choose`'s tiles, and for a weight of at
+    least 16 MB with fewer column blocks than half the SMs (the 8B's o and down projections: 64
+    at one row) a split-K that fills a wave, up to 4 slices of at least two K tiles each."""
+    cfg = choose(n, k, glu)
+    blocks = triton.cdiv(n, cfg.BLOCK_N)
+    if n * k * (2 if glu else 1) < 1 << 23 or blocks >= SMS // 2:
+        return cfg
+    split = max(1, min(4, triton.cdiv(SMS, blocks), k // (2 * cfg.BLOCK_K)))
+    return replace(cfg, SPLIT_K=split)
+
+
 @triton.jit
-def _rows_kernel(X, W, Y, B, M, N, K, stride_xm, stride_wn, stride_ym, GLU: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, F32_DOT: tl.constexpr, HAS_BIAS: tl.constexpr = False,
+def _rows_kernel(X, W, Y, B, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
+                 GLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
+                 HAS_BIAS: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
                  PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1):
-    """Program (n, m): rows [m*BLOCK_M, +BLOCK_M) (masked past M) x output columns
-    [n*BLOCK_N, +BLOCK_N). A row's result depends on its own x row and the tiles alone, never on
-    M or the other rows (the deterministic mode's batch invariance rests on it)."""
+    """Program (n, m, s): rows [m*BLOCK_M, +BLOCK_M) (masked past M) x output columns
+    [n*BLOCK_N, +BLOCK_N) over K slice s. A row's result depends on its own x row and the tiles
+    alone, never on M or the other rows (the deterministic mode's batch invariance rests on it).
+    SPLIT_K > 1: each slice's fp32 partial goes to the workspace WS [SPLIT_K, M, N (2N with
+    glu)]; the tile's last program to arrive (its counter in CNT) sums the partials in slice
+    order, whatever the arrival order, finishes the tile and re-arms the counter."""
     pid_n = tl.program_id(0)
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
@@ -81,12 +104,14 @@ def _rows_kernel(X, W, Y, B, M, N, K, stride_xm, stride_wn, stride_ym, GLU: tl.c
     w_ptr = W + offs_n[:, None] * stride_wn + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    for k in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             x_ok = m_ok[:, None]
             w_ok = n_ok[:, None]
         else:
-            k_ok = (k + offs_k) < K
+            k_ok = (k + offs_k) < k_hi
             x_ok = m_ok[:, None] & k_ok[None, :]
             w_ok = n_ok[:, None] & k_ok[None, :]
         x = tl.load(x_ptr + k, mask=x_ok, other=0.0)
@@ -96,15 +121,44 @@ def _rows_kernel(X, W, Y, B, M, N, K, stride_xm, stride_wn, stride_ym, GLU: tl.c
             w_up = tl.load(w_ptr + k + N * stride_wn, mask=w_ok, other=0.0,
                            eviction_policy="evict_first")
             acc_up = mac(acc_up, w_up, x, BLOCK_M, F32_DOT)
-    dt = X.dtype.element_ty
-    if HAS_BIAS:  # added in fp32 before the one rounding
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    y_ptr = Y + rows * stride_ym + offs_n[None, :]
+    if SPLIT_K == 1:
+        _finish(acc, acc_up, B, y_ptr, offs_n, n_ok, out_ok, X.dtype.element_ty, GLU, HAS_BIAS)
+    else:
+        width = N * 2 if GLU else N
+        ws = WS + rows * width + offs_n[None, :]
+        tl.store(ws + pid_k.to(tl.int64) * M * width, acc, mask=out_ok)
+        if GLU:
+            tl.store(ws + pid_k.to(tl.int64) * M * width + N, acc_up, mask=out_ok)
+        tl.debug_barrier()  # every thread's partial is written before the tile's counter moves
+        cnt = CNT + pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(cnt, 1, sem="acq_rel") == SPLIT_K - 1:  # last in: sum in slice order
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                acc += tl.load(ws + s * M * width, mask=out_ok, other=0.0, cache_modifier=".cg")
+                if GLU:
+                    acc_up += tl.load(ws + s * M * width + N, mask=out_ok, other=0.0,
+                                      cache_modifier=".cg")
+            tl.atomic_xchg(cnt, 0)
+            _finish(acc, acc_up, B, y_ptr, offs_n, n_ok, out_ok, X.dtype.element_ty, GLU,
+                    HAS_BIAS)
+
+
+@triton.jit
+def _finish(acc, acc_up, B, y_ptr, offs_n, n_ok, out_ok, dt: tl.constexpr, GLU: tl.constexpr,
+            HAS_BIAS: tl.constexpr):
+    """The tile's epilogue: the bias in fp32, one rounding; with GLU silu(gate) * up, rounded as
+    fused_kernels._silu_mul_kernel rounds."""
+    if HAS_BIAS:
         acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y = acc.to(dt)
-    if GLU:  # silu(gate) * up, rounded as fused_kernels._silu_mul_kernel rounds
+    if GLU:
         gate = y.to(tl.float32)
         up = acc_up.to(dt).to(tl.float32)
         y = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt)
-    tl.store(Y + rows * stride_ym + offs_n[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(y_ptr, y, mask=out_ok)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, glu: bool, what: str) -> None:
@@ -137,11 +191,40 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = No
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    _rows_kernel[(triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, block_m))](
-        x, w, y, bias if bias is not None else w, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+    split = cfg.SPLIT_K
+    k_split = triton.cdiv(triton.cdiv(k, split), cfg.BLOCK_K) * cfg.BLOCK_K
+    grid = (triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, block_m), split)
+    ws = cnt = y
+    if split > 1:
+        ws = torch.empty((split, m, 2 * n if glu else n), dtype=torch.float32, device=x.device)
+        cnt = _counters(x.device, grid[0] * grid[1])
+    _rows_kernel[grid](
+        x, w, y, bias if bias is not None else w, ws, cnt, m, n, k, k_split,
+        x.stride(0), w.stride(0), y.stride(0),
         GLU=glu, BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-        EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=_INTERPRET or x.dtype == torch.float32,
-        HAS_BIAS=bias is not None, PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"launch_pdl": True} if use_pdl else {}))
+        EVEN_K=k % cfg.BLOCK_K == 0 and k_split * split == k,
+        F32_DOT=_INTERPRET or x.dtype == torch.float32, HAS_BIAS=bias is not None, SPLIT_K=split,
+        PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
+
+
+MAX_SPLIT_TILES = 1 << 16  # output tiles a split-K call may have (its counters, 256 KB)
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed split-K tile counters on `device`, shared by every call (one stream: calls never
+    overlap, and each call's last programs re-arm theirs). Allocated on first use, which must
+    not be under CUDA-graph capture: a capture's warm-up call allocates them."""
+    if tiles > MAX_SPLIT_TILES:
+        raise ValueError(f"rows_linear: a split-K call of {tiles} output tiles, at most "
+                         f"{MAX_SPLIT_TILES}: fewer rows a call")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _COUNTERS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("rows_linear's split-K counters are allocated on first use, which "
+                               "must not be under CUDA-graph capture: call it once eagerly first")
+        _COUNTERS[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[device]

@@ -1,14 +1,15 @@
 """What the deterministic mode's Linear costs: the engine's default dispatch (GEMV at one row,
 the few-row GEMM at 2..16, cuBLAS above; layers/linear.py) against the tiled GEMM at every row
-count (layers/rows_kernel.py, the mode's kernel) with 16- and 64-row tiles, at the config
-`choose` gives the weight and with 32 columns a program (twice the programs of a narrow
-weight: the 8B's o and down have 64 column blocks at `choose`'s 64), CUDA only.
+count (layers/rows_kernel.py, the mode's kernel), CUDA only. Variants: `det` (the mode's config,
+rows_kernel.deterministic_config, 16-row tiles), `det64` (the same, 64-row tiles), `nosplit`
+(its tiles without the split-K it gives large narrow weights), `n32` (32 columns a program, no
+split: twice the programs of a 64-column config).
 
     python lab/benchmarks/det_linear_bench.py [--shapes 8b,smol] [--m 1,8,32,64,512]
 
 Per (projection, M): microseconds a call (lab/benchmarks/gemv_bench.py's timing: one call per
-weight copy, >= ~1 GB of them, in one CUDA graph), each candidate first checked against the fp32
-reference, and whether each deterministic candidate gives a row bit for bit alike alone and
+weight copy, >= ~1 GB of them, in one CUDA graph) and each variant's ratio to the default; every
+variant is first checked against the fp32 reference and for a row bit for bit alike alone and
 among the M (the property the mode rests on).
 """
 
@@ -24,7 +25,7 @@ from gemv_bench import graph_us
 
 from hotspec.layers import deterministic
 from hotspec.layers.linear import linear
-from hotspec.layers.rows_kernel import choose, rows_linear
+from hotspec.layers.rows_kernel import choose, deterministic_config, rows_linear
 
 SHAPES = {  # name, weight rows, K, glu ([gate | up] with silu * up in the epilogue)
     "8b": [("8b.qkv", 6144, 4096, False), ("8b.gate_up", 28672, 4096, True),
@@ -49,28 +50,28 @@ def bench(name: str, n: int, k: int, glu: bool, m: int) -> dict:
     if glu:
         gate, up = ref.chunk(2, dim=-1)
         ref = F.silu(gate) * up
-    cfg = choose(n // 2 if glu else n, k, glu)
-    row: dict = {"shape": name, "M": m, "N": n, "K": k, "config": str(cfg)}
+    base = choose(n // 2 if glu else n, k, glu)
+    variants = {"det": (deterministic_config(n // 2 if glu else n, k, glu), 16)}
+    variants["det64"] = (variants["det"][0], 64)
+    if variants["det"][0] != base:
+        variants["nosplit"] = (base, 16)
+    if base.BLOCK_N != 32:
+        variants["n32"] = (replace(base, BLOCK_N=32), 16)
+    row: dict = {"shape": name, "M": m, "N": n, "K": k,
+                 "configs": {key: str(c) for key, (c, _) in variants.items()}}
     with torch.inference_mode():
         if not glu:  # (the engine's glu path is norm_mlp's; its plain gate_up is what cuBLAS does)
             row["default_us"] = graph_us(lambda i: linear(lins[i], x), copies)
         else:
             row["default_us"] = graph_us(lambda i: F.linear(x, ws[i]), copies)
-        narrow = replace(cfg, BLOCK_N=32)
-        for bm in (16, 64):
-            for tag, c in (("", cfg), ("n32", narrow)):
-                if tag and cfg.BLOCK_N == 32:
-                    continue
-
-                def call(i: int, bm: int = bm, c=c) -> torch.Tensor:
-                    return rows_linear(x, ws[i], c, glu=glu, block_m=bm)
-                y = call(0)
-                err = ((y.float() - ref).norm() / ref.norm()).item()
-                alone = rows_linear(x[-1:].contiguous(), ws[0], c, glu=glu, block_m=bm)
-                key = f"det{bm}{tag}"
-                row[f"{key}_us"] = graph_us(call, copies)
-                row[f"{key}_rel_err"] = round(err, 5)
-                row[f"{key}_row_invariant"] = bool(torch.equal(alone[0], y[-1]))
+        for key, (c, bm) in variants.items():
+            def call(i: int, c=c, bm: int = bm) -> torch.Tensor:
+                return rows_linear(x, ws[i], c, glu=glu, block_m=bm)
+            y = call(0)
+            alone = rows_linear(x[-1:].contiguous(), ws[0], c, glu=glu, block_m=bm)
+            row[f"{key}_us"] = graph_us(call, copies)
+            row[f"{key}_rel_err"] = round(((y.float() - ref).norm() / ref.norm()).item(), 5)
+            row[f"{key}_row_invariant"] = bool(torch.equal(alone[0], y[-1]))
     with deterministic.mode(True), torch.inference_mode():  # what the engine's mode dispatches to
         if not glu:
             row["engine_det_us"] = graph_us(lambda i: linear(lins[i], x), copies)
@@ -84,20 +85,17 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     rows = []
-    print(f"{'projection':<14} {'M':>4} {'default us':>10} {'det16 us':>9} {'det64 us':>9} "
-          f"{'x16':>5} {'x64':>5} {'x16n32':>6} {'x64n32':>6} invariant")
+    print("projection        M  default us  variant us (x default) ... invariant")
     for group in args.shapes.split(","):
         for name, n, k, glu in SHAPES[group]:
             for m in (int(v) for v in args.m.split(",")):
                 r = bench(name, n, k, glu, m)
                 rows.append(r)
                 d = r["default_us"]
-                n32 = [f"{r[k] / d:>6.2f}" if k in r else f"{'-':>6}"
-                       for k in ("det16n32_us", "det64n32_us")]
-                inv = all(v for k, v in r.items() if k.endswith("_row_invariant"))
-                print(f"{name:<14} {m:>4} {d:>10.1f} {r['det16_us']:>9.1f} {r['det64_us']:>9.1f} "
-                      f"{r['det16_us'] / d:>5.2f} {r['det64_us'] / d:>5.2f} {' '.join(n32)} {inv}",
-                      flush=True)
+                cols = "  ".join(f"{key} {r[key + '_us']:.1f} ({r[key + '_us'] / d:.2f})"
+                                 for key in r["configs"])
+                inv = all(v for key, v in r.items() if key.endswith("_row_invariant"))
+                print(f"{name:<14} {m:>4} {d:>10.1f}  {cols}  {inv}", flush=True)
                 torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
