@@ -137,13 +137,16 @@ def test_gpu_rows_linear_real_shapes(n, k, glu, m):
 @pytest.mark.parametrize("n,k,glu", [(6144, 4096, False), (14336, 4096, True), (4096, 14336, False),
                                      (960, 576, False), (49152, 576, False)])
 def test_gpu_rows_linear_rows_are_batch_invariant(n, k, glu):
-    """The deterministic mode's linear at the 8B's and SmolLM2's shapes (its LM head too): a row
-    comes out bit for bit alike among 1 to 300 rows."""
+    """The deterministic mode's linear (its config: split-K for the 8B's o and down) at the 8B's
+    and SmolLM2's shapes (its LM head too): a row comes out bit for bit alike among 1 to 300
+    rows, and the same again on a second call."""
+    cfg = rk.deterministic_config(n, k, glu)
     x, w = _inputs(300, k, 2 * n if glu else n, seed=n)
-    every = rk.rows_linear(x, w, glu=glu)
+    every = rk.rows_linear(x, w, cfg, glu=glu)
     _check(every, _reference(x, w, glu))
+    assert torch.equal(rk.rows_linear(x, w, cfg, glu=glu), every)
     for rows in (slice(0, 1), slice(7, 10), slice(100, 117), slice(0, 64), slice(299, 300)):
-        assert torch.equal(rk.rows_linear(x[rows].contiguous(), w, glu=glu), every[rows]), rows
+        assert torch.equal(rk.rows_linear(x[rows].contiguous(), w, cfg, glu=glu), every[rows]), rows
 
 
 def test_rows_config_takes_the_few_row_projections(monkeypatch):
