@@ -74,7 +74,7 @@ def _attn_blocks(
                 rel = offs - start_tree
                 hit = anc[None, :] & (node_depth[None, :] == rel[:, None])
                 slot_of = tl.sum(tl.where(hit, tl.arange(0, TREE_SLOTS)[None, :], 0), 1)
-                src = tl.where(rel >= 0, start_tree + slot_of, offs)
+                src = tl.maximum(tl.where(rel >= 0, start_tree + slot_of, offs), 0)
             blk = tl.load(bt_row + src // PAGE, mask=n_ok, other=0).to(tl.int64)
             slot = blk * PAGE + (src % PAGE)
             kt = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],
