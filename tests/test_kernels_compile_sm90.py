@@ -27,9 +27,11 @@ def test_kernels_compile_for_the_h200():
     assert res.stdout.count("compiled") == len(CHECKS), res.stdout
 
 
-def _compile(fn, types: dict[str, str], consts: dict[str, object]) -> None:
+def _compile(fn, types: dict[str, str], consts: dict[str, object],
+             options: dict[str, object] | None = None) -> None:
     """Compile `fn` for sm_90: `types` the runtime arguments' Triton types, `consts` every
-    constexpr the launch passes (the rest keep their defaults)."""
+    constexpr the launch passes (the rest keep their defaults), `options` the launch's compile
+    options (the deterministic mode's enable_fp_fusion=False)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -39,7 +41,7 @@ def _compile(fn, types: dict[str, str], consts: dict[str, object]) -> None:
     sig = {n: types.get(n, "constexpr") if n not in const_names else "constexpr" for n in names}
     assert all(n in types for n in names if n not in const_names), "a runtime argument lacks a type"
     src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     assert kernel.asm.get("cubin"), f"{fn.__name__}: no sm_90 code"
     assert kernel.metadata.shared <= SMEM
 
@@ -73,26 +75,38 @@ def eagle3_input_kernel():
 
 
 def rows_kernel():
-    """At the engine's configs of the 8B and SmolLM2 shapes, with and without glu."""
+    """At the engine's configs of the 8B and SmolLM2 shapes, with and without glu; the
+    deterministic mode's (split-K for the 8B's o and down, a bias, 64-row tiles)."""
     from hotspec.layers import rows_kernel as rk
 
     bf = "*bf16"
-    types = dict(X=bf, W=bf, Y=bf, M="i32", N="i32", K="i32", stride_xm="i32", stride_wn="i32",
-                 stride_ym="i32")
+    types = dict(X=bf, W=bf, Y=bf, B=bf, WS="*fp32", CNT="*i32", M="i32", N="i32", K="i32",
+                 K_SPLIT="i32", stride_xm="i32", stride_wn="i32", stride_ym="i32")
     for n, k, glu in [(6144, 4096, False), (14336, 4096, True), (960, 576, False), (1536, 576, True)]:
         cfg = rk.choose(n, k, glu)
         _compile(rk._rows_kernel, types, dict(
             GLU=glu, BLOCK_M=rk.MAX_ROWS, BLOCK_N=cfg.BLOCK_N,
-            BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=False, PDL=True, PF_COLS=-1))
+            BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=False, HAS_BIAS=False,
+            SPLIT_K=1, PDL=True, PF_COLS=-1))
+    for n, k, glu, bias, block_m in [(4096, 14336, False, False, 16), (4096, 4096, False, True, 64),
+                                     (14336, 4096, True, False, 64)]:
+        cfg = rk.deterministic_config(n, k, glu)
+        _compile(rk._rows_kernel, types, dict(
+            GLU=glu, BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, EVEN_K=False,
+            F32_DOT=False, HAS_BIAS=bias, SPLIT_K=cfg.SPLIT_K, PDL=True, PF_COLS=-1))
 
 
 def attention_with_the_rope_fold():
-    """Decode's RoPE fold; verify's rows (custom mask) and draft_extend's (causal) without it."""
+    """Decode's RoPE fold; verify's rows (custom mask) and draft_extend's (causal) without it;
+    the deterministic mode's decode (the fold, no split) and verify (TREE_SEQ), one query row a
+    program, without FMA contraction."""
     for rope, custom in [(True, False), (False, True), (False, False)]:
         _attention(rope, custom)
+    for rope, custom in [(True, False), (False, True)]:
+        _attention(rope, custom, deterministic=True)
 
 
-def _attention(rope: bool, custom: bool) -> None:
+def _attention(rope: bool, custom: bool, deterministic: bool = False) -> None:
     from hotspec.layers.attention import triton_kernels as ak
 
     fn = ak.paged_attn_fwd
@@ -102,13 +116,16 @@ def _attention(rope: bool, custom: bool) -> None:
     const_names = {n for n, p in zip(fn.arg_names, fn.params) if p.is_constexpr}
     types = {n: ptr.get(n, "fp32" if n == "scale_log2" else "i32")
              for n in fn.arg_names if n not in const_names}
+    tiles = dict(GROUP_PAD=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=32, SPLIT=True, MIN_CHUNK=32)
+    if deterministic:  # (triton_backend's deterministic tuning)
+        tiles = dict(GROUP_PAD=16, BLOCK_Q=1, BLOCK_M=16, BLOCK_N=64, SPLIT=False, TREE_SEQ=custom)
     _compile(fn, types, dict(  # SmolLM2's heads: 9 query heads over 3 kv heads of 64
         stride_qt=1152, stride_qh=64, stride_kt=192, stride_kh=64, stride_vt=192, stride_vh=64,
-        stride_ot=576, stride_oh=64, stride_pt=576, stride_ph=64, stride_lt=9, GROUP=3, GROUP_PAD=4,
-        BLOCK_Q=16, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, HEAD_DIM=64, PAGE=16, RAGGED=False,
-        CUSTOM=custom, SPLIT=True, F32_DOT=False, MASK_BITS=custom, PDL=True, PDL_WAIT=True,
-        ROPE=rope, MIN_CHUNK=32, stride_knt=192, stride_knh=64, stride_vnt=192,
-        stride_vnh=64, stride_cs=32))
+        stride_ot=576, stride_oh=64, stride_pt=576, stride_ph=64, stride_lt=9, GROUP=3,
+        BLOCK_D=64, HEAD_DIM=64, PAGE=16, RAGGED=False, CUSTOM=custom, F32_DOT=False,
+        MASK_BITS=custom, PDL=True, PDL_WAIT=True, ROPE=rope, stride_knt=192, stride_knh=64,
+        stride_vnt=192, stride_vnh=64, stride_cs=32, **tiles),
+        {"enable_fp_fusion": False} if deterministic else None)
 
 
 def soft_ce_kernels():
