@@ -154,11 +154,12 @@ def test_deterministic_bf16_equals_alone_batched_and_speculative(head, tmp_path)
     """--deterministic in bf16 (graphed, overlap schedule): the default model's greedy tokens are
     the same alone and batched, and so are seeded samples; the shipped head's default (adaptive)
     engine and its 4/8/12 tree, and a random EAGLE head with an 8k FR-Spec map, give vanilla's
-    greedy tokens bit for bit; a fixed shape's seeded samples are alike alone and batched too
-    (the adaptive engine's depend on the shapes its steps ran, which follow the batch)."""
+    greedy tokens bit for bit, and their logprobs (top 5) too; a fixed shape's seeded samples
+    are alike alone and batched (the adaptive engine's depend on the shapes its steps ran,
+    which follow the batch)."""
     kw = dict(device="cuda", kv_cache_memory_gb=0.5, max_num_seqs=8, cuda_graph_max_bs=8,
               deterministic=True)
-    greedy = SamplingParams(temperature=0, max_tokens=64)
+    greedy = SamplingParams(temperature=0, max_tokens=64, logprobs=5)
     sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=32)
 
     def alone_and_batched(llm: LLM, params: SamplingParams) -> list[list[int]]:
@@ -169,6 +170,7 @@ def test_deterministic_bf16_equals_alone_batched_and_speculative(head, tmp_path)
     van = LLM(**kw)
     assert set(van.engine.graphs.status.values()) == {"graphed"} and van.engine.worker.overlapping
     want = alone_and_batched(van, greedy)
+    want_lp = [o.logprobs for o in van.generate(PROMPTS, greedy)]
     alone_and_batched(van, sampled)
     del van
     tmap = str(tmp_path / "m.pt")
@@ -181,7 +183,9 @@ def test_deterministic_bf16_equals_alone_batched_and_speculative(head, tmp_path)
                       speculative_num_draft_tokens=6, speculative_token_map=tmap)]:
         llm = LLM(**spec, **kw)
         assert set(llm.engine.graphs.status.values()) == {"graphed"}, spec
-        assert [o.token_ids for o in llm.generate(PROMPTS, greedy)] == want, spec
+        outs = llm.generate(PROMPTS, greedy)
+        assert [o.token_ids for o in outs] == want, spec
+        assert [o.logprobs for o in outs] == want_lp, spec
         if "speculative_draft_model_path" not in spec:  # the shipped head accepts
             assert max(llm.engine.worker.stats.accept_hist) > 2, spec
         if "speculative_num_steps" in spec:
