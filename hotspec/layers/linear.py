@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hotspec.layers import fused
+from hotspec.layers import deterministic, fused
 from hotspec.layers.norm import RMSNorm
 
 
@@ -32,6 +32,8 @@ def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Ten
 def exact_linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
     """lin(x) through the batch-invariant GEMM in the deterministic mode (layers/deterministic.py)
     where the fused kernels run on x, else None."""
+    if not deterministic.on():
+        return None
     x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
     cfg = fused.deterministic_config(x2, lin.weight)
     if cfg is None:
