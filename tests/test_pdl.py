@@ -141,6 +141,11 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     line = fused.describe(dev)
     assert "Triton GEMV" in line and "the norm folded in at one row" in line
     assert "in steps of more than one row" in line and "first weight tile before its wait" in line
+    from hotspec.layers import deterministic
+
+    with deterministic.mode(True):  # (the builder logs inside the engine's mode)
+        line = fused.describe(dev)
+        assert line.startswith("deterministic") and "Triton GEMV" not in line
     monkeypatch.setattr(envs, "switches", lambda: envs.Switches(gemv=False))
     assert "cuBLAS only (the gemv switch off)" in fused.describe(dev)
     monkeypatch.setattr(pdl, "enabled", lambda device: False)

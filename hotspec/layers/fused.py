@@ -59,6 +59,14 @@ def describe(device: torch.device) -> str:
         return "torch layer code (Triton unavailable or the fused_kernels switch off)"
     from hotspec.layers import pdl
 
+    if deterministic.on():
+        return "; ".join([
+            "deterministic (batch-invariant): fused Triton norms, RoPE and greedy argmax; every "
+            "Linear the tiled Triton GEMM at every row count, one config per weight (split-K for "
+            "large narrow weights, slices summed in order); attention one tile without KV splits, "
+            "verify reading each tree node's keys as decode's sequence",
+            pdl.describe(device),
+        ])
     return "; ".join([
         "fused Triton norms, RoPE and greedy argmax",
         "Triton GEMV where faster than cuBLAS, the norm folded in at one row; Triton GEMM for "
