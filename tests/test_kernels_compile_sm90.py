@@ -87,13 +87,14 @@ def rows_kernel():
         _compile(rk._rows_kernel, types, dict(
             GLU=glu, BLOCK_M=rk.MAX_ROWS, BLOCK_N=cfg.BLOCK_N,
             BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=False, HAS_BIAS=False,
-            SPLIT_K=1, PDL=True, PF_COLS=-1))
+            SPLIT_K=1, PDL=True, PF_COLS=-1), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     for n, k, glu, bias, block_m in [(4096, 14336, False, False, 16), (4096, 4096, False, True, 64),
                                      (14336, 4096, True, False, 64)]:
         cfg = rk.deterministic_config(n, k, glu)
         _compile(rk._rows_kernel, types, dict(
             GLU=glu, BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, EVEN_K=False,
-            F32_DOT=False, HAS_BIAS=bias, SPLIT_K=cfg.SPLIT_K, PDL=True, PF_COLS=-1))
+            F32_DOT=False, HAS_BIAS=bias, SPLIT_K=cfg.SPLIT_K, PDL=True, PF_COLS=-1),
+            dict(num_warps=cfg.num_warps, num_stages=rk.tile_stages(cfg, block_m, glu)))
 
 
 def attention_with_the_rope_fold():

@@ -57,6 +57,16 @@ def choose(n: int, k: int, glu: bool) -> GemvConfig:
     return GemvConfig(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=stages)
 
 
+def tile_stages(cfg: GemvConfig, block_m: int, glu: bool) -> int:
+    """cfg's pipeline stages, fewer (down to 2) where tiles of block_m rows (taller than `choose`
+    planned for) would not fit SMEM_BUDGET."""
+    stages = cfg.num_stages
+    while stages > 2 and stages * (block_m + cfg.BLOCK_N * (2 if glu else 1)) * cfg.BLOCK_K * 2 \
+            > SMEM_BUDGET:
+        stages -= 1
+    return stages
+
+
 SMS = 132  # the H200's (and H100's) SMs: deterministic_config's one wave
 
 
@@ -191,7 +201,7 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = No
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    split = cfg.SPLIT_K
+    split, stages = cfg.SPLIT_K, tile_stages(cfg, block_m, glu)
     k_split = triton.cdiv(triton.cdiv(k, split), cfg.BLOCK_K) * cfg.BLOCK_K
     grid = (triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, block_m), split)
     ws = cnt = y
@@ -205,7 +215,7 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = No
         EVEN_K=k % cfg.BLOCK_K == 0 and k_split * split == k,
         F32_DOT=_INTERPRET or x.dtype == torch.float32, HAS_BIAS=bias is not None, SPLIT_K=split,
         PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
+        num_stages=stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 
 
