@@ -170,6 +170,7 @@ class EngineConfig:
             self.spec_shape  # noqa: B018 (validated on construction)
         except ValueError as e:
             raise ConfigError(f"speculative shape: {e}") from None
+        self._check_deterministic_tree([self.spec_shape])
         if not self.adaptive:
             return
         if not self.fuse_spec_step:
@@ -179,6 +180,7 @@ class EngineConfig:
             candidates = [SpecShape.parse(c) for c in self.speculative_candidates]
         except ValueError as e:
             raise ConfigError(f"speculative_candidates: {e}") from None
+        self._check_deterministic_tree(candidates)
         if not self.shape_given and all(c.off for c in candidates):
             raise ConfigError("speculative_candidates: name at least one speculation shape "
                               "(e.g. 3/1/4) beside off")
@@ -203,6 +205,14 @@ class EngineConfig:
         filled in (SpecShape.of)."""
         return SpecShape.of(self.speculative_num_steps, self.speculative_eagle_topk,
                             self.speculative_num_draft_tokens)
+
+    def _check_deterministic_tree(self, shapes: list[SpecShape]) -> None:
+        """The deterministic verify reads a node's ancestors from one 64-bit mask word
+        (layers/attention/triton_backend.py): trees of at most 64 nodes."""
+        big = [s.label for s in shapes if not s.off and s.num_draft_tokens > 64]
+        if self.deterministic and big:
+            raise ConfigError(f"deterministic: verify trees of at most 64 draft tokens, got "
+                              f"{', '.join(big)}; lower --speculative-num-draft-tokens")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

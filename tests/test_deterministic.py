@@ -102,7 +102,7 @@ def test_gpu_verify_rows_equal_decode_rows(prefix: int, n: int, hq: int, hkv: in
 
 def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int) -> None:
     g = torch.Generator().manual_seed(prefix)
-    parents, mask = _tree(n, g)
+    _, mask = _tree(n, g)
     depth = mask.sum(-1) - 1
     k = torch.randn(prefix + n, hkv, d, generator=g).to(torch.bfloat16)
     v = torch.randn(prefix + n, hkv, d, generator=g).to(torch.bfloat16)
@@ -184,6 +184,14 @@ def test_deterministic_needs_cuda_and_the_triton_backend(tmp_path):
     """--deterministic refuses what it cannot keep: the torch attention, and a CPU engine."""
     with pytest.raises(ConfigError, match="--attention-backend triton"):
         EngineConfig(deterministic=True, attention_backend="torch")
+    with pytest.raises(ConfigError, match="at most 64 draft tokens, got 8/8/80"):
+        EngineConfig(deterministic=True, speculative_algorithm="EAGLE3", speculative_num_steps=8,
+                     speculative_eagle_topk=8, speculative_num_draft_tokens=80)
+    with pytest.raises(ConfigError, match="at most 64 draft tokens"):
+        EngineConfig(deterministic=True, speculative_algorithm="EAGLE3",
+                     speculative_candidates=("off", "8/8/80"))
+    EngineConfig(speculative_algorithm="EAGLE3", speculative_num_steps=8, speculative_eagle_topk=8,
+                 speculative_num_draft_tokens=80)  # (outside the mode: byte masks)
     if not torch.cuda.is_available():
         from engine_utils import save_tiny_llama
 
