@@ -165,12 +165,13 @@ for stage in "$@"; do
       done ;;
     ttft) need "$GG" ttft && step ttft "${TTFT_S:-240}" python3 lab/served_ttft.py --raw \
       --requests 40 -- --kv-cache-memory-gb 8 ;;
-    det) need "$GG" det || continue
-      for part in ${DET:-tests linear sweep cost}; do case $part in
-        tests) step det_tests "${DET_TESTS_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    det) for part in ${DET:-tests linear sweep cost}; do case $part in  # only tests and sweep need the GGUF
+        tests) need "$GG" det_tests || continue
+          step det_tests "${DET_TESTS_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
           tests/test_deterministic.py tests/test_rows_kernel.py tests/test_gpu_engine.py \
           -k "deterministic or batch_invariant or verify_rows" ;;
-        sweep) python3 -c "import torch; torch.save(list(range(4096)), '$R/map4k.pt')"
+        sweep) need "$GG" det_sweep || continue
+          python3 -c "import torch; torch.save(list(range(4096)), '$R/map4k.pt')"
           for b in ${DET_BATCHES:-1 8}; do  # (map4k: the head's draft vocabulary cut to ids < 4096)
           step "det_sweep_b$b" "${DET_S:-270}" python3 benchmarks/spec_sweep.py --deterministic \
             --speculative-algorithm EAGLE3 --prompts .data/spec_bench_dev.jsonl --max-tokens 256 \
