@@ -87,7 +87,7 @@ def test_verify_rows_equal_decode_rows_and_decode_is_batch_invariant(prefix: int
     equal, bit for bit, a decode step of each node's token over the prefix and its path laid out
     in order, alone or among the other nodes' decode steps, and a prefill of that sequence's
     last row; every output is close to the fast path's."""
-    _check_tree_rows(prefix, n, 6, 2, 32)
+    _check_tree_rows(prefix, n, 6, 2, 32, kv_chunk=64)
 
 
 @pytest.mark.gpu
@@ -100,7 +100,7 @@ def test_gpu_verify_rows_equal_decode_rows(prefix: int, n: int, hq: int, hkv: in
     _check_tree_rows(prefix, n, hq, hkv, d)
 
 
-def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int) -> None:
+def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int, kv_chunk: int = 128) -> None:
     g = torch.Generator().manual_seed(prefix)
     _, mask = _tree(n, g)
     depth = mask.sum(-1) - 1
@@ -109,7 +109,8 @@ def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int) -> None:
     q = torch.randn(n, hq, d, generator=g).to(torch.bfloat16)
     cache = _Cache((n + 2) * triton.cdiv(prefix + n, PAGE), hkv, d, g)  # (the tree's, n paths)
     cols = triton.cdiv(prefix + n, PAGE) + 1
-    det = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(deterministic=True))
+    det = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(deterministic=True,
+                                                                         kv_chunk=kv_chunk))
 
     tree_table = cache.put(k, v, cols)[None]  # the prefix, then node i at prefix + i
     verify = _attend(det, _fb(ForwardMode.VERIFY, [n], [prefix + n], tree_table, n,
@@ -169,15 +170,23 @@ def test_mode_is_scoped():
 
 
 def test_deterministic_tuning_fixes_the_choices_that_follow_the_batch():
-    """No split, the RoPE fold and packed masks whatever is asked; its own tile config unless
-    one is given (a benchmark's variant, still one config for every phase)."""
+    """The RoPE fold and packed masks whatever is asked, splits of fixed chunks (their count
+    from the static bound alone); its own tile config unless one is given (a benchmark's
+    variant, still one config for every phase)."""
     b = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(
         deterministic=True, num_splits=8, fold_rope=False, mask_bits=False))
-    assert b.deterministic and b.fold_rope and b.mask_bits and b.num_splits == 1
-    assert (b.block_n, b.block_m, b.num_stages, b.num_warps) == (None, 16, 2, 4)
+    assert b.deterministic and b.fold_rope and b.mask_bits and b.num_splits is None
+    assert (b.block_n, b.block_m, b.num_stages, b.num_warps, b.kv_chunk) == (None, 16, 2, 4, 128)
+    plan = triton_backend.TritonPlan(*[torch.zeros(1)] * 3, None, None, 1, 1, 8208)
+    assert b._splits(plan, 1, 16, 64, torch.device("cuda")) == 65  # whatever the batch
     b = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(
-        deterministic=True, block_n=128, num_stages=3))
+        deterministic=True, block_n=128, num_stages=3, kv_chunk=256))
     assert (b.block_n, b.num_stages) == (128, 3)
+    with pytest.raises(ValueError, match="kv_chunk 96: a multiple of the kv tile"):
+        triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(deterministic=True,
+                                                                       kv_chunk=96))
+    assert [triton_backend.det_kv_chunk(n) for n in (512, 8208, 16400, 131072)] == \
+        [128, 128, 256, 1024]
 
 
 def test_deterministic_needs_cuda_and_the_triton_backend(tmp_path):

@@ -89,7 +89,8 @@ def rows_kernel():
             BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=False, HAS_BIAS=False,
             SPLIT_K=1, PDL=True, PF_COLS=-1), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     for n, k, glu, bias, block_m in [(4096, 14336, False, False, 16), (4096, 4096, False, True, 64),
-                                     (14336, 4096, True, False, 64)]:
+                                     (14336, 4096, True, False, 64), (6144, 4096, False, False, 32),
+                                     (4096, 14336, False, False, 64)]:
         cfg = rk.deterministic_config(n, k, glu)
         _compile(rk._rows_kernel, types, dict(
             GLU=glu, BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, EVEN_K=False,
@@ -99,15 +100,25 @@ def rows_kernel():
 
 def attention_with_the_rope_fold():
     """Decode's RoPE fold; verify's rows (custom mask) and draft_extend's (causal) without it;
-    the deterministic mode's decode (the fold, no split) and verify (TREE_SEQ), one query row a
-    program, without FMA contraction."""
+    the deterministic mode's decode (the fold) and verify (TREE_SEQ), one query row a program,
+    split into fixed chunks, its prefill (the chunks merged in the program), and its combine,
+    without FMA contraction."""
     for rope, custom in [(True, False), (False, True), (False, False)]:
         _attention(rope, custom)
     for rope, custom in [(True, False), (False, True)]:
         _attention(rope, custom, deterministic=True)
+    _attention(False, False, deterministic=True, ragged=True)
+    from hotspec.layers.attention import merge_kernels as mk
+
+    _compile(mk.combine_splits_seq, dict(OPART="*fp32", LSE="*fp32", OUT="*bf16", stride_ps="i32",
+                                         stride_ls="i32", num_splits="i32"),
+             dict(stride_pt=576, stride_ph=64, stride_lt=9, stride_ot=576, stride_oh=64,
+                  HEAD_DIM=64, BLOCK_S=128, BLOCK_D=64, GROUP_S=8, PDL=True, PDL_WAIT=True),
+             {"enable_fp_fusion": False, "num_warps": 1})
 
 
-def _attention(rope: bool, custom: bool, deterministic: bool = False) -> None:
+def _attention(rope: bool, custom: bool, deterministic: bool = False, ragged: bool = False
+               ) -> None:
     from hotspec.layers.attention import triton_kernels as ak
 
     fn = ak.paged_attn_fwd
@@ -117,13 +128,17 @@ def _attention(rope: bool, custom: bool, deterministic: bool = False) -> None:
     const_names = {n for n, p in zip(fn.arg_names, fn.params) if p.is_constexpr}
     types = {n: ptr.get(n, "fp32" if n == "scale_log2" else "i32")
              for n in fn.arg_names if n not in const_names}
-    tiles = dict(GROUP_PAD=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=32, SPLIT=True, MIN_CHUNK=32)
+    tiles = dict(GROUP_PAD=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=32, SPLIT=True, MIN_CHUNK=32,
+                 DET_CHUNK=0)
     if deterministic:  # (triton_backend's deterministic tuning)
-        tiles = dict(GROUP_PAD=16, BLOCK_Q=1, BLOCK_M=16, BLOCK_N=64, SPLIT=False, TREE_SEQ=custom)
+        tiles = dict(GROUP_PAD=16, BLOCK_Q=1, BLOCK_M=16, BLOCK_N=64, SPLIT=True, TREE_SEQ=custom,
+                     MIN_CHUNK=0, DET_CHUNK=128)
+    if ragged:
+        tiles.update(GROUP_PAD=4, BLOCK_Q=4, SPLIT=False)
     _compile(fn, types, dict(  # SmolLM2's heads: 9 query heads over 3 kv heads of 64
         stride_qt=1152, stride_qh=64, stride_kt=192, stride_kh=64, stride_vt=192, stride_vh=64,
         stride_ot=576, stride_oh=64, stride_pt=576, stride_ph=64, stride_lt=9, GROUP=3,
-        BLOCK_D=64, HEAD_DIM=64, PAGE=16, RAGGED=False, CUSTOM=custom, F32_DOT=False,
+        BLOCK_D=64, HEAD_DIM=64, PAGE=16, RAGGED=ragged, CUSTOM=custom, F32_DOT=False,
         MASK_BITS=custom, PDL=True, PDL_WAIT=True, ROPE=rope, stride_knt=192, stride_knh=64,
         stride_vnt=192, stride_vnh=64, stride_cs=32, **tiles),
         {"enable_fp_fusion": False} if deterministic else None)

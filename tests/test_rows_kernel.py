@@ -67,17 +67,19 @@ def test_rows_linear_row_strided_x():
     _check(rk.rows_linear(x[:, :32], w[:, :32], SMALL), _reference(x[:, :32], w[:, :32], False))
 
 
-@pytest.mark.parametrize("glu,block_m", [(False, 16), (True, 16), (False, 64)])
+@pytest.mark.parametrize("glu,block_m", [(False, 16), (True, 16), (False, 64), (False, None),
+                                         (True, None)])
 def test_rows_linear_rows_are_batch_invariant(glu, block_m):
-    """Past MAX_ROWS the rows go in further tiles, and every row comes out bit for bit as it
-    does alone or among any other rows (the deterministic mode's linear); a bias is added in
-    fp32 before the one rounding."""
+    """Past a tile's rows the rows go in further tiles, and every row comes out bit for bit as
+    it does alone or among any other rows (the deterministic mode's linear), also where the
+    tile's height follows the row count (block_m None: 64 rows here, 16 or 32 alone); a bias is
+    added in fp32 before the one rounding."""
     x, w = _inputs(2 * rk.MAX_ROWS + 5, 64, 32, seed=7)
     bias = None if glu else (torch.randn(32, device=DEV) / 4).to(BF16)
     every = rk.rows_linear(x, w, SMALL, glu=glu, bias=bias, block_m=block_m)
     ref = _reference(x, w, glu) + (0 if bias is None else bias.float())
     torch.testing.assert_close(every.float(), ref, rtol=1.6e-2, atol=1e-2)
-    for rows in (slice(0, 1), slice(3, 4), slice(20, 37), slice(36, 37)):
+    for rows in (slice(0, 1), slice(3, 4), slice(20, 37), slice(36, 37), slice(2, 30)):
         alone = rk.rows_linear(x[rows].contiguous(), w, SMALL, glu=glu, bias=bias, block_m=block_m)
         assert torch.equal(alone, every[rows]), rows
     assert rk.rows_linear(x[:0], w, SMALL, glu=glu, bias=bias).shape[0] == 0
@@ -139,13 +141,14 @@ def test_gpu_rows_linear_real_shapes(n, k, glu, m):
 def test_gpu_rows_linear_rows_are_batch_invariant(n, k, glu):
     """The deterministic mode's linear (its config: split-K for the 8B's o and down) at the 8B's
     and SmolLM2's shapes (its LM head too): a row comes out bit for bit alike among 1 to 300
-    rows, and the same again on a second call."""
+    rows, in tiles of 16, 32 or 64 rows (`tile_rows`), and the same again on a second call."""
     cfg = rk.deterministic_config(n, k, glu)
     x, w = _inputs(300, k, 2 * n if glu else n, seed=n)
     every = rk.rows_linear(x, w, cfg, glu=glu)
     _check(every, _reference(x, w, glu))
     assert torch.equal(rk.rows_linear(x, w, cfg, glu=glu), every)
-    for rows in (slice(0, 1), slice(7, 10), slice(100, 117), slice(0, 64), slice(299, 300)):
+    for rows in (slice(0, 1), slice(7, 10), slice(100, 117), slice(40, 72), slice(0, 64),
+                 slice(299, 300)):
         assert torch.equal(rk.rows_linear(x[rows].contiguous(), w, cfg, glu=glu), every[rows]), rows
 
 

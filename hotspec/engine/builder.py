@@ -95,14 +95,17 @@ class EngineBuilder:
         return KVPool(c.num_hidden_layers, num_blocks + 1, self.block_size, c.num_key_value_heads,
                       c.head_dim, self.dtype, self.device)  # + block 0, the null block
 
-    def _backend(self) -> AttentionBackend:
+    def _backend(self, kv_bound: int) -> AttentionBackend:
+        """The attention backend, for rows of at most kv_bound keys (the deterministic mode's
+        chunk follows it)."""
         choice = self.cfg.attention_backend
         if choice == "auto":
             choice = "triton" if self.device.type == "cuda" else "torch"
         if choice == "triton":
-            from hotspec.layers.attention.triton_backend import KernelTuning, TritonBackend
+            from hotspec.layers.attention.triton_backend import KernelTuning, TritonBackend, det_kv_chunk
 
-            return TritonBackend(self.block_size, KernelTuning(deterministic=self.cfg.deterministic))
+            return TritonBackend(self.block_size, KernelTuning(
+                deterministic=self.cfg.deterministic, kv_chunk=det_kv_chunk(kv_bound)))
         return TorchRefBackend(self.block_size)
 
     def _graph_runner(self) -> GraphRunner:
@@ -135,7 +138,6 @@ class EngineBuilder:
         c = self.model_config
         per_slot = KVPool.bytes_per_slot(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
                                          self.dtype)
-        backend = self._backend()
         self.graphs = self._graph_runner()
         shapes, policy = self._shapes() if self.cfg.speculative_algorithm is not None else ([], None)
         # A step writes `reserve` KV slots from a request's length on, so a request that fills
@@ -144,8 +146,9 @@ class EngineBuilder:
         # engine's L is reserve - 1 tokens shorter).
         reserve = max((s.reserve for s in shapes), default=1)
         self.max_model_len = min(self.max_model_len, c.max_position_embeddings - reserve + 1)
-        executor = StepExecutor(self.graphs, self.block_size,
-                                self._blocks_for(self.max_model_len + reserve - 1),
+        max_blocks = self._blocks_for(self.max_model_len + reserve - 1)
+        backend = self._backend(max_blocks * self.block_size)
+        executor = StepExecutor(self.graphs, self.block_size, max_blocks,
                                 self._overlap(), self.cfg.max_num_seqs,
                                 # (no step holds more tokens than the context; padding
                                 # positions stay inside the rotary tables)

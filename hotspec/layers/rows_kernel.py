@@ -67,6 +67,15 @@ def tile_stages(cfg: GemvConfig, block_m: int, glu: bool) -> int:
     return stages
 
 
+def tile_rows(m: int) -> int:
+    """Rows a tile holds for an x of m rows: 16 up to 16 rows, 32 up to 32, else 64 (a weight
+    panel read once for up to 64 rows, not once per 16). A row's result is the same bits at
+    every height (its K loop and its dots' k order do not depend on the tile's other rows:
+    tests/test_rows_kernel.py checks it on the GPU), so the deterministic mode may choose it
+    by the row count."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
 SMS = 132  # the H200's (and H100's) SMs: deterministic_config's one wave
 
 
@@ -184,13 +193,12 @@ def _check(x: torch.Tensor, w: torch.Tensor, glu: bool, what: str) -> None:
 
 def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *,
                 glu: bool = False, bias: torch.Tensor | None = None,
-                use_pdl: bool | None = None, block_m: int = MAX_ROWS) -> torch.Tensor:
+                use_pdl: bool | None = None, block_m: int | None = None) -> torch.Tensor:
     """x [M, K] @ w.T (+ bias) in MAX_ROWS-row tiles; glu: w is [gate | up] [2N, K] and the
     result is silu(x @ gate.T) * (x @ up.T) [M, N]. bf16/fp16 (fp32 through fp32 dots), unit
     stride along K; anything else raises ValueError (callers take F.linear). The engine's fast
     path sends it 2..MAX_ROWS rows; the deterministic mode every row count (layers/linear.py).
-    block_m: rows a tile holds (a power of two >= 16; the benchmarks' question is which one the
-    deterministic mode should fix)."""
+    block_m: rows a tile holds (a power of two >= 16; None: `tile_rows`' choice)."""
     _check(x, w, glu, "rows_linear")
     if bias is not None and (glu or bias.shape != (w.shape[0],)):
         raise ValueError("rows_linear: a bias of w's row count, without glu")
@@ -201,6 +209,7 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = No
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
+    block_m = block_m or tile_rows(m)
     split, stages = cfg.SPLIT_K, tile_stages(cfg, block_m, glu)
     k_split = triton.cdiv(triton.cdiv(k, split), cfg.BLOCK_K) * cfg.BLOCK_K
     grid = (triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, block_m), split)

@@ -34,7 +34,7 @@ import triton
 from hotspec.core.forward_batch import ForwardBatch, ForwardMode
 from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
-from hotspec.layers.attention.merge_kernels import combine_splits
+from hotspec.layers.attention.merge_kernels import combine_splits, combine_splits_seq
 from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
 
 _LOG2E = 1.4426950408889634
@@ -85,6 +85,16 @@ def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
     return (mask.to(torch.int64) << shifts).sum(-1)
 
 
+def det_kv_chunk(kv_bound: int) -> int:
+    """The deterministic mode's kv chunk for an engine whose rows hold at most kv_bound keys: 128
+    (a decode row of 512 keys runs as 4 splits), doubled until at most 128 chunks cover the
+    bound (the combine's loop, and the partials, grow with the count)."""
+    c = 128
+    while triton.cdiv(kv_bound, c) > 128:
+        c *= 2
+    return c
+
+
 def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
@@ -103,13 +113,16 @@ class KernelTuning:
     splits of several-row phases, equal shares otherwise).
 
     deterministic (the engine's `--deterministic`, layers/deterministic.py): one tile config for
-    every phase and batch (16-row tiles, 64 kv rows (32 in fp32), no split, 4 warps, 2 stages,
-    no FMA contraction), one query row per program in the uniform phases (decode keeps the RoPE
-    fold, whose rotation is rope_store's to the bit), and verify reads each tree node's keys as
-    the sequence decode reads (the kernel's TREE_SEQ): a row's output then depends on its own
-    keys alone, and a verify row equals the decode row of its token bit for bit. It forces no
-    split, the fold and packed masks; given tile sizes, warps and stages replace its own (the
-    attention benchmark's variants: still one config for every phase)."""
+    every phase and batch (16-row tiles, 64 kv rows (32 in fp32), 4 warps, 2 stages, no FMA
+    contraction), one query row per program in the uniform phases (decode keeps the RoPE fold,
+    whose rotation is rope_store's to the bit), and verify reads each tree node's keys as the
+    sequence decode reads (the kernel's TREE_SEQ). A row's keys are cut into chunks of kv_chunk
+    indices at fixed places (0, kv_chunk, ...): the uniform phases run them as splits (one
+    program each; those past the row's keys return at once) merged by combine_splits_seq,
+    prefill one after another in its program, merged the same way. A row's output then depends
+    on its own keys alone, and a verify or prefill row equals the decode row of its token bit
+    for bit. It forces the fold and packed masks; given tile sizes, warps and stages replace its
+    own (the attention benchmark's variants: still one config for every phase)."""
 
     block_n: int | None = None
     block_m: int | None = None
@@ -120,6 +133,7 @@ class KernelTuning:
     fold_rope: bool = True
     min_chunk: int | None = None
     deterministic: bool = False
+    kv_chunk: int = 128  # deterministic only: kv indices a chunk holds (a multiple of block_n)
 
 
 
@@ -127,10 +141,13 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, tuning: KernelTuning | None = None) -> None:
         t = tuning or KernelTuning()
         if t.deterministic:
-            t = KernelTuning(block_n=t.block_n, block_m=t.block_m or 16, num_splits=1,
+            t = KernelTuning(block_n=t.block_n, block_m=t.block_m or 16,
                              num_warps=t.num_warps or 4, num_stages=t.num_stages or 2,
-                             deterministic=True)
-        self.deterministic = t.deterministic
+                             deterministic=True, kv_chunk=t.kv_chunk)
+            if t.kv_chunk % (t.block_n or 64) or t.kv_chunk % 32:
+                raise ValueError(f"kv_chunk {t.kv_chunk}: a multiple of the kv tile "
+                                 f"({t.block_n or '64 (32 in fp32)'})")
+        self.deterministic, self.kv_chunk = t.deterministic, t.kv_chunk
         self.block_size = block_size
         self.mask_bits, self.fold_rope, self.min_chunk = t.mask_bits, t.fold_rope, t.min_chunk
         self.block_n, self.block_m, self.num_splits = t.block_n, t.block_m, t.num_splits
@@ -194,6 +211,8 @@ class TritonBackend(AttentionBackend):
                 dev: torch.device) -> int:
         if p.width is None:
             return 1
+        if self.deterministic:  # fixed chunks of the static bound: the count follows no batch
+            return triton.cdiv(max(p.max_kv, 1), self.kv_chunk)
         if self.num_splits is not None:
             return max(1, self.num_splits)
         if dev.type != "cuda":
@@ -212,7 +231,7 @@ class TritonBackend(AttentionBackend):
     def _min_chunk(self, p: TritonPlan, splits: int, block_m: int, block_n: int) -> int:
         """The kernel's MIN_CHUNK: min_chunk for the automatic splits of a several-row phase, else
         0 (equal shares of the live length: decode, and a forced split count)."""
-        if splits == 1:
+        if splits == 1 or self.deterministic:
             return 0
         if self.min_chunk is not None:
             return self.min_chunk
@@ -326,29 +345,32 @@ class TritonBackend(AttentionBackend):
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
             MASK_BITS=p.mask_bits, PDL=use_pdl, PDL_WAIT=pdl_wait, V_EARLY=self._v_early(p, block_n),
             MIN_CHUNK=self._min_chunk(p, splits, block_m, block_n),
+            DET_CHUNK=self.kv_chunk if self.deterministic else 0,
             **_rope_kwargs(rope, k_cache), **self._tree_kwargs(p),
             num_warps=num_warps, num_stages=self._stages(p), **launch,
         )
         if splits > 1:
             comb_wait = pdl.chained(q.device, t, before_resident)
-            combine_splits[(t, hq)](
-                opart, lse, out,
-                opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
-                out.stride(0), out.stride(1), splits,
-                HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl, PDL_WAIT=comb_wait,
-                num_warps=4, **({"launch_pdl": True} if comb_wait else {}),
-            )
+            args = (opart, lse, out, opart.stride(0), opart.stride(1), opart.stride(2),
+                    lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), splits)
+            kw = dict(HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl,
+                      PDL_WAIT=comb_wait, **({"launch_pdl": True} if comb_wait else {}))
+            if self.deterministic:
+                combine_splits_seq[(t, hq)](*args, GROUP_S=8, num_warps=1, **kw,
+                                            **self._tree_kwargs(None))
+            else:
+                combine_splits[(t, hq)](*args, num_warps=4, **kw)
         return out
 
 
-    def _tree_kwargs(self, p: TritonPlan) -> dict[str, object]:
+    def _tree_kwargs(self, p: TritonPlan | None) -> dict[str, object]:
         """The deterministic mode's launch options: TREE_SEQ with the nodes' positions for a
         verify batch, and no FMA contraction anywhere (a contraction the compiler chooses per
         specialization could round one phase's row otherwise than another's)."""
         if not self.deterministic:
             return {}
         kw: dict[str, object] = {} if self._interp else {"enable_fp_fusion": False}
-        if p.tree_positions is not None:
+        if p is not None and p.tree_positions is not None:
             kw.update(TREE_SEQ=True, POS=p.tree_positions)
         return kw
 

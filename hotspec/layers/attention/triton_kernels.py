@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (the interpreter fix)
+from hotspec.layers.attention.merge_kernels import merge_weights
 
 TREE_SLOTS: tl.constexpr = tl.constexpr(64)  # TREE_SEQ: tree slots a packed mask word holds
 
@@ -161,7 +162,7 @@ def paged_attn_fwd(
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
     MASK_BITS: tl.constexpr = False, PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
     ROPE: tl.constexpr = False, V_EARLY: tl.constexpr = False, MIN_CHUNK: tl.constexpr = 0,
-    TREE_SEQ: tl.constexpr = False,
+    TREE_SEQ: tl.constexpr = False, DET_CHUNK: tl.constexpr = 0,
     KN=None, VN=None, POS=None, LOC=None,
     COS=None, SIN=None,
     stride_knt: tl.constexpr = 0, stride_knh: tl.constexpr = 0, stride_vnt: tl.constexpr = 0,
@@ -199,14 +200,6 @@ def paged_attn_fwd(
     d_ok = d < HEAD_DIM
 
     tok = q_base + qi
-    q_ptrs = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if ROPE:  # q arrives unrotated (the RoPE fold): rotate it as fused_kernels.rope_store does
-        pos = tl.load(POS + tok, mask=row_ok, other=0).to(tl.int64)
-        q = _rotate(q, Q + tok[:, None] * stride_qt + head[:, None] * stride_qh, pos[:, None],
-                    COS, SIN, stride_cs, d[None, :], row_ok[:, None] & d_ok[None, :], HEAD_DIM)
-    if F32_DOT:
-        q = q.to(tl.float32)
 
     # kv range this tile can see: [0, end)
     tslot = tl.arange(0, TREE_SLOTS).to(tl.int64)
@@ -231,7 +224,10 @@ def paged_attn_fwd(
     # a tile of padding rows only needs kv index 0; a tile outside the request does no work
     end = tl.where(q_start < q_len, end, tl.minimum(kv_len, 1))
     end = tl.where(q_start < n_rows, end, 0)
-    if SPLIT:
+    if SPLIT and DET_CHUNK > 0:  # split sp: kv indices [sp * DET_CHUNK, +DET_CHUNK), whatever end
+        lo = sp * DET_CHUNK
+        hi = tl.minimum(lo + DET_CHUNK, end)
+    elif SPLIT:
         per = tl.cdiv(end, num_splits)
         chunk = tl.cdiv(per, BLOCK_N) * BLOCK_N
         if MIN_CHUNK > 0:  # the splits past the live length get nothing (lse -inf: skipped)
@@ -241,6 +237,10 @@ def paged_attn_fwd(
     else:
         lo = 0
         hi = end
+    if SPLIT and DET_CHUNK > 0:
+        if lo >= hi:  # past the rows' keys: no partial (the combine stops at the last live split)
+            tl.store(LSE + sp * stride_ls + tok * stride_lt + head, float("-inf"), mask=row_ok)
+            return
 
     if ROPE:  # decode: the program whose kv range holds the new token stores its K and V first
         new = kv_len - 1
@@ -256,6 +256,15 @@ def paged_attn_fwd(
             tl.store(V + slot * stride_vt + h * stride_vh + d, vr.to(V.dtype.element_ty), mask=d_ok)
         tl.debug_barrier()  # the stores above are seen by this program's own loads below
 
+    q_ptrs = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if ROPE:  # q arrives unrotated (the RoPE fold): rotate it as fused_kernels.rope_store does
+        pos = tl.load(POS + tok, mask=row_ok, other=0).to(tl.int64)
+        q = _rotate(q, Q + tok[:, None] * stride_qt + head[:, None] * stride_qh, pos[:, None],
+                    COS, SIN, stride_cs, d[None, :], row_ok[:, None] & d_ok[None, :], HEAD_DIM)
+    if F32_DOT:
+        q = q.to(tl.float32)
+
     # kv blocks every real row of the tile sees whole ([0, full)) need no mask at all
     if CUSTOM:
         full = start_tree
@@ -263,9 +272,6 @@ def paged_attn_fwd(
         full = kv_len - q_len + q_start + 1
     full = (tl.maximum(tl.minimum(full, end), 0) // BLOCK_N) * BLOCK_N
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bt_row = BT + b.to(tl.int64) * stride_bt
     cm_row = CM + b.to(tl.int64) * stride_cmb + qi.to(tl.int64) * stride_cmi
     k_base = K + h * stride_kh
@@ -273,27 +279,62 @@ def paged_attn_fwd(
     bits = tl.zeros([BLOCK_M], dtype=tl.int64)
     if MASK_BITS:  # CM holds one int64 word per query row: [B, width] at strides (cmb, cmi)
         bits = tl.load(cm_row, mask=real & row_ok, other=0)
-    acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, tl.minimum(hi, full), kv_len,
-        lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
-        anc, node_depth, PAGE, BLOCK_N, CUSTOM, False, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS,
-        V_EARLY, TREE_SEQ)
-    acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, tl.maximum(lo, full), hi, kv_len,
-        lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
-        anc, node_depth, PAGE, BLOCK_N, CUSTOM, True, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS,
-        V_EARLY, TREE_SEQ)
-
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    if DET_CHUNK > 0 and not SPLIT:  # the chunks one after another, merged as the combine merges
+        mx = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        wsum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        osum = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for c_lo in range(lo, hi, DET_CHUNK):
+            o_c, lse_c = _attn_range(
+                q, Q, k_base, v_base, bt_row, cm_row, bits, c_lo, tl.minimum(c_lo + DET_CHUNK, hi),
+                full, kv_len, lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj,
+                scale_log2, d, d_ok, anc, node_depth, PAGE, BLOCK_M, BLOCK_N, BLOCK_D, CUSTOM,
+                F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS, V_EARLY, TREE_SEQ)
+            mx, a, w = merge_weights(mx, lse_c)
+            osum = osum * a[:, None] + o_c * w[:, None]
+            wsum = wsum * a + w
+        out = osum / tl.where(wsum == 0.0, 1.0, wsum)[:, None]
+        lse = mx  # (unused)
+    else:
+        out, lse = _attn_range(
+            q, Q, k_base, v_base, bt_row, cm_row, bits, lo, hi, full, kv_len, lim, real, row_ok,
+            start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok, anc, node_depth,
+            PAGE, BLOCK_M, BLOCK_N, BLOCK_D, CUSTOM, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS,
+            V_EARLY, TREE_SEQ)
     if SPLIT:
-        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         p_ptrs = OPART + sp * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :]
         tl.store(p_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE + sp * stride_ls + tok * stride_lt + head, lse, mask=row_ok)
     else:
         o_ptrs = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _attn_range(
+    q, Q, k_base, v_base, bt_row, cm_row, bits, lo, hi, full, kv_len, lim, real, row_ok,
+    start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok, anc, node_depth,
+    PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CUSTOM: tl.constexpr, F32_DOT: tl.constexpr, EVEN_D: tl.constexpr, MASK_BITS: tl.constexpr,
+    V_EARLY: tl.constexpr, TREE_SEQ: tl.constexpr,
+):
+    """The tile's rows attended over kv indices [lo, hi) (the blocks below `full` unmasked): their
+    normalised output [BLOCK_M, BLOCK_D] (fp32, 0 for a row that saw no key) and log2-sum-exp
+    (-inf for such a row)."""
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, lo, tl.minimum(hi, full), kv_len,
+        lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+        anc, node_depth, PAGE, BLOCK_N, CUSTOM, False, F32_DOT, EVEN_D, MASK_BITS,
+        V_EARLY, TREE_SEQ)
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, q, Q, k_base, v_base, bt_row, cm_row, bits, tl.maximum(lo, full), hi, kv_len,
+        lim, real, row_ok, start_tree, stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok,
+        anc, node_depth, PAGE, BLOCK_N, CUSTOM, True, F32_DOT, EVEN_D, MASK_BITS,
+        V_EARLY, TREE_SEQ)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    return acc / l_safe[:, None], tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
 
 
 def is_interpreted() -> bool:
