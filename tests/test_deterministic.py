@@ -81,13 +81,17 @@ def _attend(backend, fb: ForwardBatch, q: torch.Tensor, cache: _Cache) -> torch.
     return backend.forward(fb, q.to(DEV), cache.k.to(DEV), cache.v.to(DEV), d ** -0.5).cpu()
 
 
-@pytest.mark.parametrize("prefix,n", [(60, 8), (17, 5)])
-def test_verify_rows_equal_decode_rows_and_decode_is_batch_invariant(prefix: int, n: int):
+@pytest.mark.parametrize("prefix,n,programs", [(60, 8, None), (17, 5, None), (200, 6, 2),
+                                               (130, 4, 1)])
+def test_verify_rows_equal_decode_rows_and_decode_is_batch_invariant(prefix: int, n: int,
+                                                                      programs: int | None):
     """A tree's verify rows (keys: the prefix, then the node's ancestors at their tree slots)
     equal, bit for bit, a decode step of each node's token over the prefix and its path laid out
     in order, alone or among the other nodes' decode steps, and a prefill of that sequence's
-    last row; every output is close to the fast path's."""
-    _check_tree_rows(prefix, n, 6, 2, 32, kv_chunk=64)
+    last row; every output is close to the fast path's. Keys in chunks of 64: a chunk a program
+    (or `programs` programs sharing a row's chunks), merged by the combine, in the uniform
+    phases; one after another in prefill's program."""
+    _check_tree_rows(prefix, n, 6, 2, 32, kv_chunk=64, programs=programs)
 
 
 @pytest.mark.gpu
@@ -100,7 +104,8 @@ def test_gpu_verify_rows_equal_decode_rows(prefix: int, n: int, hq: int, hkv: in
     _check_tree_rows(prefix, n, hq, hkv, d)
 
 
-def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int, kv_chunk: int = 128) -> None:
+def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int, kv_chunk: int = 128,
+                     programs: int | None = None) -> None:
     g = torch.Generator().manual_seed(prefix)
     _, mask = _tree(n, g)
     depth = mask.sum(-1) - 1
@@ -109,8 +114,8 @@ def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int, kv_chunk: i
     q = torch.randn(n, hq, d, generator=g).to(torch.bfloat16)
     cache = _Cache((n + 2) * triton.cdiv(prefix + n, PAGE), hkv, d, g)  # (the tree's, n paths)
     cols = triton.cdiv(prefix + n, PAGE) + 1
-    det = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(deterministic=True,
-                                                                         kv_chunk=kv_chunk))
+    det = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(
+        deterministic=True, kv_chunk=kv_chunk, num_splits=programs))
 
     tree_table = cache.put(k, v, cols)[None]  # the prefix, then node i at prefix + i
     verify = _attend(det, _fb(ForwardMode.VERIFY, [n], [prefix + n], tree_table, n,
@@ -170,15 +175,16 @@ def test_mode_is_scoped():
 
 
 def test_deterministic_tuning_fixes_the_choices_that_follow_the_batch():
-    """The RoPE fold and packed masks whatever is asked, splits of fixed chunks (their count
-    from the static bound alone); its own tile config unless one is given (a benchmark's
-    variant, still one config for every phase)."""
+    """The RoPE fold and packed masks whatever is asked, fixed chunks (their count from the
+    static bound alone; num_splits: the programs sharing a row's chunks); its own tile config
+    unless one is given (a benchmark's variant, still one config for every phase)."""
     b = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(
         deterministic=True, num_splits=8, fold_rope=False, mask_bits=False))
-    assert b.deterministic and b.fold_rope and b.mask_bits and b.num_splits is None
+    assert b.deterministic and b.fold_rope and b.mask_bits and b.num_splits == 8
     assert (b.block_n, b.block_m, b.num_stages, b.num_warps, b.kv_chunk) == (None, 16, 2, 4, 128)
     plan = triton_backend.TritonPlan(*[torch.zeros(1)] * 3, None, None, 1, 1, 8208)
-    assert b._splits(plan, 1, 16, 64, torch.device("cuda")) == 65  # whatever the batch
+    assert b._chunks(plan) == 65  # (of the static bound: whatever the batch)
+    assert b._splits(plan, 1, 16, 64, torch.device("cpu")) == 8  # programs sharing them
     b = triton_backend.TritonBackend(PAGE, triton_backend.KernelTuning(
         deterministic=True, block_n=128, num_stages=3, kv_chunk=256))
     assert (b.block_n, b.num_stages) == (128, 3)

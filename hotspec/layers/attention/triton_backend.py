@@ -121,8 +121,10 @@ class KernelTuning:
     program each; those past the row's keys return at once) merged by combine_splits_seq,
     prefill one after another in its program, merged the same way. A row's output then depends
     on its own keys alone, and a verify or prefill row equals the decode row of its token bit
-    for bit. It forces the fold and packed masks; given tile sizes, warps and stages replace its
-    own (the attention benchmark's variants: still one config for every phase)."""
+    for bit. num_splits there: the programs a row's chunks are dealt to (None: two waves on
+    CUDA), which changes no bits. It forces the fold and packed masks; given tile sizes, warps
+    and stages replace its own (the attention benchmark's variants: still one config for every
+    phase)."""
 
     block_n: int | None = None
     block_m: int | None = None
@@ -141,7 +143,7 @@ class TritonBackend(AttentionBackend):
     def __init__(self, block_size: int, tuning: KernelTuning | None = None) -> None:
         t = tuning or KernelTuning()
         if t.deterministic:
-            t = KernelTuning(block_n=t.block_n, block_m=t.block_m or 16,
+            t = KernelTuning(block_n=t.block_n, block_m=t.block_m or 16, num_splits=t.num_splits,
                              num_warps=t.num_warps or 4, num_stages=t.num_stages or 2,
                              deterministic=True, kv_chunk=t.kv_chunk)
             if t.kv_chunk % (t.block_n or 64) or t.kv_chunk % 32:
@@ -211,8 +213,13 @@ class TritonBackend(AttentionBackend):
                 dev: torch.device) -> int:
         if p.width is None:
             return 1
-        if self.deterministic:  # fixed chunks of the static bound: the count follows no batch
-            return triton.cdiv(max(p.max_kv, 1), self.kv_chunk)
+        if self.deterministic:  # programs a row's chunks share (each chunk's partial is its own)
+            chunks = self._chunks(p)
+            if self.num_splits is not None:
+                return min(chunks, max(1, self.num_splits))
+            if dev.type != "cuda":
+                return chunks
+            return min(chunks, triton.cdiv(2 * self._sms(dev), programs))
         if self.num_splits is not None:
             return max(1, self.num_splits)
         if dev.type != "cuda":
@@ -227,6 +234,13 @@ class TritonBackend(AttentionBackend):
             want = sms // programs
             by_len = max(1, p.max_kv // min_chunk(block_m, block_n))
         return max(1, min(want, by_len, 64))
+
+    def _chunks(self, p: TritonPlan) -> int:
+        """The deterministic mode's chunks of a uniform phase's rows (the partials' count): of
+        the static bound, so the count follows no batch; 0 otherwise."""
+        if not self.deterministic or p.width is None:
+            return 0
+        return triton.cdiv(max(p.max_kv, 1), self.kv_chunk)
 
     def _min_chunk(self, p: TritonPlan, splits: int, block_m: int, block_n: int) -> int:
         """The kernel's MIN_CHUNK: min_chunk for the automatic splits of a several-row phase, else
@@ -323,9 +337,11 @@ class TritonBackend(AttentionBackend):
         else:
             cm_strides = tuple(cm.stride()) if custom else (0, 0, 0)
         m_custom = p.m_custom
+        chunks = self._chunks(p) if splits > 1 else 0
+        parts = chunks or splits  # (the deterministic mode: a partial per chunk)
         if splits > 1:
-            opart = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
-            lse = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
+            opart = torch.empty((parts, t, hq, d), dtype=torch.float32, device=q.device)
+            lse = torch.empty((parts, t, hq), dtype=torch.float32, device=q.device)
         else:
             opart = lse = out
         # 4 warps measured best on H200 for every phase (8 warps: ~2x slower prefill / verify)
@@ -339,7 +355,7 @@ class TritonBackend(AttentionBackend):
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             p.block_tables.stride(0), *cm_strides,
             opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1),
-            float(scale) * _LOG2E, p.width or 0, m_custom, splits,
+            float(scale) * _LOG2E, p.width or 0, m_custom, splits, chunks,
             GROUP=group, GROUP_PAD=gp, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=_pow2(d), HEAD_DIM=d, PAGE=self.block_size,
             RAGGED=ragged, CUSTOM=custom, SPLIT=splits > 1, F32_DOT=is_fp32 or self._interp,
@@ -352,8 +368,8 @@ class TritonBackend(AttentionBackend):
         if splits > 1:
             comb_wait = pdl.chained(q.device, t, before_resident)
             args = (opart, lse, out, opart.stride(0), opart.stride(1), opart.stride(2),
-                    lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), splits)
-            kw = dict(HEAD_DIM=d, BLOCK_S=_pow2(splits), BLOCK_D=_pow2(d), PDL=use_pdl,
+                    lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), parts)
+            kw = dict(HEAD_DIM=d, BLOCK_S=_pow2(parts), BLOCK_D=_pow2(d), PDL=use_pdl,
                       PDL_WAIT=comb_wait, **({"launch_pdl": True} if comb_wait else {}))
             if self.deterministic:
                 combine_splits_seq[(t, hq)](*args, GROUP_S=8, num_warps=1, **kw,

@@ -156,7 +156,7 @@ def paged_attn_fwd(
     stride_vt: tl.constexpr, stride_vh: tl.constexpr, stride_ot: tl.constexpr, stride_oh: tl.constexpr,
     stride_bt, stride_cmb, stride_cmi, stride_cmj,
     stride_ps, stride_pt: tl.constexpr, stride_ph: tl.constexpr, stride_ls, stride_lt: tl.constexpr,
-    scale_log2, width, m_custom, num_splits,
+    scale_log2, width, m_custom, num_splits, num_chunks,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     RAGGED: tl.constexpr, CUSTOM: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
@@ -224,9 +224,9 @@ def paged_attn_fwd(
     # a tile of padding rows only needs kv index 0; a tile outside the request does no work
     end = tl.where(q_start < q_len, end, tl.minimum(kv_len, 1))
     end = tl.where(q_start < n_rows, end, 0)
-    if SPLIT and DET_CHUNK > 0:  # split sp: kv indices [sp * DET_CHUNK, +DET_CHUNK), whatever end
+    if SPLIT and DET_CHUNK > 0:  # program sp: chunks sp, sp + num_splits, ... of num_chunks
         lo = sp * DET_CHUNK
-        hi = tl.minimum(lo + DET_CHUNK, end)
+        hi = end
     elif SPLIT:
         per = tl.cdiv(end, num_splits)
         chunk = tl.cdiv(per, BLOCK_N) * BLOCK_N
@@ -238,13 +238,17 @@ def paged_attn_fwd(
         lo = 0
         hi = end
     if SPLIT and DET_CHUNK > 0:
-        if lo >= hi:  # past the rows' keys: no partial (the combine stops at the last live split)
-            tl.store(LSE + sp * stride_ls + tok * stride_lt + head, float("-inf"), mask=row_ok)
+        if lo >= hi:  # past the rows' keys: no partials (the combine stops at the last live one)
+            for c in range(sp, num_chunks, num_splits):
+                tl.store(LSE + c * stride_ls + tok * stride_lt + head, float("-inf"), mask=row_ok)
             return
 
     if ROPE:  # decode: the program whose kv range holds the new token stores its K and V first
         new = kv_len - 1
-        if (lo <= new) & (new < hi):
+        mine = (lo <= new) & (new < hi)
+        if SPLIT and DET_CHUNK > 0:  # (the program of the chunk that holds it)
+            mine = (new < hi) & ((new // DET_CHUNK) % num_splits == sp)
+        if mine:
             t_new = q_base  # width 1: the request's one row
             slot = tl.load(LOC + t_new).to(tl.int64)
             pos_new = tl.load(POS + t_new).to(tl.int64)
@@ -279,6 +283,22 @@ def paged_attn_fwd(
     bits = tl.zeros([BLOCK_M], dtype=tl.int64)
     if MASK_BITS:  # CM holds one int64 word per query row: [B, width] at strides (cmb, cmi)
         bits = tl.load(cm_row, mask=real & row_ok, other=0)
+    if SPLIT and DET_CHUNK > 0:  # each of the program's chunks: its partial, or -inf past the keys
+        for c_lo in range(lo, num_chunks * DET_CHUNK, num_splits * DET_CHUNK):
+            c = c_lo // DET_CHUNK
+            if c_lo < hi:
+                o_c, lse_c = _attn_range(
+                    q, Q, k_base, v_base, bt_row, cm_row, bits, c_lo,
+                    tl.minimum(c_lo + DET_CHUNK, hi), full, kv_len, lim, real, row_ok, start_tree,
+                    stride_kt, stride_vt, stride_cmj, scale_log2, d, d_ok, anc, node_depth, PAGE,
+                    BLOCK_M, BLOCK_N, BLOCK_D, CUSTOM, F32_DOT, BLOCK_D == HEAD_DIM, MASK_BITS,
+                    V_EARLY, TREE_SEQ)
+                tl.store(OPART + c * stride_ps + tok[:, None] * stride_pt + head[:, None] * stride_ph
+                         + d[None, :], o_c, mask=row_ok[:, None] & d_ok[None, :])
+                tl.store(LSE + c * stride_ls + tok * stride_lt + head, lse_c, mask=row_ok)
+            else:
+                tl.store(LSE + c * stride_ls + tok * stride_lt + head, float("-inf"), mask=row_ok)
+        return
     if DET_CHUNK > 0 and not SPLIT:  # the chunks one after another, merged as the combine merges
         mx = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         wsum = tl.zeros([BLOCK_M], dtype=tl.float32)
