@@ -36,6 +36,9 @@ from hotspec.layers import pdl
 from hotspec.layers.attention.base import AttentionBackend, RopeFold
 from hotspec.layers.attention.merge_kernels import combine_splits, combine_splits_seq
 from hotspec.layers.attention.triton_kernels import is_interpreted, paged_attn_fwd
+from hotspec.layers.attention.tuning import KernelTuning, det_kv_chunk
+
+__all__ = ["KernelTuning", "TritonBackend", "det_kv_chunk"]
 
 _LOG2E = 1.4426950408889634
 
@@ -85,58 +88,8 @@ def pack_mask_bits(mask: torch.Tensor) -> torch.Tensor:
     return (mask.to(torch.int64) << shifts).sum(-1)
 
 
-def det_kv_chunk(kv_bound: int) -> int:
-    """The deterministic mode's kv chunk for an engine whose rows hold at most kv_bound keys: 128
-    (a decode row of 512 keys runs as 4 splits), doubled until at most 128 chunks cover the
-    bound (the combine's loop, and the partials, grow with the count)."""
-    c = 128
-    while triton.cdiv(kv_bound, c) > 128:
-        c *= 2
-    return c
-
-
 def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
-
-
-@dataclass(frozen=True)
-class KernelTuning:
-    """Overrides of the kernels' automatic choices, for tests that reach each kernel path at
-    small sizes and for the attention benchmark; the engine keeps the defaults.
-
-    block_n / block_m: tile sizes (powers of two, >= 16); num_splits: the split count of uniform
-    phases (None: automatic on CUDA, never on CPU; 1: never); num_warps; num_stages: the kv loop's
-    pipeline stages (None: `_stages`' rule); mask_bits: pack custom masks of <= 64 slots into a
-    word per row (False: the byte mask wider masks use); fold_rope: decode batches pass RoPE and
-    the KV store to the kernel (`folds_rope`; False: their own kernel, as every other phase);
-    min_chunk: the fewest kv indices a split covers (None: `min_chunk`'s rule for the automatic
-    splits of several-row phases, equal shares otherwise).
-
-    deterministic (the engine's `--deterministic`, layers/deterministic.py): one tile config for
-    every phase and batch (16-row tiles, 64 kv rows (32 in fp32), 4 warps, 2 stages, no FMA
-    contraction), one query row per program in the uniform phases (decode keeps the RoPE fold,
-    whose rotation is rope_store's to the bit), and verify reads each tree node's keys as the
-    sequence decode reads (the kernel's TREE_SEQ). A row's keys are cut into chunks of kv_chunk
-    indices at fixed places (0, kv_chunk, ...): the uniform phases run them as splits (one
-    program each; those past the row's keys return at once) merged by combine_splits_seq,
-    prefill one after another in its program, merged the same way. A row's output then depends
-    on its own keys alone, and a verify or prefill row equals the decode row of its token bit
-    for bit. num_splits there: the programs a row's chunks are dealt to (None: two waves on
-    CUDA), which changes no bits. It forces the fold and packed masks; given tile sizes, warps
-    and stages replace its own (the attention benchmark's variants: still one config for every
-    phase)."""
-
-    block_n: int | None = None
-    block_m: int | None = None
-    num_splits: int | None = None
-    num_warps: int | None = None
-    num_stages: int | None = None
-    mask_bits: bool = True
-    fold_rope: bool = True
-    min_chunk: int | None = None
-    deterministic: bool = False
-    kv_chunk: int = 128  # deterministic only: kv indices a chunk holds (a multiple of block_n)
-
 
 
 class TritonBackend(AttentionBackend):
