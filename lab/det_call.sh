@@ -5,17 +5,17 @@
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; OUT=${OUT:-/tmp/det_call}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rows_kernel.py \
+timeout ${TESTS_S:-150} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rows_kernel.py \
   tests/test_deterministic.py -k "invariant or verify_rows or deterministic" > "$OUT/tests.log" 2>&1
 tail -n 6 "$OUT/tests.log"
 for m in smollm2-shape llama8b-shape; do for d in "" --deterministic; do
-  timeout 100 python3 benchmarks/decode_bench.py --model $m --device cuda --mode graphed \
+  timeout ${COST_S:-100} python3 benchmarks/decode_bench.py --model $m --device cuda --mode graphed \
     --batch-sizes 1,8,32 --context 512 --tokens 64 $d > "$OUT/cost_$m$d.log" 2>&1
   grep -E "^ +(1|8|32) +[0-9]|Error" "$OUT/cost_$m$d.log" | sed "s/^/$m$d /"
 done; done
-timeout 60 python3 benchmarks/decode_bench.py --model smollm2-shape --device cuda --mode graphed \
+[ "${EXTRA:-1}" = 1 ] && timeout 60 python3 benchmarks/decode_bench.py --model smollm2-shape --device cuda --mode graphed \
   --batch-sizes 1 --context 512 --tokens 16 --kernels --deterministic 2>&1 | grep -E " x +[0-9]+ " | head -6
-timeout 60 python3 lab/benchmarks/attn_bench.py --model default --context 512 --batch-sizes 1,8,32 \
+[ "${EXTRA:-1}" = 1 ] && timeout 60 python3 lab/benchmarks/attn_bench.py --model default --context 512 --batch-sizes 1,8,32 \
   --phases decode,verify,draft_extend --variants auto,det 2>&1 | tail -10
 [ "${TUNE_S:-150}" -gt 0 ] && timeout "${TUNE_S:-150}" python3 lab/benchmarks/det_tune.py --shapes smol --out "$OUT/tune.json" 2>&1 \
   | grep -v "^  smol" | tee "$OUT/tune.log" | grep -E "^smol|current|best" | head -40
