@@ -8,7 +8,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 timeout ${TESTS_S:-150} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rows_kernel.py \
   tests/test_deterministic.py -k "invariant or verify_rows or deterministic" > "$OUT/tests.log" 2>&1
 tail -n 6 "$OUT/tests.log"
-for m in smollm2-shape llama8b-shape; do for d in "" --deterministic; do
+for m in ${MODELS:-smollm2-shape llama8b-shape}; do for d in "" --deterministic; do
   timeout ${COST_S:-100} python3 benchmarks/decode_bench.py --model $m --device cuda --mode graphed \
     --batch-sizes 1,8,32 --context 512 --tokens 64 $d > "$OUT/cost_$m$d.log" 2>&1
   grep -E "^ +(1|8|32) +[0-9]|Error" "$OUT/cost_$m$d.log" | sed "s/^/$m$d /"
