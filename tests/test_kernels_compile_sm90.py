@@ -28,7 +28,7 @@ def test_kernels_compile_for_the_h200():
 
 
 def _compile(fn, types: dict[str, str], consts: dict[str, object],
-             options: dict[str, object] | None = None) -> None:
+             options: dict[str, object] | None = None):
     """Compile `fn` for sm_90: `types` the runtime arguments' Triton types, `consts` every
     constexpr the launch passes (the rest keep their defaults), `options` the launch's compile
     options (the deterministic mode's enable_fp_fusion=False)."""
@@ -44,6 +44,7 @@ def _compile(fn, types: dict[str, str], consts: dict[str, object],
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     assert kernel.asm.get("cubin"), f"{fn.__name__}: no sm_90 code"
     assert kernel.metadata.shared <= SMEM
+    return kernel
 
 
 def phase_inputs_kernels():
@@ -88,14 +89,17 @@ def rows_kernel():
             GLU=glu, BLOCK_M=rk.MAX_ROWS, BLOCK_N=cfg.BLOCK_N,
             BLOCK_K=cfg.BLOCK_K, EVEN_K=k % cfg.BLOCK_K == 0, F32_DOT=False, HAS_BIAS=False,
             SPLIT_K=1, PDL=True, PF_COLS=-1), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    for n, k, glu, bias, block_m in [(4096, 14336, False, False, 16), (4096, 4096, False, True, 64),
-                                     (14336, 4096, True, False, 64), (6144, 4096, False, False, 32),
-                                     (4096, 14336, False, False, 64)]:
+    # the deterministic mode's heights: the same MMA instruction at each (a row's bits alike)
+    for n, k, glu, bias in [(4096, 14336, False, False), (4096, 4096, False, True),
+                            (14336, 4096, True, False), (960, 576, False, False)]:
         cfg = rk.deterministic_config(n, k, glu)
-        _compile(rk._rows_kernel, types, dict(
-            GLU=glu, BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, EVEN_K=False,
-            F32_DOT=False, HAS_BIAS=bias, SPLIT_K=cfg.SPLIT_K, PDL=True, PF_COLS=-1),
-            dict(num_warps=cfg.num_warps, num_stages=rk.tile_stages(cfg, block_m, glu)))
+        for block_m in rk.TILE_HEIGHTS:
+            ptx = _compile(rk._rows_kernel, types, dict(
+                GLU=glu, BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, EVEN_K=False,
+                F32_DOT=False, HAS_BIAS=bias, SPLIT_K=cfg.SPLIT_K, PDL=True, PF_COLS=-1),
+                dict(num_warps=cfg.num_warps,
+                     num_stages=rk.tile_stages(cfg, block_m, glu))).asm["ptx"]
+            assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx, (n, k, block_m)
 
 
 def attention_with_the_rope_fold():

@@ -72,8 +72,8 @@ def test_rows_linear_row_strided_x():
 def test_rows_linear_rows_are_batch_invariant(glu, block_m):
     """Past a tile's rows the rows go in further tiles, and every row comes out bit for bit as
     it does alone or among any other rows (the deterministic mode's linear), also where the
-    tile's height follows the row count (block_m None: 64 rows here, 16 or 32 alone); a bias is
-    added in fp32 before the one rounding."""
+    tile's height follows the row count (block_m None: 32-row tiles here, 16 for a few rows
+    alone); a bias is added in fp32 before the one rounding."""
     x, w = _inputs(2 * rk.MAX_ROWS + 5, 64, 32, seed=7)
     bias = None if glu else (torch.randn(32, device=DEV) / 4).to(BF16)
     every = rk.rows_linear(x, w, SMALL, glu=glu, bias=bias, block_m=block_m)
@@ -141,7 +141,7 @@ def test_gpu_rows_linear_real_shapes(n, k, glu, m):
 def test_gpu_rows_linear_rows_are_batch_invariant(n, k, glu):
     """The deterministic mode's linear (its config: split-K for the 8B's o and down) at the 8B's
     and SmolLM2's shapes (its LM head too): a row comes out bit for bit alike among 1 to 300
-    rows, in tiles of 16, 32 or 64 rows (`tile_rows`), and the same again on a second call."""
+    rows, in tiles of 16 or 32 rows (`tile_rows`), and the same again on a second call."""
     cfg = rk.deterministic_config(n, k, glu)
     x, w = _inputs(300, k, 2 * n if glu else n, seed=n)
     every = rk.rows_linear(x, w, cfg, glu=glu)

@@ -67,13 +67,17 @@ def tile_stages(cfg: GemvConfig, block_m: int, glu: bool) -> int:
     return stages
 
 
+TILE_HEIGHTS = (16, 32)  # rows a tile may hold: both compile to mma.sync m16n8k16 on sm_90
+
+
 def tile_rows(m: int) -> int:
-    """Rows a tile holds for an x of m rows: 16 up to 16 rows, 32 up to 32, else 64 (a weight
-    panel read once for up to 64 rows, not once per 16). A row's result is the same bits at
-    every height (its K loop and its dots' k order do not depend on the tile's other rows:
-    tests/test_rows_kernel.py checks it on the GPU), so the deterministic mode may choose it
-    by the row count."""
-    return 16 if m <= 16 else 32 if m <= 32 else 64
+    """Rows a tile holds for an x of m rows: 16 up to 16 rows, else 32 (a weight panel read once
+    per 32 rows, not per 16). Both heights run a row through the same m16n8k16 MMAs over the
+    same K tiles in the same order, so a row's result is the same bits at either height and the
+    deterministic mode may choose it by the row count (tests/test_kernels_compile_sm90.py checks
+    the instruction, tests/test_rows_kernel.py the bits on the GPU). 64 rows would compile to
+    wgmma (m64nNk16), another instruction, so they are not used."""
+    return 16 if m <= 16 else 32
 
 
 SMS = 132  # the H200's (and H100's) SMs: deterministic_config's one wave
