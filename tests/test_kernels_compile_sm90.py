@@ -139,13 +139,16 @@ def _attention(rope: bool, custom: bool, deterministic: bool = False, ragged: bo
                      MIN_CHUNK=0, DET_CHUNK=128)
     if ragged:
         tiles.update(GROUP_PAD=4, BLOCK_Q=4, SPLIT=False)
-    _compile(fn, types, dict(  # SmolLM2's heads: 9 query heads over 3 kv heads of 64
+    kernel = _compile(fn, types, dict(  # SmolLM2's heads: 9 query heads over 3 kv heads of 64
         stride_qt=1152, stride_qh=64, stride_kt=192, stride_kh=64, stride_vt=192, stride_vh=64,
         stride_ot=576, stride_oh=64, stride_pt=576, stride_ph=64, stride_lt=9, GROUP=3,
         BLOCK_D=64, HEAD_DIM=64, PAGE=16, RAGGED=ragged, CUSTOM=custom, F32_DOT=False,
         MASK_BITS=custom, PDL=True, PDL_WAIT=True, ROPE=rope, stride_knt=192, stride_knh=64,
         stride_vnt=192, stride_vnh=64, stride_cs=32, **tiles),
         {"enable_fp_fusion": False} if deterministic else None)
+    if deterministic:  # every phase's rows through the same MMA instruction (a row's bits alike)
+        ptx = kernel.asm["ptx"]
+        assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx, (rope, custom, ragged)
 
 
 def soft_ce_kernels():
