@@ -102,14 +102,16 @@ def _rows_kernel(X, W, Y, B, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, st
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
                  HAS_BIAS: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
                  PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1):
-    """Program (n, m, s): rows [m*BLOCK_M, +BLOCK_M) (masked past M) x output columns
-    [n*BLOCK_N, +BLOCK_N) over K slice s. A row's result depends on its own x row and the tiles
-    alone, never on M or the other rows (the deterministic mode's batch invariance rests on it).
+    """Program (m, n, s): rows [m*BLOCK_M, +BLOCK_M) (masked past M) x output columns
+    [n*BLOCK_N, +BLOCK_N) over K slice s; m varies fastest, so a weight panel's row tiles run
+    side by side and read it from HBM about once (a long prefill's many tiles). A row's result
+    depends on its own x row and the tiles alone, never on M or the other rows (the
+    deterministic mode's batch invariance rests on it).
     SPLIT_K > 1: each slice's fp32 partial goes to the workspace WS [SPLIT_K, M, N (2N with
     glu)]; the tile's last program to arrive (its counter in CNT) sums the partials in slice
     order, whatever the arrival order, finishes the tile and re-arms the counter."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    pid_m = tl.program_id(0)  # (the row tiles of a weight panel run side by side: read once)
+    pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -155,7 +157,7 @@ def _rows_kernel(X, W, Y, B, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, st
         if GLU:
             tl.store(ws + pid_k.to(tl.int64) * M * width + N, acc_up, mask=out_ok)
         tl.debug_barrier()  # every thread's partial is written before the tile's counter moves
-        cnt = CNT + pid_m * tl.num_programs(0) + pid_n
+        cnt = CNT + pid_n * tl.num_programs(0) + pid_m
         if tl.atomic_add(cnt, 1, sem="acq_rel") == SPLIT_K - 1:  # last in: sum in slice order
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -216,7 +218,7 @@ def rows_linear(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = No
     block_m = block_m or tile_rows(m)
     split, stages = cfg.SPLIT_K, tile_stages(cfg, block_m, glu)
     k_split = triton.cdiv(triton.cdiv(k, split), cfg.BLOCK_K) * cfg.BLOCK_K
-    grid = (triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, block_m), split)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, cfg.BLOCK_N), split)
     ws = cnt = y
     if split > 1:
         ws = torch.empty((split, m, 2 * n if glu else n), dtype=torch.float32, device=x.device)
