@@ -77,7 +77,7 @@ def eagle3_input_kernel():
 
 def rows_kernel():
     """At the engine's configs of the 8B and SmolLM2 shapes, with and without glu; the
-    deterministic mode's (split-K for the 8B's o and down, a bias, 64-row tiles)."""
+    deterministic mode's (split-K for the 8B's o and down, a bias, 16- and 32-row tiles)."""
     from hotspec.layers import rows_kernel as rk
 
     bf = "*bf16"
@@ -100,6 +100,23 @@ def rows_kernel():
                 dict(num_warps=cfg.num_warps,
                      num_stages=rk.tile_stages(cfg, block_m, glu))).asm["ptx"]
             assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx, (n, k, block_m)
+
+
+def norm_rows_kernel():
+    """The deterministic mode's norm folded into the GEMM (SmolLM2's qkv and gate_up, Qwen's
+    qkv with its bias): one K tile in shared memory, 16-row mma.sync as the plain GEMM's."""
+    from hotspec.layers import norm_rows_kernel as nr
+
+    bf = "*bf16"
+    types = dict(X=bf, R=bf, G=bf, W=bf, Y=bf, S=bf, B=bf, M="i32", N="i32", K="i32", eps="fp32",
+                 stride_xm="i32", stride_rm="i32", stride_wn="i32", stride_ym="i32",
+                 stride_sm="i32")
+    for glu, bias, k in [(False, False, 576), (True, False, 576), (False, True, 896)]:
+        ptx = _compile(nr._norm_rows_kernel, types, dict(
+            HAS_RES=True, GLU=glu, HAS_BIAS=bias, BLOCK_M=nr.BLOCK_M, BLOCK_N=nr.BLOCK_N,
+            BLOCK_K=1 << (k - 1).bit_length(), F32_DOT=False, PDL=True, PF_COLS=-1),
+            dict(num_warps=4, num_stages=1)).asm["ptx"]
+        assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx, (glu, k)
 
 
 def attention_with_the_rope_fold():
@@ -163,8 +180,8 @@ def soft_ce_kernels():
                                    stride_t="i32"), dict(TILE_R=ck.TILE_R, TILE_C=ck.TILE_C))
 
 
-CHECKS = [phase_inputs_kernels, eagle3_input_kernel, rows_kernel, attention_with_the_rope_fold,
-          soft_ce_kernels]
+CHECKS = [phase_inputs_kernels, eagle3_input_kernel, rows_kernel, norm_rows_kernel,
+          attention_with_the_rope_fold, soft_ce_kernels]
 
 if __name__ == "__main__":
     for check in CHECKS:

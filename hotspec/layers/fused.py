@@ -63,8 +63,9 @@ def describe(device: torch.device) -> str:
         return "; ".join([
             "deterministic (batch-invariant): fused Triton norms, RoPE and greedy argmax; every "
             "Linear the tiled Triton GEMM at every row count, one config per weight (split-K for "
-            "large narrow weights, slices summed in order); attention one tile without KV splits, "
-            "verify reading each tree node's keys as decode's sequence",
+            "large narrow weights, slices summed in order), the norm folded in for rows of <= "
+            "1,024; attention one tile over fixed 128-key chunks merged in order, verify reading "
+            "each tree node's keys as decode's sequence",
             pdl.describe(device),
         ])
     return "; ".join([
@@ -187,6 +188,24 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, glu: 
     from hotspec.layers.rows_kernel import rows_linear as kernel
 
     return kernel(x, weight, config, glu=glu, bias=bias)
+
+
+def norm_rows_ok(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor) -> bool:
+    """Whether the deterministic mode folds the norm before `weight` into its GEMM
+    (layers/norm_rows_kernel.py: a row of at most 1,024 values, 16-bit)."""
+    if not deterministic.on() or not enabled(x, weight, norm_weight):
+        return False
+    from hotspec.layers.norm_rows_kernel import folds
+
+    return folds(x, weight)
+
+
+def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                     eps: float, weight: torch.Tensor, glu: bool = False,
+                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    from hotspec.layers.norm_rows_kernel import norm_rows_linear as kernel
+
+    return kernel(x, residual, norm_weight, eps, weight, glu=glu, bias=bias)
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

@@ -1,0 +1,112 @@
+"""The deterministic mode's RMSNorm (after the residual add) folded into the projection that
+reads it, for a narrow hidden size (K <= NORM_ROWS_MAX_K: SmolLM2's 576, Qwen2.5-0.5B's 896).
+
+In the mode every Linear is layers/rows_kernel.py's tiled GEMM at every row count, and without a
+fold each pre-norm projection costs a norm kernel of its own: at SmolLM2's batch-1 step, 60
+launches of a few microseconds for a few KB each (benchmarks/RESULTS.md). Here a program owns 16
+rows and BLOCK_N output columns: it reads its rows whole (one K tile: the row is at most 2 KB),
+adds the residual (rounded to the dtype; the programs of column block 0 store the new stream),
+normalises and scales them, rounded where fused_kernels._rms_norm_kernel rounds, and multiplies
+them by its weight panel in one tl.dot (with glu: the gate and up panels, silu(gate) * up in
+rows_kernel's epilogue). The tile is always 16 rows (the weights are small enough for L2), so a
+row's norm reduces over one layout at every row count: a row's bits do not depend on the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hotspec.layers import pdl, triton_interpret  # noqa: F401  (triton_interpret: the interpreter fix)
+from hotspec.layers.gemv_kernels import mac
+from hotspec.layers.rows_kernel import _INTERPRET, _finish
+
+NORM_ROWS_MAX_K = 1024  # the widest row the fold reads as one tile
+BLOCK_M = 16  # rows a program owns (fixed: the norm's reduction layout must not follow the batch)
+BLOCK_N = 32
+
+
+@triton.jit
+def _norm_rows_kernel(X, R, G, W, Y, S, B, M, N, K, eps, stride_xm, stride_rm, stride_wn,
+                      stride_ym, stride_sm, HAS_RES: tl.constexpr, GLU: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr, PDL: tl.constexpr = False,
+                      PF_COLS: tl.constexpr = -1):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    k_ok = offs_k < K
+    if PDL:
+        pdl.launch_dependents(PDL)
+        pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
+        if GLU:
+            pdl.prefetch_rows(W, offs_n + N, 2 * N, 0, K, stride_wn, 32, PF_COLS)
+    pdl.wait(PDL)
+    rows = offs_m[:, None].to(tl.int64)
+    x_ok = m_ok[:, None] & k_ok[None, :]
+    dt = X.dtype.element_ty
+    x = tl.load(X + rows * stride_xm + offs_k[None, :], mask=x_ok, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + rows * stride_rm + offs_k[None, :], mask=x_ok, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
+        if pid_n == 0:
+            tl.store(S + rows * stride_sm + offs_k[None, :], x, mask=x_ok)
+    xf = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, axis=1) / K + eps)
+    normed = (xf * inv[:, None]).to(dt).to(tl.float32)
+    g = tl.load(G + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    h = (g[None, :] * normed).to(dt)
+    w_ptr = W + offs_n[:, None] * stride_wn + offs_k[None, :]
+    w_ok = n_ok[:, None] & k_ok[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = mac(acc, tl.load(w_ptr, mask=w_ok, other=0.0, eviction_policy="evict_first"), h,
+              BLOCK_M, F32_DOT)
+    if GLU:
+        acc_up = mac(acc_up, tl.load(w_ptr + N * stride_wn, mask=w_ok, other=0.0,
+                                     eviction_policy="evict_first"), h, BLOCK_M, F32_DOT)
+    _finish(acc, acc_up, B, Y + rows * stride_ym + offs_n[None, :], offs_n, n_ok,
+            m_ok[:, None] & n_ok[None, :], dt, GLU, HAS_BIAS)
+
+
+def folds(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether norm_rows_linear takes x [M, K] (K at most NORM_ROWS_MAX_K, unit strides along K,
+    16-bit x and w of one dtype)."""
+    return (x.dim() == 2 and x.shape[1] <= NORM_ROWS_MAX_K and x.stride(1) == 1
+            and w.stride(1) == 1 and x.dtype in (torch.bfloat16, torch.float16)
+            and w.dtype == x.dtype and w.shape[1] == x.shape[1])
+
+
+def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                     eps: float, w: torch.Tensor, *, glu: bool = False,
+                     bias: torch.Tensor | None = None, use_pdl: bool | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual) @ w.T (+ bias), x + residual) for x [M, K] (residual None: the norm
+    of x, and x); glu: w is [gate | up] and the result silu(gate) * up. Inputs `folds` refuses
+    raise ValueError."""
+    if not folds(x, w) or (residual is not None and (residual.shape != x.shape
+                                                     or residual.stride(1) != 1)):
+        raise ValueError(f"norm_rows_linear: x [M, <= {NORM_ROWS_MAX_K}] and w [N, K] of one "
+                         f"16-bit dtype, unit stride along K; got {tuple(x.shape)} {x.dtype}, "
+                         f"{tuple(w.shape)} {w.dtype}")
+    m, k = x.shape
+    n = w.shape[0] // 2 if glu else w.shape[0]
+    use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    s = torch.empty_like(x) if residual is not None else x
+    if m == 0:
+        return y, s
+    r = residual if residual is not None else x
+    _norm_rows_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))](
+        x, r, norm_weight, w, y, s, bias if bias is not None else w, m, n, k, float(eps),
+        x.stride(0), r.stride(0), w.stride(0), y.stride(0), s.stride(0),
+        HAS_RES=residual is not None, GLU=glu, HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N, BLOCK_K=triton.next_power_of_2(k), F32_DOT=_INTERPRET,
+        PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=4, num_stages=1,
+        **({"launch_pdl": True} if use_pdl else {}))
+    return y, s
