@@ -200,6 +200,14 @@ def paged_attn_fwd(
     d_ok = d < HEAD_DIM
 
     tok = q_base + qi
+    q_ptrs = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if ROPE:  # q arrives unrotated (the RoPE fold): rotate it as fused_kernels.rope_store does
+        pos = tl.load(POS + tok, mask=row_ok, other=0).to(tl.int64)
+        q = _rotate(q, Q + tok[:, None] * stride_qt + head[:, None] * stride_qh, pos[:, None],
+                    COS, SIN, stride_cs, d[None, :], row_ok[:, None] & d_ok[None, :], HEAD_DIM)
+    if F32_DOT:
+        q = q.to(tl.float32)
 
     # kv range this tile can see: [0, end)
     tslot = tl.arange(0, TREE_SLOTS).to(tl.int64)
@@ -259,15 +267,6 @@ def paged_attn_fwd(
             vr = tl.load(VN + t_new * stride_vnt + h * stride_vnh + d, mask=d_ok, other=0.0)
             tl.store(V + slot * stride_vt + h * stride_vh + d, vr.to(V.dtype.element_ty), mask=d_ok)
         tl.debug_barrier()  # the stores above are seen by this program's own loads below
-
-    q_ptrs = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if ROPE:  # q arrives unrotated (the RoPE fold): rotate it as fused_kernels.rope_store does
-        pos = tl.load(POS + tok, mask=row_ok, other=0).to(tl.int64)
-        q = _rotate(q, Q + tok[:, None] * stride_qt + head[:, None] * stride_qh, pos[:, None],
-                    COS, SIN, stride_cs, d[None, :], row_ok[:, None] & d_ok[None, :], HEAD_DIM)
-    if F32_DOT:
-        q = q.to(tl.float32)
 
     # kv blocks every real row of the tile sees whole ([0, full)) need no mask at all
     if CUSTOM:
