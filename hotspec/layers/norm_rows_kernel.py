@@ -20,7 +20,7 @@ import triton.language as tl
 
 from hotspec.layers import pdl, triton_interpret  # noqa: F401  (triton_interpret: the interpreter fix)
 from hotspec.layers.gemv_kernels import mac
-from hotspec.layers.rows_kernel import _INTERPRET, _finish
+from hotspec.layers.rows_kernel import _INTERPRET, _finish, tile_start
 
 NORM_ROWS_MAX_K = 1024  # the widest row the fold reads as one tile
 BLOCK_M = 16  # rows a program owns (fixed: the norm's reduction layout must not follow the batch)
@@ -33,21 +33,9 @@ def _norm_rows_kernel(X, R, G, W, Y, S, B, M, N, K, eps, stride_xm, stride_rm, s
                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr, PDL: tl.constexpr = False,
                       PF_COLS: tl.constexpr = -1):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
+    pid_m, pid_n, offs_m, offs_n, offs_k, m_ok, n_ok, rows = tile_start(
+        W, M, N, K, stride_wn, GLU, BLOCK_M, BLOCK_N, BLOCK_K, PDL, PF_COLS)
     k_ok = offs_k < K
-    if PDL:
-        pdl.launch_dependents(PDL)
-        pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
-        if GLU:
-            pdl.prefetch_rows(W, offs_n + N, 2 * N, 0, K, stride_wn, 32, PF_COLS)
-    pdl.wait(PDL)
-    rows = offs_m[:, None].to(tl.int64)
     x_ok = m_ok[:, None] & k_ok[None, :]
     dt = X.dtype.element_ty
     x = tl.load(X + rows * stride_xm + offs_k[None, :], mask=x_ok, other=0.0)

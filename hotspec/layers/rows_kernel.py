@@ -110,21 +110,9 @@ def _rows_kernel(X, W, Y, B, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, st
     SPLIT_K > 1: each slice's fp32 partial goes to the workspace WS [SPLIT_K, M, N (2N with
     glu)]; the tile's last program to arrive (its counter in CNT) sums the partials in slice
     order, whatever the arrival order, finishes the tile and re-arms the counter."""
-    pid_m = tl.program_id(0)  # (the row tiles of a weight panel run side by side: read once)
-    pid_n = tl.program_id(1)
+    pid_m, pid_n, offs_m, offs_n, offs_k, m_ok, n_ok, rows = tile_start(
+        W, M, N, K, stride_wn, GLU, BLOCK_M, BLOCK_N, BLOCK_K, PDL, PF_COLS)
     pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    if PDL:
-        pdl.launch_dependents(PDL)
-        pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
-        if GLU:
-            pdl.prefetch_rows(W, offs_n + N, 2 * N, 0, K, stride_wn, 32, PF_COLS)
-    pdl.wait(PDL)
-    rows = offs_m[:, None].to(tl.int64)
     x_ptr = X + rows * stride_xm + offs_k[None, :]
     w_ptr = W + offs_n[:, None] * stride_wn + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -169,6 +157,30 @@ def _rows_kernel(X, W, Y, B, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, st
             tl.atomic_xchg(cnt, 0)
             _finish(acc, acc_up, B, y_ptr, offs_n, n_ok, out_ok, X.dtype.element_ty, GLU,
                     HAS_BIAS)
+
+
+@triton.jit
+def tile_start(W, M, N, K, stride_wn, GLU: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+               PF_COLS: tl.constexpr):
+    """A row-tile GEMM program's start: its tile (program (m, n, ...): m varies fastest, so a
+    weight panel's row tiles run side by side and read it about once), then with PDL its weight
+    panel pulled into L2 and the next kernel let launch, then the wait for the kernel before.
+    Returns (pid_m, pid_n, offs_m, offs_n, offs_k, m_ok, n_ok, rows [BLOCK_M, 1] int64)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    if PDL:
+        pdl.launch_dependents(PDL)
+        pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
+        if GLU:
+            pdl.prefetch_rows(W, offs_n + N, 2 * N, 0, K, stride_wn, 32, PF_COLS)
+    pdl.wait(PDL)
+    return pid_m, pid_n, offs_m, offs_n, offs_k, m_ok, n_ok, offs_m[:, None].to(tl.int64)
 
 
 @triton.jit
