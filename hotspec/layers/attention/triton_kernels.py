@@ -245,11 +245,6 @@ def paged_attn_fwd(
     else:
         lo = 0
         hi = end
-    if SPLIT and DET_CHUNK > 0:
-        if lo >= hi:  # past the rows' keys: no partials (the combine stops at the last live one)
-            for c in range(sp, num_chunks, num_splits):
-                tl.store(LSE + c * stride_ls + tok * stride_lt + head, float("-inf"), mask=row_ok)
-            return
 
     if ROPE:  # decode: the program whose kv range holds the new token stores its K and V first
         new = kv_len - 1
@@ -283,6 +278,7 @@ def paged_attn_fwd(
     if MASK_BITS:  # CM holds one int64 word per query row: [B, width] at strides (cmb, cmi)
         bits = tl.load(cm_row, mask=real & row_ok, other=0)
     if SPLIT and DET_CHUNK > 0:  # each of the program's chunks: its partial, or -inf past the keys
+        # (the combine stops at the last chunk with keys)
         for c_lo in range(lo, num_chunks * DET_CHUNK, num_splits * DET_CHUNK):
             c = c_lo // DET_CHUNK
             if c_lo < hi:

@@ -36,8 +36,8 @@ class KernelTuning:
     contraction), one query row per program in the uniform phases (decode keeps the RoPE fold,
     whose rotation is rope_store's to the bit), and verify reads each tree node's keys as the
     sequence decode reads (the kernel's TREE_SEQ). A row's keys are cut into chunks of kv_chunk
-    indices at fixed places (0, kv_chunk, ...): the uniform phases run them as splits (one
-    program each; those past the row's keys return at once) merged by combine_splits_seq,
+    indices at fixed places (0, kv_chunk, ...): the uniform phases run them as splits (each
+    chunk's partial its own, -inf past the row's keys) merged by combine_splits_seq,
     prefill one after another in its program, merged the same way. A row's output then depends
     on its own keys alone, and a verify or prefill row equals the decode row of its token bit
     for bit. num_splits there: the programs a row's chunks are dealt to (None: two waves on
