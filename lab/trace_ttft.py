@@ -23,7 +23,7 @@ POINTS = [  # (file, anchor line (stripped), name, before/after)
      "before"),
     (RC, "tools = body.parses_tool_calls", "A3_tokenized", "before"),
     (EP, 'self._send(("submit", cid, list(prompt_token_ids), params))', "B_send", "before"),
-    (EP, 'h = handles[msg[1]] = RemoteHandle(msg[1])', "C_child_recv", "before"),
+    (EP, 'h = self.handles[msg[1]] = RemoteHandle(msg[1])', "C_child_recv", "before"),
     (EP, 'results.send(("out", items, loop.step_errors, loop.consecutive_step_errors))', "F_post",
      "before"),
     (EP, "_, items, self.step_errors, self.consecutive_step_errors = msg", "G_parent_recv",

@@ -1,5 +1,9 @@
 """The client side of `hotspec bench-serve` (benchmark/load_test.py): one streamed chat request,
-timed chunk by chunk, and the server's /metrics (is it drained? blocks, aborts, tokens, tau?)."""
+timed chunk by chunk, and the server's /metrics (is it drained? blocks, aborts, tokens, tau?).
+
+aiohttp, as vLLM's serving benchmark: its C stream reader adds ~0.5 ms a request where httpx adds
+~1.8 ms (lab/app_overhead.py's server, a 2-core host), time that TTFT would count and that, at
+thousands of chunks a second, takes the client's one core from reading the streams."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 # /metrics lines read by the load test; a missing line reads 0.
 GAUGES = ("hotspec_num_requests_running", "hotspec_num_requests_waiting", "hotspec_kv_blocks_used",
@@ -54,19 +58,27 @@ class Result:
     end: float = 0.0
 
 
-async def one_request(client: httpx.AsyncClient, url: str, job: Job) -> Result:
+def session(concurrency: int, timeout: float, api_key: str | None = None) -> aiohttp.ClientSession:
+    """The load's client: `concurrency` kept-alive connections (+4 for /metrics)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency + 4, force_close=False),
+        timeout=aiohttp.ClientTimeout(total=timeout),
+        headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+
+
+async def one_request(client: aiohttp.ClientSession, url: str, job: Job) -> Result:
     res = Result(start=time.perf_counter())
     parts: list[str] = []
     try:
-        async with client.stream("POST", url + "/v1/chat/completions", json=job.body) as r:
-            res.status = r.status_code
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}"
+        async with client.post(url + "/v1/chat/completions", json=job.body) as r:
+            res.status = r.status
+            if r.status != 200:
+                res.error = f"HTTP {r.status}: {(await r.read()).decode()[:200]}"
                 return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
+            async for raw in r.content:
+                if not raw.startswith(b"data: "):
                     continue
-                data = line[6:]
+                data = raw[6:].decode().rstrip("\r\n")
                 if data == "[DONE]":
                     res.ok = True
                     break
@@ -89,8 +101,9 @@ async def one_request(client: httpx.AsyncClient, url: str, job: Job) -> Result:
                     parts.append(content)
                     if job.hang_up_after is not None and len(res.chunk_times) >= job.hang_up_after:
                         res.disconnected = True
-                        break  # leaving the block closes the connection mid-stream
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
+                        r.close()  # the connection closes mid-stream: the server sees the hang-up
+                        break
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"
     finally:
         res.end = time.perf_counter()
@@ -98,10 +111,11 @@ async def one_request(client: httpx.AsyncClient, url: str, job: Job) -> Result:
     return res
 
 
-async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+async def scrape(client: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """The GAUGES, plus `finished_<reason>` for each finish reason counted so far and
     `steps_<shape>` for each speculation shape the engine ran (`off`: plain decoding)."""
-    text = (await client.get(url + "/metrics")).text
+    async with client.get(url + "/metrics") as r:
+        text = await r.text()
     out = {}
     for name in GAUGES:
         m = re.search(rf"^{name} (\S+)$", text, re.M)
@@ -117,7 +131,8 @@ def busy(m: dict[str, float]) -> float:
     return m["hotspec_num_requests_running"] + m["hotspec_num_requests_waiting"] + m["hotspec_kv_blocks_used"]
 
 
-async def wait_drained(client: httpx.AsyncClient, url: str, timeout: float) -> tuple[dict[str, float], bool]:
+async def wait_drained(client: aiohttp.ClientSession, url: str,
+                       timeout: float) -> tuple[dict[str, float], bool]:
     """(metrics, drained): drained once no request runs or waits and every KV block is free."""
     deadline = time.monotonic() + timeout
     while True:

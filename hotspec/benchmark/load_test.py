@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
-from hotspec.benchmark.load_client import Job, Result, one_request, percentile, wait_drained
+from hotspec.benchmark.load_client import Job, Result, one_request, percentile, session, wait_drained
 from hotspec.benchmark.load_report import RunReport, table
 from hotspec.errors import HotspecError
 
@@ -79,10 +79,8 @@ def make_workload(args: argparse.Namespace, words: list[str], model: str) -> lis
     return jobs
 
 
-def client(args: argparse.Namespace, concurrency: int) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
-    return httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits, headers=headers)
+def client(args: argparse.Namespace, concurrency: int) -> aiohttp.ClientSession:
+    return session(concurrency, args.timeout, args.api_key)
 
 
 async def run_one(args: argparse.Namespace, label: str, url: str, rate: float,
@@ -165,10 +163,9 @@ async def check_greedy(args: argparse.Namespace, url: str, runs: list[tuple[RunR
 
 
 async def served_model(args: argparse.Namespace, url: str) -> str:
-    async with client(args, 1) as c:
-        r = await c.get(url + "/v1/models")
+    async with client(args, 1) as c, c.get(url + "/v1/models") as r:
         r.raise_for_status()
-        return r.json()["data"][0]["id"]
+        return str((await r.json())["data"][0]["id"])
 
 
 async def run_load(args: argparse.Namespace, targets: list[tuple[str, str]]) -> list[RunReport]:

@@ -58,12 +58,15 @@ async def merged(handles: Sequence[RequestHandle]) -> AsyncGenerator[tuple[int, 
 def stream_sse(engine: EngineClient, handles: Sequence[RequestHandle],
                chunks: fmt.ChunkWriter) -> StreamingResponse:
     """The answer as server-sent events; an error in any choice ends the stream with an error
-    event (the other choices are cancelled)."""
+    event (the other choices are cancelled). Events that are ready together go out in one write
+    (one send on the socket: the role chunk; each batch's chunks; the last batch's with the usage
+    chunk and [DONE]), so a token costs the server one system call and the client one read."""
 
     async def events() -> AsyncIterator[str]:
+        ended = 0  # choices whose final event is out
         try:
-            for head in chunks.start():
-                yield fmt.sse(head)
+            if head := "".join(map(fmt.sse, chunks.start())):
+                yield head
             async with contextlib.aclosing(merged(handles)) as batches:
                 async for index, batch in batches:
                     last = batch[-1]
@@ -72,8 +75,13 @@ def stream_sse(engine: EngineClient, handles: Sequence[RequestHandle],
                         break
                     if last.finish_reason == "abort":  # cancelled by us: nobody is listening
                         return
-                    for chunk in chunks.step(batch, index):
-                        yield fmt.sse(chunk)
+                    out = "".join(map(fmt.sse, chunks.step(batch, index)))
+                    ended += last.finish_reason is not None
+                    if ended == len(handles):  # the answer's end: [DONE] rides along
+                        yield out + "data: [DONE]\n\n"
+                        return
+                    if out:
+                        yield out
             yield "data: [DONE]\n\n"
         finally:  # the client went away (the response task was cancelled) or the stream ended
             abort_unfinished(engine, handles)

@@ -3,7 +3,6 @@ or whole; with tools (tool_choice not none), the answer's tool calls parsed into
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ from fastapi.responses import Response
 from hotspec.entrypoints import logprobs_format as lpf
 from hotspec.entrypoints import openai_format as fmt
 from hotspec.entrypoints.api_errors import APIError
+from hotspec.entrypoints.offload import run_sized
 from hotspec.entrypoints.protocol import ChatCompletionRequest
 from hotspec.entrypoints.request_checks import parse_request
 from hotspec.entrypoints.server_state import ServerState
@@ -64,7 +64,8 @@ async def _tokenize(tok: PreTrainedTokenizerBase | None, messages: list[dict[str
         return tok.encode(text, add_special_tokens=False)
 
     try:
-        return await asyncio.to_thread(render)
+        return await run_sized(render, sum(len(str(m.get("content") or "")) for m in messages)
+                               + (len(str(tools)) if tools else 0))
     except Exception as e:  # noqa: BLE001 - jinja raises its own errors from inside the template
         if type(e).__module__.startswith("jinja2") or isinstance(e, ValueError):
             raise APIError(400, f"the chat template rejected these messages: {e}",

@@ -3,7 +3,6 @@ answer starts with the prompt."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -14,6 +13,7 @@ from fastapi.responses import Response
 from hotspec.entrypoints import logprobs_format as lpf
 from hotspec.entrypoints import openai_format as fmt
 from hotspec.entrypoints.api_errors import APIError
+from hotspec.entrypoints.offload import run_sized
 from hotspec.entrypoints.protocol import CompletionRequest
 from hotspec.entrypoints.request_checks import parse_request
 from hotspec.entrypoints.server_state import ServerState
@@ -44,7 +44,7 @@ async def _echo(body: CompletionRequest, prompt: str | list[int], ids: list[int]
                 tok: PreTrainedTokenizerBase | None, texts: Callable[[int], str]) -> fmt.Echo:
     """What `echo` puts first: the prompt as sent, a token-id prompt decoded ("" without a
     tokenizer, as the completion's text is); with logprobs, the prompt tokens' entries."""
-    text = prompt if isinstance(prompt, str) else await asyncio.to_thread(_decode, tok, ids)
+    text = prompt if isinstance(prompt, str) else await run_sized(lambda: _decode(tok, ids), len(ids))
     if body.logprobs is None:
         return fmt.Echo(text)
     return fmt.Echo(text, functools.partial(lpf.CompletionLogprobs(texts, body.logprobs).prompt, ids, text))
@@ -56,7 +56,8 @@ async def _tokenize(tok: PreTrainedTokenizerBase | None, prompt: str | list[int]
     if tok is None:
         raise APIError(400, "this server has no tokenizer (skip_tokenizer_init): send the prompt "
                        "as a list of token ids", param="prompt")
-    return await asyncio.to_thread(tok.encode, prompt)  # same as LLM.generate
+    encode = tok.encode
+    return await run_sized(lambda: encode(prompt), len(prompt))  # same as LLM.generate
 
 
 def _decode(tok: PreTrainedTokenizerBase | None, ids: list[int]) -> str:
