@@ -9,6 +9,7 @@ from hotspec.core.spec_shape import DEFAULT_CANDIDATES, SpecShape
 from hotspec.errors import HotspecError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "dummy")
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3")
 
 
@@ -33,6 +34,10 @@ class EngineConfig:
         "auto", f"weights and activations: {', '.join(DTYPES)}; auto is bfloat16 on GPU and float32 "
         "on CPU, where half precision is slow")
     device: str = _option("auto", "torch device, e.g. cpu, cuda, cuda:1; auto is cuda when available")
+    load_format: str = _option(
+        "auto", "auto: the checkpoint's weights; dummy: random weights of the checkpoint's shapes "
+        "(its config.json or GGUF metadata, and tokenizer), made on the device, for benchmarking "
+        "and profiling a model without its weight files: outputs are meaningless")
     block_size: int = _option(16, "tokens per KV-cache block, the unit the cache is allocated in")
     num_kv_blocks: int | None = _option(
         None, "KV-cache blocks; unset: as many as --kv-cache-memory-gb holds")
@@ -128,6 +133,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(f"load_format={self.load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention_backend={self.attention_backend!r}; choose auto, torch or triton")
         for name in ("block_size", "max_num_seqs", "cuda_graph_max_bs", "num_continuous_decode_steps"):

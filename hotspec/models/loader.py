@@ -63,6 +63,17 @@ def load_checkpoint(
     return config, tensors
 
 
+def load_model_config(path: str | os.PathLike) -> ModelConfig:
+    """The checkpoint's config alone: its config.json, or a GGUF's metadata (no weight read), so a
+    folder of config.json and tokenizer files is enough (random weights: --load-format dummy)."""
+    kind, location = locate_checkpoint(path)
+    if kind == "gguf":
+        from hotspec.models.gguf_reader import read_gguf_config
+
+        return _model_config(read_gguf_config(location), location)
+    return _model_config(_read_json(location / "config.json"), location / "config.json")
+
+
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer; a GGUF's is rebuilt by transformers from the GGUF metadata
     (seconds of work, so it is cached per process: tokenizers are not mutated by hotspec)."""
