@@ -179,7 +179,7 @@ for stage in "$@"; do
           --out "$OUT/dlong" ;;
         qwen) step dummy_qwen_ttft "${DQWEN_S:-200}" python3 lab/served_ttft.py --raw --only vanilla \
             --prompt-words 800 --requests 20 --max-tokens 4 -- --model .data/dummy-qwen "${D[@]}"
-          step qwen_prefill 150 python3 lab/prefill_profile.py --model qwen0.5b-shape --batch 1 \
+          step qwen_prefill "${DQP_S:-100}" python3 lab/prefill_profile.py --model qwen0.5b-shape --batch 1 \
             --tokens 1024 --repeats 10 --top 12 ;;
       esac; done ;;
     ttft) need "$GG" ttft && step ttft "${TTFT_S:-240}" python3 lab/served_ttft.py --raw \
