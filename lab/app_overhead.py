@@ -51,6 +51,57 @@ class InstantEngine:
         return h
 
 
+class SteppingEngine(InstantEngine):
+    """An engine client that, like a decode step every `step_ms`, gives every running request one
+    token a step (each step's tokens delivered together, as the engine process's pipe does)."""
+
+    def __init__(self, step_ms: float) -> None:
+        self.step_ms, self.running = step_ms, {}  # type: dict[RequestHandle, list[int]]
+        self.task: asyncio.Task[None] | None = None
+
+    async def _steps(self) -> None:
+        while self.running:
+            await asyncio.sleep(self.step_ms / 1e3)
+            for h, state in list(self.running.items()):
+                state[0] += 1
+                done = state[0] >= state[1]
+                h.events.put_nowait(RequestEvent(" word", [22], "length" if done else None, None,
+                                                 8, state[0]))
+                if done:
+                    del self.running[h]
+
+    def abort(self, handle: RequestHandle) -> None:
+        self.running.pop(handle, None)
+
+    async def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestHandle:
+        h = RequestHandle(asyncio.get_running_loop())
+        self.running[h] = [0, params.max_tokens or 16]
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._steps())
+        return h
+
+
+async def stream_load(port: int, clients: int, tokens: int, seconds: float) -> float:
+    """Streamed chats from `clients` connections (aiohttp) for `seconds`: tokens/s received."""
+    import aiohttp
+
+    body = {"model": "m", "stream": True, "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "Explain why the sky is blue."}]}
+    got, end = 0, time.perf_counter() + seconds
+
+    async def one(c: aiohttp.ClientSession) -> None:
+        nonlocal got
+        while time.perf_counter() < end:
+            async with c.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
+                async for line in r.content:
+                    if line.startswith(b"data: {") and b'"content":"' in line:
+                        got += 1
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as c:
+        t = time.perf_counter()
+        await asyncio.gather(*(one(c) for _ in range(clients)))
+        return got / (time.perf_counter() - t)
+
+
 async def drive(client: httpx.AsyncClient, n: int) -> float:
     body = {"model": "m", "stream": True, "max_tokens": 1,
             "messages": [{"role": "user", "content": "Explain why the sky is blue."}]}
@@ -66,13 +117,17 @@ async def drive(client: httpx.AsyncClient, n: int) -> float:
 PROFILE = 0
 
 
+STEP_MS = 0.0
+
+
 def make_app():  # type: ignore[no-untyped-def]
     tok = load_tokenizer(default_model_path())
 
     async def metrics() -> bytes:
         return b""
 
-    state = ServerState(InstantEngine(), tok, 8192, metrics, ServerSettings("m"),
+    engine = SteppingEngine(STEP_MS) if STEP_MS else InstantEngine()
+    state = ServerState(engine, tok, 8192, metrics, ServerSettings("m"),
                         GrammarCheck(tok, lambda: 49152))
     return _app(state, start=False)
 
@@ -108,7 +163,7 @@ def socket_run(kind: str, n: int) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, __file__, "--listen", str(port), "--kind", kind,
-                             "--cprofile", str(PROFILE)])
+                             "--cprofile", str(PROFILE), "--step-ms", str(STEP_MS)])
     try:
         for _ in range(600):
             try:
@@ -117,6 +172,12 @@ def socket_run(kind: str, n: int) -> None:
             except OSError:
                 time.sleep(0.1)
         asyncio.run(socket_client(port, 20))
+        if STEP_MS:
+            for clients in (16, 64):
+                rate = asyncio.run(stream_load(port, clients, 64, 8.0))
+                print(f"{kind}: {clients} streams, a step every {STEP_MS:g} ms: {rate:,.0f} tokens/s "
+                      f"(the steps' pace: {clients / STEP_MS * 1e3:,.0f})", flush=True)
+            return
         firsts, ends = asyncio.run(socket_client(port, n))
         print(f"{kind}: first chunk p50 {statistics.median(firsts):.3f} ms (min {min(firsts):.3f}),"
               f" whole response p50 {statistics.median(ends):.3f} ms over {n}", flush=True)
@@ -147,9 +208,12 @@ def main() -> None:
     p.add_argument("--socket", nargs="*", default=None)
     p.add_argument("--listen", type=int, default=0)
     p.add_argument("--kind", default="asyncio/h11")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="with --socket: a stepping engine (a token per running request every STEP_MS)"
+                   " under streamed load; tokens/s the app carries")
     a = p.parse_args()
-    global PROFILE
-    PROFILE = a.cprofile
+    global PROFILE, STEP_MS
+    PROFILE, STEP_MS = a.cprofile, a.step_ms
     if a.listen:
         return listen(a.listen, a.kind)
     if a.socket is not None:
