@@ -28,6 +28,7 @@ class RunReport:
     itl_ms_p50: float
     itl_ms_p99: float
     tpot_ms_p50: float
+    tpot_ms_p99: float
     tau_mean: float | None
     engine_ttft_ms_mean: float | None  # the engine's own (its /metrics): TTFT less the server's part
     shape_steps: dict[str, int] = field(default_factory=dict)  # steps per speculation shape
@@ -63,13 +64,13 @@ def checks(reports: list[RunReport], verify: bool) -> list[tuple[bool, str]]:
 
 def table(reports: list[RunReport]) -> str:
     head = ("target", "rate", "ok", "fail", "hangup", "req/s", "tok/s", "TTFT p50", "TTFT p99",
-            "ITL p50", "ITL p99", "TPOT p50", "engine TTFT", "tau", "steps by shape")
+            "ITL p50", "ITL p99", "TPOT p50", "TPOT p99", "engine TTFT", "tau", "steps by shape")
     rows = [head]
     for r in reports:
         rows.append((r.target, r.rate, str(r.completed), str(r.failed), str(r.disconnected),
                      f"{r.requests_per_s:.2f}", f"{r.output_tokens_per_s:.1f}",
-                     f"{r.ttft_ms_p50:.0f}", f"{r.ttft_ms_p99:.0f}", f"{r.itl_ms_p50:.1f}",
-                     f"{r.itl_ms_p99:.1f}", f"{r.tpot_ms_p50:.1f}",
+                     f"{r.ttft_ms_p50:.1f}", f"{r.ttft_ms_p99:.1f}", f"{r.itl_ms_p50:.2f}",
+                     f"{r.itl_ms_p99:.2f}", f"{r.tpot_ms_p50:.2f}", f"{r.tpot_ms_p99:.2f}",
                      "-" if r.engine_ttft_ms_mean is None else f"{r.engine_ttft_ms_mean:.1f}",
                      "-" if r.tau_mean is None else f"{r.tau_mean:.2f}", shares(r.shape_steps)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]

@@ -11,7 +11,7 @@ shape adaptively: this sets it against a fixed one). --target runs the same load
 already running instead.
 
 Reported per server and rate: completed / failed / hung-up requests, requests/s, output tokens/s,
-TTFT and ITL (gap between streamed chunks) p50/p99, TPOT p50, and tau of the speculative server.
+TTFT and ITL (gap between streamed chunks) p50/p99, TPOT p50/p99, and tau of the speculative server.
 Checks, PASS or FAIL (exit status 1 on a FAIL): no failed request and no failed engine step, the
 server drained after each run (no request left, every KV block free), every hang-up aborted, and
 (float32 or --deterministic servers, or --verify-greedy) each greedy request's output under load
