@@ -156,6 +156,14 @@ async def socket_client(port: int, n: int) -> tuple[list[float], list[float]]:
     return firsts, ends
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux /proc)."""
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def socket_run(kind: str, n: int) -> None:
     import socket
 
@@ -174,9 +182,12 @@ def socket_run(kind: str, n: int) -> None:
         asyncio.run(socket_client(port, 20))
         if STEP_MS:
             for clients in (16, 64):
+                cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
                 rate = asyncio.run(stream_load(port, clients, 64, 8.0))
+                cpu = (cpu_seconds(proc.pid) - cpu0) / (time.perf_counter() - t0)
                 print(f"{kind}: {clients} streams, a step every {STEP_MS:g} ms: {rate:,.0f} tokens/s "
-                      f"(the steps' pace: {clients / STEP_MS * 1e3:,.0f})", flush=True)
+                      f"(the steps' pace: {clients / STEP_MS * 1e3:,.0f}); the server's CPU "
+                      f"{cpu * 1e6 / rate:.1f} us a token ({cpu:.0%} of a core)", flush=True)
             return
         firsts, ends = asyncio.run(socket_client(port, n))
         print(f"{kind}: first chunk p50 {statistics.median(firsts):.3f} ms (min {min(firsts):.3f}),"

@@ -17,8 +17,10 @@ body). routes_info serves /health, /metrics and /v1/models.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -64,6 +66,14 @@ def create_process_app(client: ProcessEngine, settings: ServerSettings) -> FastA
                             grammars), start=False)
 
 
+# FastAPI's native OpenTelemetry (FastAPI >= 0.16x) off: asking at each request whether a global
+# tracer, meter or logger provider is configured took ~6 % of the server's time under streamed load
+# (lab/app_overhead.py --step-ms); the server's observability is its Prometheus /metrics.
+_NO_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+
+
 def _app(state: ServerState, start: bool) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -74,7 +84,8 @@ def _app(state: ServerState, start: bool) -> FastAPI:
         finally:
             await asyncio.to_thread(state.engine.shutdown)
 
-    app = FastAPI(title="hotspec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="hotspec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  **_NO_TELEMETRY)
     app.state.hotspec = state
     install_handlers(app)
     for routes in (routes_info, routes_completions, routes_chat):
