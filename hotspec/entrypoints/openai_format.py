@@ -40,9 +40,12 @@ class Echo:
         return self.text, None if self.logprobs is None else self.logprobs(first.prompt_logprobs)
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # (one, not one a chunk)
+
+
 def sse(obj: dict[str, Any]) -> str:
     """One server-sent event; compact JSON never contains a raw newline, so one data line."""
-    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+    return f"data: {_COMPACT.encode(obj)}\n\n"
 
 
 def usage(*lasts: RequestEvent) -> dict[str, int]:
