@@ -46,8 +46,8 @@ class InstantEngine:
     async def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestHandle:
         loop = asyncio.get_running_loop()
         h = RequestHandle(loop)
-        h.events.put_nowait(RequestEvent(" Hello", [22], None, None, len(prompt_token_ids), 1))
-        h.events.put_nowait(RequestEvent("", [], "length", None, len(prompt_token_ids), 1))
+        h.put(RequestEvent(" Hello", [22], None, None, len(prompt_token_ids), 1))
+        h.put(RequestEvent("", [], "length", None, len(prompt_token_ids), 1))
         return h
 
 
@@ -65,7 +65,7 @@ class SteppingEngine(InstantEngine):
             for h, state in list(self.running.items()):
                 state[0] += 1
                 done = state[0] >= state[1]
-                h.events.put_nowait(RequestEvent(" word", [22], "length" if done else None, None,
+                h.put(RequestEvent(" word", [22], "length" if done else None, None,
                                                  8, state[0]))
                 if done:
                     del self.running[h]

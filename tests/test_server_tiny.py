@@ -344,7 +344,7 @@ def test_async_engine_shutdown_fails_what_is_left_and_frees_it(llm: LLM) -> None
         with pytest.raises(InvalidRequestError, match="empty prompt"):
             await ae.submit([], long_run)
         handle = await ae.submit([5, 6, 7], long_run)
-        first = await handle.events.get()  # decoding now
+        first = (await anext(handle.stream()))[0]  # decoding now
         assert first.finish_reason is None and len(first.token_ids) == 1
         await asyncio.to_thread(ae.shutdown)
         events = [e async for batch in handle.stream() for e in batch]

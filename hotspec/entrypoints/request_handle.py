@@ -46,18 +46,31 @@ class RequestHandle:
     """The event-loop side of one request. `req` is set by the engine thread and read only there."""
 
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[RequestEvent] = field(default_factory=asyncio.Queue)
     accepted: asyncio.Future[None] | None = None
     req: Request | None = None
     finished: bool = False  # event-loop side: the final event was received
+    # events not read yet, and the future `stream` waits on while there are none (a list and a
+    # future instead of an asyncio.Queue: a token is one append and at most one wake-up)
+    _pending: list[RequestEvent] = field(default_factory=list)
+    _waiter: asyncio.Future[None] | None = None
+
+    def put(self, event: RequestEvent) -> None:
+        """On the event loop: queue an event for `stream`."""
+        self._pending.append(event)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def stream(self) -> AsyncIterator[list[RequestEvent]]:
         """Events as they arrive, coalesced: each item is every event queued at that moment (a
         slow consumer catches up in one chunk). Ends after the final event."""
         while not self.finished:
-            batch = [await self.events.get()]
-            while not self.events.empty():
-                batch.append(self.events.get_nowait())
+            if not self._pending:
+                self._waiter = self.loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            batch, self._pending = self._pending, []
             self.finished = batch[-1].finish_reason is not None
             yield batch
 
@@ -70,7 +83,7 @@ def deliver(items: list[tuple[RequestHandle, object]]) -> None:
         if isinstance(item, RequestEvent):
             if fut is not None and not fut.done():  # an abort/stop raced the acceptance
                 fut.set_exception(EngineDeadError(item.error or "the request was cancelled"))
-            handle.events.put_nowait(item)
+            handle.put(item)
         elif fut is not None and not fut.done():
             if item is None:
                 fut.set_result(None)
