@@ -103,7 +103,7 @@ async def one_request(client: aiohttp.ClientSession, url: str, job: Job) -> Resu
                         res.disconnected = True
                         r.close()  # the connection closes mid-stream: the server sees the hang-up
                         break
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:  # (JSONDecodeError too)
         res.error = f"{type(e).__name__}: {e}"
     finally:
         res.end = time.perf_counter()
