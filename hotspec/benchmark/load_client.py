@@ -62,7 +62,7 @@ def session(concurrency: int, timeout: float, api_key: str | None = None) -> aio
     """The load's client: `concurrency` kept-alive connections (+4 for /metrics)."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=concurrency + 4, force_close=False),
-        timeout=aiohttp.ClientTimeout(total=timeout),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout),  # between bytes
         headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
 
 
