@@ -1,9 +1,10 @@
 """The client side of `hotspec bench-serve` (benchmark/load_test.py): one streamed chat request,
 timed chunk by chunk, and the server's /metrics (is it drained? blocks, aborts, tokens, tau?).
 
-aiohttp, as vLLM's serving benchmark: its C stream reader adds ~0.5 ms a request where httpx adds
-~1.8 ms (lab/app_overhead.py's server, a 2-core host), time that TTFT would count and that, at
-thousands of chunks a second, takes the client's one core from reading the streams."""
+aiohttp, as vLLM's serving benchmark: its C stream reader adds less of the client's own time to
+each request than httpx (`lab/app_overhead.py` compares them against one server), time that TTFT
+would count and that, at thousands of chunks a second, takes the client's one core from reading
+the streams."""
 
 from __future__ import annotations
 

@@ -2,10 +2,9 @@
 the event loop when the text is short, in a worker thread when it is long enough to hold other
 requests up.
 
-A short chat tokenizes in ~50 us, less than the hand-off to a worker thread and back (a queue put,
-a thread wake-up, the loop's wake-up: ~0.1-0.6 ms, more on a busy host), so short prompts reach
-the engine sooner inline; a 1,000-word prompt takes ~1 ms and goes to the thread so the loop keeps
-streaming other requests' tokens meanwhile."""
+A short chat tokenizes in less time than the hand-off to a worker thread and back takes (a queue
+put, a thread wake-up, the loop's wake-up), so short prompts reach the engine sooner inline; a
+long prompt goes to the thread so the loop keeps streaming other requests' tokens meanwhile."""
 
 from __future__ import annotations
 
