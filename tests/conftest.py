@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,10 @@ import torch
 # ("Cannot call @triton.jit'd outside of the scope of a kernel").
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The suite's caches (converted tokenizers, joined packaged models) go to a folder of its own, not
+# the user's ~/.cache/hotspec; servers the tests start inherit it.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hotspec-tests-cache-")
 
 torch.manual_seed(0)
 torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))

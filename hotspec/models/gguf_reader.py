@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType, ReaderTensor
+from gguf import GGUFValueType
 from gguf.quants import dequantize
 
 from hotspec.errors import ModelLoadError
+from hotspec.models.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, read_gguf_file
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -67,10 +68,10 @@ def read_gguf_config(path: str | os.PathLike) -> dict[str, Any]:
     return _config_dict(_open(path))
 
 
-def _open(path: str | os.PathLike) -> GGUFReader:
+def _open(path: str | os.PathLike) -> GGUFFile:
     try:
-        reader = GGUFReader(path)
-    except ValueError as e:
+        reader = read_gguf_file(path)
+    except GGUFFormatError as e:
         raise ModelLoadError(
             f"{path} is not a readable GGUF file ({e}). Fix: re-download it or re-convert it with "
             "llama.cpp's convert_hf_to_gguf.py."
@@ -84,19 +85,18 @@ def _open(path: str | os.PathLike) -> GGUFReader:
     return reader
 
 
-def _get(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
+def _get(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    value = reader.fields.get(key)
+    if value is None:
         return default
-    value = field.contents()
-    if field.types == [GGUFValueType.FLOAT32]:
+    if reader.types[key] == GGUFValueType.FLOAT32:
         # GGUF stores float32: 1e-5 arrives as 9.999999747e-06. The shortest float32 repr is the
         # number the converter wrote, so an HF folder and its GGUF produce equal configs.
         value = float(str(np.float32(value)))
     return value
 
 
-def _require(reader: GGUFReader, key: str) -> Any:
+def _require(reader: GGUFFile, key: str) -> Any:
     value = _get(reader, key)
     if value is None:
         raise ModelLoadError(
@@ -106,11 +106,11 @@ def _require(reader: GGUFReader, key: str) -> Any:
     return value
 
 
-def _torch_shape(t: ReaderTensor) -> tuple[int, ...]:
+def _torch_shape(t: GGUFTensor) -> tuple[int, ...]:
     return tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims innermost-first
 
 
-def _config_dict(reader: GGUFReader) -> dict[str, Any]:
+def _config_dict(reader: GGUFFile) -> dict[str, Any]:
     arch = _require(reader, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ModelLoadError(
@@ -153,7 +153,7 @@ def _config_dict(reader: GGUFReader) -> dict[str, Any]:
     return config
 
 
-def _eos_ids(reader: GGUFReader) -> int | list[int] | None:
+def _eos_ids(reader: GGUFFile) -> int | list[int] | None:
     """eos plus llama.cpp's other end-of-generation ids (end-of-turn, end-of-message)."""
     ids: list[int] = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
@@ -166,7 +166,7 @@ def _eos_ids(reader: GGUFReader) -> int | list[int] | None:
 
 
 def _rope_scaling(
-    reader: GGUFReader, arch: str, rope_freqs: ReaderTensor | None, head_dim: int | None, theta: float
+    reader: GGUFFile, arch: str, rope_freqs: GGUFTensor | None, head_dim: int | None, theta: float
 ) -> dict[str, Any] | None:
     if rope_freqs is not None:
         if head_dim is None:
@@ -240,7 +240,7 @@ def _hf_name(name: str, path: str | os.PathLike) -> str:
     return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
 
 
-def _to_torch(t: ReaderTensor, config: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+def _to_torch(t: GGUFTensor, config: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
     w = dequantize(t.data, t.tensor_type).reshape(_torch_shape(t))
     if config["model_type"] == "llama":
         part = t.name.split(".")[2] if t.name.startswith("blk.") else ""

@@ -76,7 +76,8 @@ def load_model_config(path: str | os.PathLike) -> ModelConfig:
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer; a GGUF's is rebuilt by transformers from the GGUF metadata
-    (seconds of work, so it is cached per process: tokenizers are not mutated by hotspec)."""
+    once and then read from the cache folder (models/tokenizer_cache.py). Kept per process too:
+    tokenizers are not mutated by hotspec."""
     kind, location = locate_checkpoint(path)
     return _load_tokenizer(kind, location.resolve())
 
@@ -87,7 +88,9 @@ def _load_tokenizer(kind: CheckpointKind, location: Path) -> PreTrainedTokenizer
 
     try:
         if kind == "gguf":
-            return AutoTokenizer.from_pretrained(str(location.parent), gguf_file=location.name)
+            from hotspec.models.tokenizer_cache import gguf_tokenizer
+
+            return gguf_tokenizer(location)
         return AutoTokenizer.from_pretrained(str(location))
     except (OSError, ValueError) as e:
         raise ModelLoadError(
