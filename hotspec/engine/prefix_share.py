@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
+
 from hotspec.core.request import Request
 from hotspec.engine.block_allocator import BlockAllocator
 
@@ -29,10 +31,9 @@ class SharedPrefixes:
     def _keys(self, prompt: list[int], n: int) -> list[bytes]:
         """The keys of the prompt's first `n` blocks."""
         keys, h, bs = [], b"", self.block_size
-        for i in range(n):
-            chunk = prompt[i * bs : (i + 1) * bs + 1]  # the block's tokens and the one after
-            h = hashlib.blake2b(h + b"".join(t.to_bytes(4, "little") for t in chunk),
-                                digest_size=16).digest()
+        raw = np.asarray(prompt[:n * bs + 1], dtype="<u4").tobytes()  # 4 bytes a token
+        for i in range(n):  # the block's tokens and the one after
+            h = hashlib.blake2b(h + raw[i * bs * 4:((i + 1) * bs + 1) * 4], digest_size=16).digest()
             keys.append(h)
         return keys
 
