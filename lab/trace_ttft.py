@@ -36,7 +36,8 @@ POINTS = [  # (file, anchor line (stripped), name, before/after)
     ("hotspec/engine/engine.py", "for r in batch:\n            self.prefixes.register(r)", "P1_prefilled",
      "before"),
     ("hotspec/entrypoints/request_handle.py", "fut = handle.accepted", "H_deliver", "before"),
-    ("hotspec/entrypoints/responses.py", "yield fmt.sse(chunk)", "I_yield", "before"),
+    ("hotspec/entrypoints/responses.py", "out = \"\".join(map(fmt.sse, chunks.step(batch, index)))",
+     "I_yield", "after"),
 ]
 
 
