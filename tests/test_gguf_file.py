@@ -114,3 +114,25 @@ def test_a_cache_that_cannot_be_written_is_said_once(tmp_path: Path, monkeypatch
             tokenizer_cache._save(Tok(), tokenizer_cache.cache_dir() / "tokenizers" / "x")
     said = [r.getMessage() for r in caplog.records if "could not cache" in r.getMessage()]
     assert len(said) == 1 and "XDG_CACHE_HOME" in said[0]
+
+
+def test_two_processes_saving_at_once_keep_one_copy(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Of two savers that both found no cached copy, the one renaming second keeps quiet."""
+    monkeypatch.setattr(tokenizer_cache, "_warned", set())
+    folder = tmp_path / "tokenizers" / "x"
+    real_replace = tokenizer_cache.os.replace
+
+    class Tok:
+        def save_pretrained(self, where: str) -> None:
+            (Path(where) / "tokenizer.json").write_text("{}")
+
+    def first_wins(src, dst):  # the other process renames between our check and our rename
+        folder.mkdir(parents=True)
+        (folder / "tokenizer.json").write_text("{}")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(tokenizer_cache.os, "replace", first_wins)
+    with caplog.at_level(logging.WARNING, logger="hotspec.models"):
+        tokenizer_cache._save(Tok(), folder)
+    assert not caplog.records and (folder / "tokenizer.json").is_file()
+    assert [p.name for p in folder.parent.iterdir()] == ["x"]  # our copy removed

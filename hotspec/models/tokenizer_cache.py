@@ -68,6 +68,8 @@ def _save(tok: PreTrainedTokenizerBase, folder: Path) -> None:
         os.replace(tmp, folder)
         tmp = None
     except OSError as e:
+        if (folder / "tokenizer.json").is_file():  # another process renamed its copy first
+            return
         where = str(folder.parent)
         if where not in _warned:
             _warned.add(where)
