@@ -71,6 +71,10 @@ def test_a_truncated_or_foreign_file_is_refused_with_the_reason(tmp_path: Path) 
     cut.write_bytes(whole[:200])  # inside the metadata
     with pytest.raises(ModelLoadError, match="ends early.*Fix: re-download"):
         load_checkpoint(cut, torch.float32)
+    for at in range(24, 400, 5):  # wherever the metadata stops (strings, arrays, records)
+        cut.write_bytes(whole[:at])
+        with pytest.raises(GGUFFormatError):
+            read_gguf_file(cut)
     cut.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(40))
     with pytest.raises(GGUFFormatError, match="version 1"):
         read_gguf_file(cut)

@@ -1,9 +1,9 @@
 """The GGUF container: metadata and tensor records, read from a memory map in one pass.
 
 gguf-py's GGUFReader slices a numpy memmap for every value, so a GGUF with a 150k-token
-vocabulary (tokens, merges, token types: ~450k values) takes seconds to open before any weight is
-read. This reads the same layout (GGUF v2/v3, little-endian: llama.cpp's `gguf.md`) with
-`struct` over the mapped bytes; weights stay views of the map until they are dequantized with
+vocabulary (tokens, merges, token types: ~450k values) is slow to open before any weight is read.
+This reads the same layout (GGUF v2/v3, little-endian: llama.cpp's `gguf.md`) with `struct`
+over the mapped bytes; weights stay views of the map until they are dequantized with
 gguf-py's `gguf.quants.dequantize`, exactly the arrays GGUFReader's tensors hold.
 """
 
@@ -124,8 +124,11 @@ def read_gguf_file(path: str | os.PathLike) -> GGUFFile:
             name = cur.string()
             dims = tuple(cur.take("Q") for _ in range(cur.take("I")))
             records.append((name, dims, cur.take("I"), cur.take("Q")))
-    except struct.error as e:
-        raise GGUFFormatError(f"the metadata ends early, at byte {cur.pos} of {size}") from e
+    except GGUFFormatError:
+        raise
+    except (struct.error, ValueError) as e:  # (a short read; numpy's is a ValueError)
+        raise GGUFFormatError(f"the metadata ends early or is malformed, at byte {cur.pos} of "
+                              f"{size} ({e})") from e
     align = fields.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise GGUFFormatError(f"general.alignment is {align!r}, not a power of two")

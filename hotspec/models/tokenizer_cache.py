@@ -1,8 +1,8 @@
 """A GGUF's tokenizer, converted once and kept in the cache folder.
 
 transformers rebuilds a GGUF's tokenizer from its metadata: it reads the file's whole vocabulary
-and merges and converts them (seconds for SmolLM2's 49k tokens, ~10 s for Qwen's 152k), and the
-server and engine processes each load it at every start. The converted tokenizer is saved with
+and merges and converts them, work that grows with the vocabulary, and the server and engine
+processes each load it at every start. The converted tokenizer is saved with
 `save_pretrained` into `$XDG_CACHE_HOME/hotspec/tokenizers/` (by default `~/.cache/hotspec`) under
 a key of the file (resolved path, size, modification time) and the converting transformers
 version; later loads read that folder. A cache that cannot be written is said once (a warning),
