@@ -28,6 +28,9 @@
 #           from .data/dummy-*: no GGUF): bench-serve of the default model's shape (vanilla's
 #           figures; the speculative server's TTFT, not its tau), the same with 700-800-word
 #           prompts, Qwen2.5-Coder-0.5B's served TTFT at ~1,000 tokens beside its prefill kernels
+#   phase   spec_phase_bench.py (random weights: no GGUF) of this tree and .before/ alternated,
+#           PHASE_ROUNDS (1 2) rounds, PHASE_TARGETS (smollm2-shape:default
+#           qwen0.5b-shape:eagle3:8192), batch 1 and 8, 3/1/4 and 4/8/12; $OUT/phase_*.json
 #   stash   nothing but the carried parts;  outbox  the next pieces of a large result
 # TARGET=qwen: distill and train work on Qwen2.5-Coder-0.5B-Instruct (T=q), else the default model;
 # Qwen's distill adds CODE_PROMPTS (60000) code tasks from the image's Python source.
@@ -112,6 +115,15 @@ for stage in "$@"; do
       done; done
       python3 lab/speed_table.py $R/speed | tee "$OUT/speed.md"
       tar -C $R -cf "$OUT/speed.tar" speed ;;
+    phase) [ -d .before/hotspec ] || { echo "phase: no .before/ (carry it)" | tee -a "$OUT/summary.txt"; continue; }
+      H=hotspec/assets/smollm2-eagle3; [ -f .before/$H/model.safetensors ] || cp $H/model.safetensors .before/$H/
+      for round in ${PHASE_ROUNDS:-1 2}; do for v in before after; do dir=.; [ $v = before ] && dir=.before
+        for t in ${PHASE_TARGETS:-smollm2-shape:default qwen0.5b-shape:eagle3:8192}; do
+          step "phase_${v}_${t%%:*}_$round" "${PHASE_S:-120}" env PYTHONPATH="$PWD/$dir:/tmp/site" \
+            python3 $dir/benchmarks/spec_phase_bench.py --target "${t%%:*}" --draft "${t#*:}" \
+            --batch-sizes 1,8 --shapes 3,1,4 4,8,12 --iters 20 \
+            --out "$OUT/phase_${v}_${t%%:*}_$round.json"
+        done; done; done ;;
     distill) need "$GG" distill || continue; restore "${T}distill"
       step distill $((${DISTILL_S:-420} + 150)) python3 -m hotspec distill "${MODEL[@]}" \
         --out $R/"${T}distill" --task-prompts 30000 --self-prompts 20000 "${CODE[@]}" \

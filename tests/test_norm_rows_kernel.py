@@ -95,3 +95,38 @@ def test_gpu_norm_rows_real_shapes(n_rows, k, glu):
         y, _ = nr.norm_rows_linear(x[rows].contiguous(), res[rows].contiguous(), gain, 1e-5, w,
                                    glu=glu)
         assert torch.equal(y, every[rows]), rows
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("bias", [False, True])
+def test_gpu_default_mode_folds_the_norm_for_the_few_row_gemm(bias):
+    """Outside the deterministic mode, norm_linear and norm_mlp of 2..16 narrow rows (verify,
+    draft_extend, a short prefill) are the fold's one kernel: the fold's own bits, close to the
+    reference; one row keeps the norm-GEMV and 17 rows the norm then cuBLAS (no fold)."""
+    from torch import nn
+
+    from hotspec.layers import fused
+    from hotspec.layers.linear import norm_linear, norm_mlp
+    from hotspec.layers.norm import RMSNorm
+
+    x, res, gain, w = _inputs(17, 576, 960, seed=3)
+    lin = nn.Linear(576, 960, bias=bias, device=DEV, dtype=BF16).requires_grad_(False)
+    lin.weight.copy_(w)
+    norm = RMSNorm(576, 1e-5).to(DEV, BF16).requires_grad_(False)
+    norm.weight.copy_(gain)
+    gate_up = nn.Linear(576, 3072, bias=False, device=DEV, dtype=BF16).requires_grad_(False)
+    down = nn.Linear(1536, 576, bias=False, device=DEV, dtype=BF16).requires_grad_(False)
+    for m in (2, 4, 16):
+        xs, rs = x[:m].contiguous(), res[:m].contiguous()
+        assert fused.norm_rows_ok(xs, lin.weight, norm.weight)
+        y, s = norm_linear(norm, lin, xs, rs)
+        want, want_s = nr.norm_rows_linear(xs, rs, gain, 1e-5, w, bias=lin.bias)
+        assert torch.equal(y, want) and torch.equal(s, want_s), m
+        ref = _reference(xs, rs, gain, w, False) + (lin.bias.float() if bias else 0)
+        torch.testing.assert_close(y.float(), ref, rtol=3e-2, atol=3e-2)
+        h, _ = nr.norm_rows_linear(xs, rs, gain, 1e-5, gate_up.weight, glu=True)
+        assert torch.equal(norm_mlp(norm, gate_up, down, xs, rs)[0], fused.rows_linear(
+            h, down.weight, fused.rows_config(h, down.weight))), m
+    for m in (1, 17):
+        assert not fused.norm_rows_ok(x[:m].contiguous(), lin.weight, norm.weight), m

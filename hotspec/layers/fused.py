@@ -190,14 +190,20 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, glu: 
     return kernel(x, weight, config, glu=glu, bias=bias)
 
 
-def norm_rows_ok(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor) -> bool:
-    """Whether the deterministic mode folds the norm before `weight` into its GEMM
-    (layers/norm_rows_kernel.py: a row of at most 1,024 values, 16-bit)."""
-    if not deterministic.on() or not enabled(x, weight, norm_weight):
+def norm_rows_ok(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
+                 glu: bool = False) -> bool:
+    """Whether the norm before `weight` folds into its GEMM (layers/norm_rows_kernel.py: a row
+    of at most 1,024 values, 16-bit, the norm weight in x's dtype): in the deterministic mode at
+    every row count; else where the few-row GEMM would run the projection (`rows_config`: 2..16
+    rows, the verify, draft_extend and tree-draft rows and a short prefill), which saves the
+    norm's own launch."""
+    if not enabled(x, weight, norm_weight) or norm_weight.dtype != x.dtype:
         return False
     from hotspec.layers.norm_rows_kernel import folds
 
-    return folds(x, weight)
+    if not folds(x, weight):
+        return False
+    return deterministic.on() or rows_config(x, weight, glu) is not None
 
 
 def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
