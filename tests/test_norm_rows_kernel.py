@@ -1,6 +1,7 @@
-"""layers/norm_rows_kernel.py: the deterministic mode's RMSNorm folded into the GEMM after it,
-against the norm then F.linear (then silu * up) in fp32, and a row's bits alike alone and in any
-batch. On the CPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, conftest)."""
+"""layers/norm_rows_kernel.py: the RMSNorm folded into the few-row GEMM after it (the default
+mode's 2..16 narrow rows, the deterministic mode's every row count), against the norm then
+F.linear (then silu * up) in fp32, and a row's bits alike alone and in any batch. On the CPU the
+kernel runs in Triton's interpreter (TRITON_INTERPRET=1, conftest)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,18 @@
-"""The deterministic mode's RMSNorm (after the residual add) folded into the projection that
-reads it, for a narrow hidden size (K <= NORM_ROWS_MAX_K: SmolLM2's 576, Qwen2.5-0.5B's 896).
+"""An RMSNorm (after the residual add) folded into the projection that reads it, for a narrow
+hidden size (K <= NORM_ROWS_MAX_K: SmolLM2's 576, Qwen2.5-0.5B's 896): where the few-row GEMM
+(layers/rows_kernel.py) runs a pre-norm projection (2..16 rows: verify, draft_extend, the tree
+draft, a short prefill; Qwen's biased qkv too), and in the deterministic mode, where every Linear
+is that tiled GEMM at every row count.
 
-In the mode every Linear is layers/rows_kernel.py's tiled GEMM at every row count, and without a
-fold each pre-norm projection costs a norm kernel of its own: at SmolLM2's batch-1 step, 60
-launches of a few microseconds for a few KB each (benchmarks/RESULTS.md). Here a program owns 16
-rows and BLOCK_N output columns: it reads its rows whole (one K tile: the row is at most 2 KB),
-adds the residual (rounded to the dtype; the programs of column block 0 store the new stream),
-normalises and scales them, rounded where fused_kernels._rms_norm_kernel rounds, and multiplies
-them by its weight panel in one tl.dot (with glu: the gate and up panels, silu(gate) * up in
-rows_kernel's epilogue). The tile is always 16 rows (the weights are small enough for L2), so a
-row's norm reduces over one layout at every row count: a row's bits do not depend on the batch.
+Without the fold each pre-norm projection costs a norm kernel of its own: two launches a layer
+of a few microseconds for a few KB each, where a small model's phases are launch-bound
+(benchmarks/RESULTS.md). Here a program owns 16 rows and BLOCK_N output columns: it reads its
+rows whole (one K tile: the row is at most 2 KB), adds the residual (rounded to the dtype; the
+programs of column block 0 store the new stream), normalises and scales them, rounded where
+fused_kernels._rms_norm_kernel rounds, and multiplies them by its weight panel in one tl.dot
+(with glu: the gate and up panels, silu(gate) * up in rows_kernel's epilogue). The tile is
+always 16 rows (the weights are small enough for L2), so a row's norm reduces over one layout at
+every row count: a row's bits do not depend on the batch (the deterministic mode rests on it).
 """
 
 from __future__ import annotations

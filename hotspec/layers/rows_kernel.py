@@ -12,9 +12,10 @@ fused_kernels.silu_mul does after a GEMM (gate and up rounded to the dtype, silu
 product rounded), so it equals gate_up then silu_mul up to the fp32 summation order, and neither
 the [M, 2N] gate_up output nor the silu_mul kernel exists.
 
-The RMSNorm before the projection is its own PDL-chained kernel in the engine: the GEMM's loop
+The RMSNorm before the projection is its own PDL-chained kernel for a wide row: the GEMM's loop
 must stay loads feeding tl.dot, or its loads stop being pipelined (at the 8B shape a norm
-inside the loop measured 2-3x slower: benchmarks/RESULTS.md).
+inside the loop measured 2-3x slower: benchmarks/RESULTS.md). A row of at most 1,024 values is
+one K tile, so its norm folds in without a loop (layers/norm_rows_kernel.py).
 
 PDL (layers/pdl.py): every launch has the attribute; a program pulls its weight panel into L2 when
 the weight fits a third of L2 (pdl.prefetch_cols), signals that the next kernel may launch, then
