@@ -120,11 +120,11 @@ def norm_rows_kernel():
 
 
 def attention_with_the_rope_fold():
-    """Decode's RoPE fold; verify's rows (custom mask) and draft_extend's (causal) without it;
-    the deterministic mode's decode (the fold) and verify (TREE_SEQ), one query row a program,
+    """Decode's and verify's RoPE fold; verify's rows (custom mask) and draft_extend's (causal)
+    without it; the deterministic mode's decode (the fold) and verify (TREE_SEQ), one query row a program,
     split into fixed chunks, its prefill (the chunks merged in the program), and its combine,
     without FMA contraction."""
-    for rope, custom in [(True, False), (False, True), (False, False)]:
+    for rope, custom in [(True, False), (True, True), (False, True), (False, False)]:
         _attention(rope, custom)
     for rope, custom in [(True, False), (False, True)]:
         _attention(rope, custom, deterministic=True)

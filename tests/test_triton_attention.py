@@ -331,7 +331,58 @@ def test_rope_folded_into_decode_attention(case: str, splits: int | str) -> None
         folded = TritonBackend(PAGE, KernelTuning(num_splits=splits, block_n=16, fold_rope=True))
     base.plan(fb)
     want = base.forward(fb, q_rot, kc, vc, scale)
-    assert folded.folds_rope(fb) and not base.folds_rope(fb)
+    assert folded.folds_rope(fb, q, rope.k) and not base.folds_rope(fb, q, rope.k)
+    folded.plan(fb)
+    got = folded.forward(fb, q, kc2, vc2, scale, rope=rope)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    assert torch.equal(got, want)
+
+
+def _rope_verify_case(group: int, dtype: torch.dtype, seed: int, kv_lens: list[int], n: int,
+                      q_lens: list[int] | None = None, d: int = 64, hkv: int = HKV,
+                      device: torch.device = DEV):
+    """A verify batch of n-node trees (rows i >= q_len are padding) with the step's raw k, v,
+    each node's position (the root's kv index plus its depth) and cache slot (kv index
+    kv_len - n + i), and float32 cos / sin tables, for the RoPE fold."""
+    b = len(kv_lens)
+    g = torch.Generator().manual_seed(seed)
+    masks = [tree_mask(n) for _ in range(b)]
+    fb, q, kc, vc = make_case(q_lens=q_lens or [n] * b, kv_lens=kv_lens, width=n,
+                              hq=group * hkv, hkv=hkv, d=d, dtype=dtype, seed=seed, masks=masks,
+                              device=device)
+    k = torch.randn(b * n, hkv, d, generator=g).to(dtype).to(device)
+    v = torch.randn(b * n, hkv, d, generator=g).to(dtype).to(device)
+    ang = torch.rand(max(kv_lens) + 3, d // 2, generator=g) * 6.3
+    idx = torch.tensor([[kv - n + i for i in range(n)] for kv in kv_lens])
+    depth = torch.stack([m.sum(1) - 1 for m in masks])
+    pos = (torch.tensor(kv_lens)[:, None] - n + depth).flatten().to(device)
+    loc = (fb.block_tables.long().cpu().gather(1, idx // PAGE) * PAGE + idx % PAGE).flatten()
+    fb.positions, fb.out_cache_loc = pos, loc.to(device)
+    return fb, q, kc, vc, RopeFold(k, v, pos, loc.to(device), ang.cos().to(device),
+                                   ang.sin().to(device))
+
+
+@pytest.mark.parametrize("case", ["g4-bf16", "g3-f32", "g1-bf16"])
+@pytest.mark.parametrize("splits", [1, 2, 5])
+def test_rope_folded_into_verify_attention(case: str, splits: int) -> None:
+    """The RoPE fold at verify (one query tile): the kernel rotating the nodes' q and storing
+    their K and V itself gives rope_store's bits, then attention's: output and caches (the
+    tree's slots included, every other slot untouched), tree slots split across programs, a
+    request with padding rows."""
+    from hotspec.layers import fused_kernels as fk
+
+    g, dt = case.split("-")
+    group, dtype = int(g[1:]), {"bf16": BF16, "f32": F32}[dt]
+    fb, q, kc, vc, rope = _rope_verify_case(group, dtype, seed=46, kv_lens=[4, 21, 70], n=4,
+                                            q_lens=[4, 2, 4])
+    scale = q.shape[-1] ** -0.5
+    kc2, vc2 = kc.clone(), vc.clone()
+    q_rot = fk.rope_store(q, rope.k, rope.v, rope.positions, rope.cos, rope.sin, kc, vc, rope.loc)
+    base = TritonBackend(PAGE, KernelTuning(num_splits=splits, block_n=16, fold_rope=False))
+    folded = TritonBackend(PAGE, KernelTuning(num_splits=splits, block_n=16, fold_rope=True))
+    base.plan(fb)
+    want = base.forward(fb, q_rot, kc, vc, scale)
+    assert folded.folds_rope(fb, q, rope.k) and not base.folds_rope(fb, q, rope.k)
     folded.plan(fb)
     got = folded.forward(fb, q, kc2, vc2, scale, rope=rope)
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
@@ -339,20 +390,25 @@ def test_rope_folded_into_decode_attention(case: str, splits: int | str) -> None
 
 
 def test_rope_fold_refuses_what_it_does_not_handle() -> None:
-    """Only decode batches (one row, no custom mask), and only with fold_rope on."""
+    """Decode batches and verify batches of one query tile only (not a draft step's mask, not a
+    verify whose query heads fill two tiles, not the deterministic mode's verify), and only with
+    fold_rope on."""
     fb, q, kc, vc, rope = _rope_case(2, BF16, seed=42, kv_lens=[5, 9])
     off = TritonBackend(PAGE, KernelTuning(fold_rope=False))
     off.plan(fb)
-    with pytest.raises(ValueError, match="decode batches only"):
+    with pytest.raises(ValueError, match="decode batches"):
         off.forward(fb, q, kc, vc, 1.0, rope=rope)
-    n = 4
-    fbv, qv, kcv, vcv = make_case(q_lens=[n], kv_lens=[n + 5], width=n, hq=4, hkv=2, d=64,
-                                  dtype=BF16, seed=43, masks=[tree_mask(n)])
     on = TritonBackend(PAGE, KernelTuning(fold_rope=True))
-    assert not on.folds_rope(fbv)
+    fbv, qv, kcv, vcv, ropev = _rope_verify_case(7, BF16, seed=43, kv_lens=[30], n=12)
+    assert not on.folds_rope(fbv, qv, ropev.k), "12 nodes of 7 heads (8 padded): two tiles"
     on.plan(fbv)
-    with pytest.raises(ValueError, match="decode batches only"):
-        on.forward(fbv, qv, kcv, vcv, 1.0, rope=rope)
+    with pytest.raises(ValueError, match="one query tile"):
+        on.forward(fbv, qv, kcv, vcv, 1.0, rope=ropev)
+    fbv, qv, _, _, ropev = _rope_verify_case(7, BF16, seed=43, kv_lens=[30], n=8)
+    assert on.folds_rope(fbv, qv, ropev.k), "8 nodes of 7 heads: one 64-row tile"
+    assert not TritonBackend(PAGE, KernelTuning(deterministic=True)).folds_rope(fbv, qv, ropev.k)
+    fbv.mode = ForwardMode.DRAFT
+    assert not on.folds_rope(fbv, qv, ropev.k)
 
 
 def test_plan_keeps_device_tensors_and_rejects_ragged_custom() -> None:
@@ -617,15 +673,16 @@ def test_gpu_v_early_same_bits(splits, monkeypatch) -> None:
     _v_early_same_bits(BF16, 128, 32, 8, 600, splits, monkeypatch)
 
 
-def test_rope_fold_applies_to_decode_batches_only() -> None:
-    """The fold is on by default, for decode-like batches only (one row per request, no custom
-    mask)."""
+def test_rope_fold_applies_to_decode_and_verify_batches() -> None:
+    """The fold is on by default, for decode-like batches (one row per request, no custom mask)
+    and verify batches of one query tile."""
     backend = TritonBackend(PAGE)
     decode = make_case(q_lens=[1, 1], kv_lens=[3, 9], width=1, hq=4, hkv=HKV, d=16, dtype=F32)[0]
     verify = make_case(q_lens=[2, 2], kv_lens=[3, 9], width=2, hq=4, hkv=HKV, d=16, dtype=F32,
                        masks=[tree_mask(2), tree_mask(2)])[0]
-    assert backend.folds_rope(decode) and not backend.folds_rope(verify)
-    assert not TritonBackend(PAGE, KernelTuning(fold_rope=False)).folds_rope(decode)
+    q, k = torch.zeros(4, 4, 16), torch.zeros(4, HKV, 16)
+    assert backend.folds_rope(decode, q, k) and backend.folds_rope(verify, q, k)
+    assert not TritonBackend(PAGE, KernelTuning(fold_rope=False)).folds_rope(decode, q, k)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
@@ -723,11 +780,39 @@ def test_gpu_rope_fold(shape, batch, dtype) -> None:
     assert not bad, "; ".join(bad)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [LLAMA8B, SMOL], ids=["llama8b", "smollm2"])
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("n", [4, 16])
+def test_gpu_rope_fold_verify(shape, batch, n) -> None:
+    """The RoPE fold at verify, real heads, bf16, automatic splits over the engine's static
+    bound: rope_store + attention's caches and output bit for bit, ten launches in a row."""
+    from hotspec.layers import fused_kernels as fk
+
+    kv = [512] if batch == 1 else _rand_lens(batch, n, 4096, seed=batch)
+    fb, q, kc, vc, rope = _rope_verify_case(shape["hq"] // shape["hkv"], BF16, 104, kv, n,
+                                            d=shape["d"], hkv=shape["hkv"])
+    fb.max_kv = 8192
+    base = TritonBackend(PAGE, KernelTuning(fold_rope=False))
+    base.plan(fb)
+    kc0, vc0 = kc.clone(), vc.clone()
+    q_rot = fk.rope_store(q, rope.k, rope.v, rope.positions, rope.cos, rope.sin, kc, vc, rope.loc)
+    want = base.forward(fb, q_rot, kc, vc, shape["d"] ** -0.5)
+    folded = TritonBackend(PAGE)
+    assert folded.folds_rope(fb, q, rope.k)
+    folded.plan(fb)
+    for i in range(10):
+        kc3, vc3 = kc0.clone(), vc0.clone()
+        got = folded.forward(fb, q, kc3, vc3, shape["d"] ** -0.5, rope=rope)
+        assert torch.equal(kc3, kc) and torch.equal(vc3, vc), f"launch {i}: caches"
+        assert torch.equal(got, want), f"launch {i}: output"
+
+
 def _fold_rope(monkeypatch, fold: bool) -> None:
-    """Engines built from here on fold RoPE into decode attention (the default) or not (decode
-    then takes rope_store, as every other phase)."""
+    """Engines built from here on fold RoPE into decode and verify attention (the default) or
+    not (they then take rope_store, as every other phase)."""
     if not fold:
-        monkeypatch.setattr(TritonBackend, "folds_rope", lambda self, fb: False)
+        monkeypatch.setattr(TritonBackend, "folds_rope", lambda self, fb, q, k: False)
 
 
 def _random_weight_engine(fold: bool, monkeypatch, layers: int = 6):

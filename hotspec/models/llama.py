@@ -82,7 +82,7 @@ class Attention(nn.Module):
         fold = None
         # (the KV pool is always in the model's dtype; another cache dtype takes the torch path)
         if fused.enabled(q) and k_cache.dtype == q.dtype:
-            if backend.folds_rope(fb):  # the attention kernel rotates and stores itself
+            if backend.folds_rope(fb, q, k):  # the attention kernel rotates and stores itself
                 fold = RopeFold(k, v, fb.positions, fb.out_cache_loc, rope.cos, rope.sin)
             else:
                 q = fused.rope_store(q, k, v, fb.positions, rope.cos, rope.sin, k_cache, v_cache,

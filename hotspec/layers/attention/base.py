@@ -40,13 +40,13 @@ class AttentionBackend(abc.ABC):
                 v_cache: torch.Tensor, scale: float, *, rope: RopeFold | None = None,
                 before_resident: bool = False) -> torch.Tensor:
         """q: [T, Hq, D]; caches: [num_slots + 1, Hkv, D] (new K/V already stored). -> [T, Hq, D]
-        With `rope` (only where `folds_rope(fb)`), q is unrotated and the new K/V not yet stored:
+        With `rope` (only where `folds_rope`), q is unrotated and the new K/V not yet stored:
         the backend does both. `before_resident`: the kernel that reads the output is the resident
         GEMV (layers/pdl.chained says what a backend does with that); it never changes values."""
 
-    def folds_rope(self, fb: ForwardBatch) -> bool:
-        """Whether `forward(..., rope=...)` takes RoPE and the KV store for this batch (no, unless
-        a backend says so)."""
+    def folds_rope(self, fb: ForwardBatch, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether `forward(..., rope=...)` takes RoPE and the KV store for this batch (q
+        [T, Hq, D], the step's k [T, Hkv, D]; no, unless a backend says so)."""
         return False
 
 

@@ -20,8 +20,9 @@ Design
     input_precision="ieee" (no tf32), so fp32 results match the reference closely.
 
 KV store: not the backend's. On CUDA the model's fused_kernels.rope_store rotates and stores the
-step's K/V (padding rows point at the trash slot), or, at decode (the RoPE fold), the attention
-kernel does (`folds_rope`); elsewhere base.store_kv's `index_copy_` calls do.
+step's K/V (padding rows point at the trash slot), or, at decode and a verify of one query tile
+(the RoPE fold), the attention kernel does (`folds_rope`); elsewhere base.store_kv's
+`index_copy_` calls do.
 """
 
 from __future__ import annotations
@@ -223,12 +224,40 @@ class TritonBackend(AttentionBackend):
         loads after the softmax."""
         return self._stages(p) == 1 and block_n <= 32 and not self.deterministic
 
-    def folds_rope(self, fb: ForwardBatch) -> bool:
-        """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch: with
-        fold_rope (the default), a decode-like batch (one row per request, no custom mask). The
-        kernel then rotates q itself and stores the step's K and V, bit for bit as
+    def folds_rope(self, fb: ForwardBatch, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether `forward(..., rope=...)` should do RoPE and the KV store for this batch (q
+        [T, Hq, D], the step's k [T, Hkv, D]): with fold_rope (the default), a decode-like batch
+        (one row per request, no custom mask), and outside the deterministic mode a verify batch
+        whose rows are its tree's nodes and fit one query tile (then no other program of the
+        request reads the keys a program stores: SmolLM2's and the 8B's verify up to 16 nodes).
+        The kernel then rotates q itself and stores the step's K and V, bit for bit as
         fused_kernels.rope_store would, which saves that kernel per layer."""
-        return self.fold_rope and fb.width == 1 and fb.custom_mask is None
+        if not self.fold_rope or fb.width is None:
+            return False
+        if fb.custom_mask is None:
+            return fb.width == 1
+        if self.deterministic or fb.mode is not ForwardMode.VERIFY \
+                or fb.custom_mask.shape[-1] != fb.width:
+            return False
+        return self._tiles(fb.width, q.shape[1] // k.shape[1], q.dtype == torch.float32,
+                           False)[3] == 1
+
+    def _tiles(self, rows: int, group: int, is_fp32: bool, one_row: bool
+               ) -> tuple[int, int, int, int]:
+        """(block_m, the padded group, query rows a tile holds, query tiles) for `rows` query
+        rows a request: the query heads of a kv head fill a tile's rows (group padded to a power
+        of two), up to 64 rows (32 in fp32) or the constructor's block_m; one_row (the
+        deterministic mode's uniform phases): one query row a tile."""
+        gp = _pow2(group)
+        if self.block_m is not None:
+            block_m = self.block_m
+        else:
+            block_m = min(32 if is_fp32 else 64, _pow2(rows * gp))
+        block_m = max(16, block_m, gp)
+        if one_row:
+            gp = block_m  # one query row per program (a verify tile: one tree node's keys)
+        block_q = block_m // gp
+        return block_m, gp, block_q, triton.cdiv(max(rows, 1), block_q)
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, fb: ForwardBatch, q: torch.Tensor, k_cache: torch.Tensor,
@@ -252,21 +281,11 @@ class TritonBackend(AttentionBackend):
         if k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
             raise ValueError("KV cache must be contiguous along head_dim")
         group = hq // hkv
-        gp = _pow2(group)
         is_fp32 = q.dtype == torch.float32
         b = p.q_lens.shape[0]
-
         rows = p.max_q if p.width is None else p.width
-        if self.block_m is not None:
-            block_m = self.block_m
-        else:
-            target = 32 if is_fp32 else 64
-            block_m = min(target, _pow2(rows * gp))
-        block_m = max(16, block_m, gp)
-        if self.deterministic and p.width is not None:
-            gp = block_m  # one query row per program (a verify tile: one tree node's keys)
-        block_q = block_m // gp
-        q_blocks = triton.cdiv(max(rows, 1), block_q)
+        block_m, gp, block_q, q_blocks = self._tiles(
+            rows, group, is_fp32, self.deterministic and p.width is not None)
         block_n = self._block_n(p, is_fp32, q_blocks * b * hkv, q.device)
         splits = self._splits(p, q_blocks * b * hkv, block_m, block_n, q.device)
 
@@ -274,9 +293,10 @@ class TritonBackend(AttentionBackend):
             out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
         elif out.shape != (t, hq, d) or out.dtype != q.dtype or out.stride(2) != 1:
             raise ValueError("out must be [T, Hq, D] in q's dtype, contiguous along head_dim")
-        if rope is not None and not self.folds_rope(fb):
-            raise ValueError("attention with RoPE folded in: decode batches only (width 1, no "
-                             "custom mask), with fold_rope on; check folds_rope first")
+        if rope is not None and not self.folds_rope(fb, q, rope.k):
+            raise ValueError("attention with RoPE folded in: decode batches (width 1, no custom "
+                             "mask) and verify batches of one query tile only, with fold_rope "
+                             "on; check folds_rope first")
         if t == 0 or b == 0:
             return out
         if p.width is not None and t != b * p.width:

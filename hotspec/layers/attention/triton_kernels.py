@@ -246,21 +246,28 @@ def paged_attn_fwd(
         lo = 0
         hi = end
 
-    if ROPE:  # decode: the program whose kv range holds the new token stores its K and V first
-        new = kv_len - 1
-        mine = (lo <= new) & (new < hi)
-        if SPLIT and DET_CHUNK > 0:  # (the program of the chunk that holds it)
-            mine = (new < hi) & ((new // DET_CHUNK) % num_splits == sp)
-        if mine:
-            t_new = q_base  # width 1: the request's one row
-            slot = tl.load(LOC + t_new).to(tl.int64)
-            pos_new = tl.load(POS + t_new).to(tl.int64)
-            k_src = KN + t_new * stride_knt + h * stride_knh
-            kr = _rotate(tl.load(k_src + d, mask=d_ok, other=0.0), k_src, pos_new, COS, SIN,
-                         stride_cs, d, d_ok, HEAD_DIM)
-            tl.store(K + slot * stride_kt + h * stride_kh + d, kr.to(K.dtype.element_ty), mask=d_ok)
-            vr = tl.load(VN + t_new * stride_vnt + h * stride_vnh + d, mask=d_ok, other=0.0)
-            tl.store(V + slot * stride_vt + h * stride_vh + d, vr.to(V.dtype.element_ty), mask=d_ok)
+    if ROPE:  # the program whose kv range holds a new token stores its K and V first
+        if CUSTOM:  # verify (one query tile): tree node i's K and V at kv index seq + i
+            n_new = m_custom
+        else:  # decode: the request's one row, at kv index kv_len - 1
+            n_new = 1
+        for i in range(0, n_new):
+            new = kv_len - n_new + i
+            mine = (lo <= new) & (new < hi)
+            if SPLIT and DET_CHUNK > 0:  # (the program of the chunk that holds it)
+                mine = (new < hi) & ((new // DET_CHUNK) % num_splits == sp)
+            if mine:
+                t_new = q_base + i
+                slot = tl.load(LOC + t_new).to(tl.int64)
+                pos_new = tl.load(POS + t_new).to(tl.int64)
+                k_src = KN + t_new * stride_knt + h * stride_knh
+                kr = _rotate(tl.load(k_src + d, mask=d_ok, other=0.0), k_src, pos_new, COS, SIN,
+                             stride_cs, d, d_ok, HEAD_DIM)
+                tl.store(K + slot * stride_kt + h * stride_kh + d, kr.to(K.dtype.element_ty),
+                         mask=d_ok)
+                vr = tl.load(VN + t_new * stride_vnt + h * stride_vnh + d, mask=d_ok, other=0.0)
+                tl.store(V + slot * stride_vt + h * stride_vh + d, vr.to(V.dtype.element_ty),
+                         mask=d_ok)
         tl.debug_barrier()  # the stores above are seen by this program's own loads below
 
     # kv blocks every real row of the tile sees whole ([0, full)) need no mask at all

@@ -26,8 +26,9 @@ class KernelTuning:
     block_n / block_m: tile sizes (powers of two, >= 16); num_splits: the split count of uniform
     phases (None: automatic on CUDA, never on CPU; 1: never); num_warps; num_stages: the kv loop's
     pipeline stages (None: `_stages`' rule); mask_bits: pack custom masks of <= 64 slots into a
-    word per row (False: the byte mask wider masks use); fold_rope: decode batches pass RoPE and
-    the KV store to the kernel (`folds_rope`; False: their own kernel, as every other phase);
+    word per row (False: the byte mask wider masks use); fold_rope: decode and verify batches pass
+    RoPE and the KV store to the kernel (`folds_rope`; False: their own kernel, as every other
+    phase);
     min_chunk: the fewest kv indices a split covers (None: `min_chunk`'s rule for the automatic
     splits of several-row phases, equal shares otherwise).
 
