@@ -98,18 +98,20 @@ def test_gpu_norm_rows_real_shapes(n_rows, k, glu):
         assert torch.equal(y, every[rows]), rows
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("bias", [False, True])
-def test_gpu_default_mode_folds_the_norm_for_the_few_row_gemm(bias):
+def test_default_mode_folds_the_norm_for_the_few_row_gemm(bias, monkeypatch):
     """Outside the deterministic mode, norm_linear and norm_mlp of 2..16 narrow rows (verify,
     draft_extend, a short prefill) are the fold's one kernel: the fold's own bits, close to the
-    reference; one row keeps the norm-GEMV and 17 rows the norm then cuBLAS (no fold)."""
+    reference; one row keeps the norm-GEMV and 17 rows the norm then cuBLAS (no fold). (On the
+    CPU the fused path is forced, in the interpreter.)"""
     from torch import nn
 
     from hotspec.layers import fused
     from hotspec.layers.linear import norm_linear, norm_mlp
     from hotspec.layers.norm import RMSNorm
+
+    if not CUDA:
+        monkeypatch.setattr(fused, "enabled", lambda *a: True)
 
     x, res, gain, w = _inputs(17, 576, 960, seed=3)
     lin = nn.Linear(576, 960, bias=bias, device=DEV, dtype=BF16).requires_grad_(False)

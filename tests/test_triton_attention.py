@@ -686,10 +686,12 @@ def test_rope_fold_applies_to_decode_and_verify_batches() -> None:
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int) -> None:
+@pytest.mark.parametrize("phase", ["decode", "verify"])
+def test_attention_layer_takes_the_rope_fold(monkeypatch, splits: int, phase: str) -> None:
     """models/llama.Attention.attend: with a backend that folds RoPE (the default), a decode
-    batch skips fused_kernels.rope_store and gives the layer's output and caches bit for bit.
-    (The fused path runs for CUDA tensors only; here it is forced, in the interpreter.)"""
+    batch and a verify batch skip fused_kernels.rope_store and give the layer's output and
+    caches bit for bit. (The fused path runs for CUDA tensors only; here it is forced, in the
+    interpreter.)"""
     from types import SimpleNamespace
 
     from hotspec.layers import fused
@@ -703,8 +705,11 @@ def test_attention_layer_takes_the_rope_fold_at_decode(monkeypatch, splits: int)
     torch.manual_seed(44)
     attn = Attention(cfg, layer_id=0)
     rope = RotaryEmbedding(32, 256, 10000.0)
-    fb, _, kc, vc, _ = _rope_case(4, F32, seed=45, kv_lens=[3, 40], d=32)
-    x = torch.randn(2, 64)
+    if phase == "decode":
+        fb, _, kc, vc, _ = _rope_case(4, F32, seed=45, kv_lens=[3, 40], d=32)
+    else:
+        fb, _, kc, vc, _ = _rope_verify_case(4, F32, seed=45, kv_lens=[5, 40], n=4, d=32)
+    x = torch.randn(fb.positions.shape[0], 64)
     monkeypatch.setattr(fused, "enabled", lambda *a: True)
     calls = []
     real_rope_store = fused.rope_store
