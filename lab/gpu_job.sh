@@ -24,7 +24,8 @@
 #           prompts), greedy identical to vanilla; decode_bench.py b1/8/32, both shapes, +- it;
 #           lab/benchmarks/det_linear_bench.py (the mode's GEMM at 16/64-row tiles vs the default),
 #           attn_bench.py's det tile variants (the mode's attention vs the default's, by phase)
-#   dummy   DUMMY (serve qwen long; pp: a graphed SmolLM2 prefill step's host and kernels) with --load-format dummy (random weights; config + tokenizer
+#   dummy   DUMMY (serve qwen long; pp: graphed prefill steps' host and kernels at PP's
+#           model:tokens) with --load-format dummy (random weights; config + tokenizer
 #           from .data/dummy-*: no GGUF): bench-serve of the default model's shape (vanilla's
 #           figures; the speculative server's TTFT, not its tau), the same with 700-800-word
 #           prompts, Qwen2.5-Coder-0.5B's served TTFT at ~1,000 tokens beside its prefill kernels
@@ -193,8 +194,9 @@ for stage in "$@"; do
             --prompt-words 800 --requests 20 --max-tokens 4 -- --model .data/dummy-qwen "${D[@]}"
           step qwen_prefill "${DQP_S:-100}" python3 lab/prefill_profile.py --model qwen0.5b-shape --batch 1 \
             --tokens 1024 --repeats 10 --top 12 ;;
-        pp) for n in 32 256; do step "prefill_smol_$n" 80 python3 lab/prefill_profile.py \
-            --model smollm2-shape --batch 1 --tokens $n --repeats 10 --top 15; done ;;
+        pp) for case in ${PP:-smollm2-shape:32 smollm2-shape:256 llama8b-shape:32 llama8b-shape:512}; do
+            step "prefill_${case/:/_}" 90 python3 lab/prefill_profile.py --model "${case%%:*}" \
+            --batch 1 --tokens "${case#*:}" --repeats 10 --top 15; done ;;
       esac; done ;;
     ttft) need "$GG" ttft && step ttft "${TTFT_S:-240}" python3 lab/served_ttft.py --raw \
       --requests 40 -- --kv-cache-memory-gb 8 ;;
