@@ -163,6 +163,77 @@ def test_host_input_layout_is_aligned_views_of_one_buffer():
     assert torch.equal(views["ids"], ex["ids"]) and torch.equal(views["flag"], ex["flag"])
 
 
+Bucket = _io("Bucket", "ids", "table", "h")
+
+
+def _bucket_runner(dev: torch.device, mode: str) -> GraphRunner:
+    r = GraphRunner(dev, mode, [1])
+
+    def phase(x: Any) -> Any:
+        return Y(y=x.ids.float() + x.table.sum(-1).float() + x.h)
+
+    def example(n: int) -> Any:
+        return Bucket(ids=torch.zeros(n, dtype=torch.long, device=dev),
+                      table=torch.zeros(n, 3, dtype=torch.int32, device=dev),
+                      h=torch.zeros(n, device=dev))
+
+    r.register_buckets("b", phase, example, Y, [4, 8], device_inputs=("h",))
+    r.capture_all()
+    return r
+
+
+def _bucket_steps(r: GraphRunner, dev: torch.device) -> None:
+    """Step after step through both pinned slots, each size's outputs its own inputs'; a host
+    input passed on the device instead overrides the staged copy."""
+    for step in range(5):
+        n = 4 if step % 2 else 8
+        ids = torch.arange(n) * (step + 1)
+        table = torch.full((n, 3), step, dtype=torch.int32)
+        h = torch.full((n,), 0.5, device=dev)
+        out = r.run_bucket("b", {"ids": ids, "table": table, "h": h})
+        assert out["y"].tolist() == (ids.float() + 3 * step + 0.5).tolist()
+    ids = torch.ones(4, dtype=torch.long, device=dev)  # (as a catch-up's warm-up passes them)
+    out = r.run_bucket("b", {"ids": ids, "table": torch.zeros(4, 3, dtype=torch.int32), "h": h[:4]})
+    assert out["y"].tolist() == [1.5] * 4
+
+
+def test_bucket_host_inputs_are_views_of_one_staged_buffer():
+    """A bucket graph's host inputs (prefill's ids, positions, slots, lengths, tables) are views
+    of one buffer, filled from the host in one copy out of alternating slots; a device input
+    (a draft head's hidden_in) is copied on its own."""
+    r = _bucket_runner(torch.device("cpu"), "static")
+    st = r.bucketed["b"].staged[8]
+    assert set(st.static) == {"ids", "table"}
+    static = r.bucketed["b"].static[8]
+    assert static["ids"].data_ptr() == st.blob.data_ptr() + st.layout["ids"][0]
+    assert static["h"].data_ptr() != st.blob.data_ptr()
+    _bucket_steps(r, torch.device("cpu"))
+    assert st.slot in (0, 1)
+
+
+@pytest.mark.gpu
+def test_gpu_bucket_host_inputs_arrive_in_one_copy():
+    """On CUDA the bucket graph's host inputs reach the device in one host-to-device copy from
+    pinned memory, and the replayed outputs are each step's own."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device("cuda")
+    r = _bucket_runner(dev, "cuda")
+    assert r.bucketed["b"].staged[4].pinned.is_pinned()
+    x = {"ids": torch.arange(4), "table": torch.ones(4, 3, dtype=torch.int32),
+         "h": torch.zeros(4, device=dev)}
+    r.run_bucket("b", x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = r.run_bucket("b", x)
+        torch.cuda.synchronize()
+    htod = [e.name for e in prof.events() if e.device_type.name == "CUDA" and "HtoD" in e.name]
+    assert len(htod) == 1, htod
+    assert out["y"].tolist() == [3.0, 4.0, 5.0, 6.0]
+    _bucket_steps(r, dev)
+    r.close()
+
+
 def test_run_needs_every_static_input():
     r = GraphRunner(torch.device("cpu"), "static", [1, 2])
     r.register("p", _phase, _example, Y)

@@ -33,7 +33,7 @@ import torch
 
 from hotspec.errors import HotspecError
 from hotspec.runtime import host_io
-from hotspec.runtime.host_io import HostInputs, HostSlot
+from hotspec.runtime.host_io import HostInputs, HostSlot, StagedInputs
 from hotspec.runtime.phase_io import PhaseIO, Tensors
 
 Phase = Callable[[Tensors], Tensors]
@@ -96,6 +96,7 @@ class _Buckets:
     fn: Phase
     sizes: list[int]
     static: dict[int, Tensors]  # inputs at each size (none in eager mode)
+    staged: dict[int, StagedInputs]  # the host inputs' buffers at each size (one copy a run)
 
 
 class BucketGraph(Generic[In, Out]):
@@ -168,10 +169,12 @@ class GraphRunner:
         self.phases[name] = e
 
     def register_buckets(self, name: str, fn: Callable[[In], Out], example: Callable[[int], In],
-                         out_type: type[Out], sizes: list[int]) -> BucketGraph[In, Out]:
+                         out_type: type[Out], sizes: list[int],
+                         device_inputs: tuple[str, ...] = ()) -> BucketGraph[In, Out]:
         """Phase `name` captured at each of `sizes`; `example(size)` declares its inputs at that
-        size. Its inputs come whole (padded by the caller) and are copied into the static
-        buffers; nothing is published (the caller reads what it needs after the run)."""
+        size. Its inputs come whole (padded by the caller); the host's reach their static
+        buffers in one copy (runtime/host_io.StagedInputs), the `device_inputs` are copied
+        each; nothing is published (the caller reads what it needs after the run)."""
         if name in self.phases or name in self.bucketed:
             raise ValueError(f"phase {name!r} is registered already")
         in_type = type(example(sizes[0]))
@@ -179,8 +182,14 @@ class GraphRunner:
         def body(x: Tensors) -> Tensors:
             return fn(in_type.of(x)).tensors()
 
-        static = {n: example(n).tensors() for n in sizes} if self.mode != "eager" else {}
-        self.bucketed[name] = _Buckets(body, sorted(sizes), static)
+        static: dict[int, Tensors] = {}
+        staged: dict[int, StagedInputs] = {}
+        for n in sizes if self.mode != "eager" else []:
+            ex = example(n).tensors()
+            st = staged[n] = StagedInputs({k: v for k, v in ex.items() if k not in device_inputs},
+                                          self.device)
+            static[n] = dict(ex, **st.static)
+        self.bucketed[name] = _Buckets(body, sorted(sizes), static, staged)
         return BucketGraph(self, name, out_type, sorted(sizes))
 
     # -- capture -------------------------------------------------------------------------------
@@ -297,8 +306,13 @@ class GraphRunner:
         static = b.static[n]
         if inputs.keys() != static.keys():
             raise ValueError(f"phase {name!r} takes inputs {sorted(static)}, got {sorted(inputs)}")
+        st = b.staged[n]
+        on_host = {k: v for k, v in inputs.items() if k in st.static and v.device.type == "cpu"}
+        if on_host:
+            st.write(on_host)  # (first: a host input passed on the device is copied after it)
         for k, v in inputs.items():
-            static[k].copy_(v, non_blocking=True)
+            if k not in on_host:
+                static[k].copy_(v, non_blocking=True)
         graph = self.graphs.get((name, n))
         if graph is None:  # static mode, or an allowed fallback
             return b.fn(static)

@@ -100,6 +100,41 @@ class HostInputs:
         self.used[slot] = True
 
 
+class StagedInputs:
+    """A bucket graph's host inputs (prefill: ids, positions, slots, lengths, block tables),
+    whole tensors of one fixed size each: their static buffers are views of one device byte
+    buffer, filled by ONE copy from a pinned mirror in two slots (`write`), where a copy per input
+    from pageable memory costs the host ~10 us each and is staged by the driver. The host
+    rewrites a slot after the copy that last read it (an event; two steps back)."""
+
+    def __init__(self, example: Tensors, device: torch.device) -> None:
+        self.layout, size = layout_of(example)
+        self.blob = torch.zeros(size, dtype=torch.uint8, device=device)
+        self.static = views_of(self.blob, example, self.layout)
+        for k, v in example.items():
+            self.static[k].copy_(v)
+        pin = device.type == "cuda"
+        self.pinned = torch.zeros(2, size, dtype=torch.uint8, pin_memory=pin)
+        host = {k: v.cpu() for k, v in example.items()}
+        self.mirrors = [views_of(self.pinned[s], host, self.layout) for s in range(2)]
+        self.done = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self.slot = 0
+
+    def write(self, inputs: Tensors) -> None:
+        """The inputs (host tensors of the static shapes) into the static buffers: into the next
+        pinned slot, then one asynchronous copy of the slot to the device."""
+        s, self.slot = self.slot, 1 - self.slot
+        done = self.done[s]
+        if done is not None:
+            done.synchronize()
+        mirror = self.mirrors[s]
+        for k, v in inputs.items():
+            mirror[k].copy_(v)
+        self.blob.copy_(self.pinned[s], non_blocking=True)
+        if done is not None:
+            done.record()
+
+
 def words(t: torch.Tensor) -> torch.Tensor:
     """`t`'s bytes as int32 words (contiguous, a multiple of 4 bytes: what fetch and publish move)."""
     if not t.is_contiguous() or (t.numel() * t.element_size()) % 4:

@@ -6,8 +6,9 @@ time for ~1 ms of kernels).
 A prefill step of T tokens from b requests replays the bucket P >= T: its tokens are the
 requests' chunks back to back, then P - T padding tokens, which row b owns (a padding request on
 the null block, writing the trash slot); rows after it have no tokens (q_len 0).
-`cu_seqlens_q`, lengths and block tables live in the graph's static buffers, and the attention
-grid covers every row at the bucket's size, its programs past a request's tokens doing no work.
+`cu_seqlens_q`, lengths and block tables live in the graph's static buffers (filled from the
+host in one copy: runtime/host_io.StagedInputs), and the attention grid covers every row at the
+bucket's size, its programs past a request's tokens doing no work.
 A step with more tokens or requests than the largest graph runs eagerly; the engine keeps its
 steps inside the graphs (`Worker.prefill_limits`).
 """
@@ -151,7 +152,7 @@ class PrefillGraphs:
 
         self.graph: BucketGraph[PrefillIn, PhaseIO] = ex.graphs.register_buckets(
             name, fn, lambda n: PrefillIn.example(n, rows, max_blocks, trash, dev, hidden_in),
-            out_type, list(ex.prefill_sizes))
+            out_type, list(ex.prefill_sizes), device_inputs=("hidden_in",))
 
     def fits(self, reqs: list[Request], tokens: list[list[int]]) -> bool:
         return len(reqs) <= self.rows and sum(len(t) for t in tokens) <= self.max_tokens
