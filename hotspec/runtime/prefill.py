@@ -209,7 +209,9 @@ class Prefilled:
             out = g.run(self.graphed)
             assert isinstance(out, PrefillOut)
             self.feature = out.feature
-            logits = out.logits[rows] if rows else None
+            # (the rows of finished prompts: a prefix, usually; a slice copies no index over)
+            logits = (out.logits[:len(rows)] if rows == list(range(len(rows)))
+                      else out.logits[rows]) if rows else None
         else:
             ex = worker.executor
             self.batch = prefill_batch(reqs, self.tokens, ex.block_size, ex.device)
