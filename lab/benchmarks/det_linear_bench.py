@@ -15,13 +15,11 @@ among the M (the property the mode rests on).
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from gemv_bench import graph_us
+from gemv_bench import graph_us, per_m, shape_sweep
 
 from hotspec.layers import deterministic
 from hotspec.layers.linear import linear
@@ -78,29 +76,14 @@ def bench(name: str, n: int, k: int, glu: bool, m: int) -> dict:
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="8b,smol")
-    p.add_argument("--m", default="1,8,32,64,512")
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
-    rows = []
-    print("projection        M  default us  variant us (x default) ... invariant")
-    for group in args.shapes.split(","):
-        for name, n, k, glu in SHAPES[group]:
-            for m in (int(v) for v in args.m.split(",")):
-                r = bench(name, n, k, glu, m)
-                rows.append(r)
-                d = r["default_us"]
-                cols = "  ".join(f"{key} {r[key + '_us']:.1f} ({r[key + '_us'] / d:.2f})"
-                                 for key in r["configs"])
-                inv = all(v for key, v in r.items() if key.endswith("_row_invariant"))
-                print(f"{name:<14} {m:>4} {d:>10.1f}  {cols}  {inv}", flush=True)
-                torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+def line(r: dict) -> str:
+    d = r["default_us"]
+    cols = "  ".join(f"{key} {r[key + '_us']:.1f} ({r[key + '_us'] / d:.2f})" for key in r["configs"])
+    inv = all(v for key, v in r.items() if key.endswith("_row_invariant"))
+    return f"{r['shape']:<14} {r['M']:>4} {d:>10.1f}  {cols}  {inv}"
 
 
 if __name__ == "__main__":
-    main()
+    shape_sweep(__doc__, SHAPES, "8b,smol", "1,8,32,64,512",
+                "projection        M  default us  variant us (x default) ... invariant",
+                per_m(bench, line))

@@ -13,13 +13,11 @@ CUDA graph, cold weights). The mode needs one config for every row count, so the
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 
 import torch
 from det_linear_bench import SHAPES
-from gemv_bench import graph_us
+from gemv_bench import graph_us, shape_sweep
 
 from hotspec.layers.gemv_kernels import GemvConfig
 from hotspec.layers.linear import linear
@@ -81,22 +79,5 @@ def tune(name: str, n_rows: int, k: int, glu: bool, ms: list[int]) -> dict:
             "best": [[str(c), us] for _, c, us in best]}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="8b,smol")
-    p.add_argument("--m", default="1,8,32")
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
-    ms = [int(v) for v in args.m.split(",")]
-    results = []
-    for group in args.shapes.split(","):
-        for name, n_rows, k, glu in SHAPES[group]:
-            results.append(tune(name, n_rows, k, glu, ms))
-            torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    shape_sweep(__doc__, SHAPES, "8b,smol", "1,8,32", "", lambda shape, ms: [tune(*shape, ms)])

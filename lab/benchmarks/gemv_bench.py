@@ -81,6 +81,42 @@ def graph_us(call: Callable[[int], object], copies: int) -> float:
     return us
 
 
+def per_m(bench: Callable[..., dict], line: Callable[[dict], str]
+          ) -> Callable[[tuple, list[int]], list[dict]]:
+    """shape_sweep's `run` for a benchmark of one (projection, M): bench(*shape, m) at each M,
+    each row printed as line(row)."""
+    def run(shape: tuple, ms: list[int]) -> list[dict]:
+        rows = []
+        for m in ms:
+            rows.append(bench(*shape, m))
+            print(line(rows[-1]), flush=True)
+        return rows
+    return run
+
+
+def shape_sweep(doc: str, shapes: dict[str, list], default_shapes: str, default_m: str,
+                header: str, run: Callable[[tuple, list[int]], list[dict]]) -> None:
+    """The lab's projection benchmarks' command line: --shapes (groups of `shapes`), --m (row
+    counts), --out (JSON); `run(shape, ms)` measures one projection at every M and returns its
+    rows, which are written to --out."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--shapes", default=default_shapes)
+    p.add_argument("--m", default=default_m)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    ms = [int(v) for v in args.m.split(",")]
+    if header:
+        print(header)
+    rows: list[dict] = []
+    for group in args.shapes.split(","):
+        for shape in shapes[group]:
+            rows += run(shape, ms)
+            torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def label(cfg: GemvConfig) -> str:
     return f"{cfg.BLOCK_N}x{cfg.BLOCK_K} s{cfg.SPLIT_K} w{cfg.num_warps} st{cfg.num_stages}"
 

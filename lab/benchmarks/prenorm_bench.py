@@ -14,12 +14,9 @@ against the fp32 reference.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import torch
 import torch.nn.functional as F
-from gemv_bench import graph_us
+from gemv_bench import graph_us, per_m, shape_sweep
 
 from hotspec.layers.fused_kernels import rms_norm, silu_mul
 from hotspec.layers.norm_rows_kernel import norm_rows_linear
@@ -64,26 +61,12 @@ def bench(name: str, n: int, k: int, glu: bool, has_bias: bool, m: int) -> dict:
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="smol,qwen")
-    p.add_argument("--m", default="16,32,64,128,256,512")
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
-    rows = []
-    print("projection        M  unfused us  fold us  fold/unfused  rel err (unfused, fold)")
-    for group in args.shapes.split(","):
-        for name, n, k, glu, bias in SHAPES[group]:
-            for m in (int(v) for v in args.m.split(",")):
-                r = bench(name, n, k, glu, bias, m)
-                rows.append(r)
-                print(f"{name:<14} {m:>4} {r['unfused_us']:>10.1f} {r['fold_us']:>8.1f} "
-                      f"{r['fold_x']:>12.2f}  {r['unfused_rel_err']}, {r['fold_rel_err']}", flush=True)
-                torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+def line(r: dict) -> str:
+    return (f"{r['shape']:<14} {r['M']:>4} {r['unfused_us']:>10.1f} {r['fold_us']:>8.1f} "
+            f"{r['fold_x']:>12.2f}  {r['unfused_rel_err']}, {r['fold_rel_err']}")
 
 
 if __name__ == "__main__":
-    main()
+    shape_sweep(__doc__, SHAPES, "smol,qwen", "16,32,64,128,256,512",
+                "projection        M  unfused us  fold us  fold/unfused  rel err (unfused, fold)",
+                per_m(bench, line))
