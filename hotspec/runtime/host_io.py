@@ -103,9 +103,9 @@ class HostInputs:
 class StagedInputs:
     """A bucket graph's host inputs (prefill: ids, positions, slots, lengths, block tables),
     whole tensors of one fixed size each: their static buffers are views of one device byte
-    buffer, filled by ONE copy from a pinned mirror in two slots (`write`), where a copy per input
-    from pageable memory costs the host ~10 us each and is staged by the driver. The host
-    rewrites a slot after the copy that last read it (an event; two steps back)."""
+    buffer, filled by ONE copy from a pinned mirror in two slots (`write`), not a copy per input
+    from pageable memory, each staged by the driver on the host. The host rewrites a slot after
+    the copy that last read it (an event; two steps back)."""
 
     def __init__(self, example: Tensors, device: torch.device) -> None:
         self.layout, size = layout_of(example)
