@@ -6,12 +6,14 @@ is that tiled GEMM at every row count.
 
 Without the fold each pre-norm projection costs a norm kernel of its own: two launches a layer
 of a few microseconds for a few KB each, where a small model's phases are launch-bound
-(benchmarks/RESULTS.md). Here a program owns 16 rows and BLOCK_N output columns: it reads its
-rows whole (one K tile: the row is at most 2 KB), adds the residual (rounded to the dtype; the
-programs of column block 0 store the new stream), normalises and scales them, rounded where
-fused_kernels._rms_norm_kernel rounds, and multiplies them by its weight panel in one tl.dot
-(with glu: the gate and up panels, silu(gate) * up in rows_kernel's epilogue). The tile is
-always 16 rows (the weights are small enough for L2), so a row's norm reduces over one layout at
+(benchmarks/RESULTS.md). Here a program owns 16 rows and BLOCK_N output columns and
+reads its rows in BLOCK_K chunks twice: first to add the residual (rounded to the dtype; the
+programs of column block 0 store the new stream) and sum the squares, then (from L1/L2) to
+normalise and scale each chunk, rounded where fused_kernels._rms_norm_kernel rounds, and multiply
+it by the chunk of its weight panel (with glu: the gate and up panels, silu(gate) * up in
+rows_kernel's epilogue). A whole row in registers with two weight panels spilled: 115 us for
+SmolLM2's gate_up at 16 rows on the H100, where the norm and cuBLAS take 7 us. The tile is
+always 16 rows and the chunks fixed, so a row's norm reduces over one layout at
 every row count: a row's bits do not depend on the batch (the deterministic mode rests on it).
 """
 
@@ -28,6 +30,22 @@ from hotspec.layers.rows_kernel import _INTERPRET, _finish, tile_start
 NORM_ROWS_MAX_K = 1024  # the widest row the fold reads as one tile
 BLOCK_M = 16  # rows a program owns (fixed: the norm's reduction layout must not follow the batch)
 BLOCK_N = 32
+BLOCK_K = 64  # K is read in chunks: a whole 1,024-wide row and two weight panels spill registers
+
+
+@triton.jit
+def _stream_chunk(X, R, S, rows, ks, m_ok, K, stride_xm, stride_rm, stride_sm,
+                  HAS_RES: tl.constexpr, store, dt: tl.constexpr):
+    """Columns ks of the rows' stream, x + residual rounded to the dtype (stored to S when
+    `store`), in fp32."""
+    ok = m_ok[:, None] & (ks < K)[None, :]
+    x = tl.load(X + rows * stride_xm + ks[None, :], mask=ok, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + rows * stride_rm + ks[None, :], mask=ok, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
+        if store:
+            tl.store(S + rows * stride_sm + ks[None, :], x, mask=ok)
+    return x.to(tl.float32)
 
 
 @triton.jit
@@ -38,29 +56,32 @@ def _norm_rows_kernel(X, R, G, W, Y, S, B, M, N, K, eps, stride_xm, stride_rm, s
                       PF_COLS: tl.constexpr = -1):
     pid_m, pid_n, offs_m, offs_n, offs_k, m_ok, n_ok, rows = tile_start(
         W, M, N, K, stride_wn, GLU, BLOCK_M, BLOCK_N, BLOCK_K, PDL, PF_COLS)
-    k_ok = offs_k < K
-    x_ok = m_ok[:, None] & k_ok[None, :]
     dt = X.dtype.element_ty
-    x = tl.load(X + rows * stride_xm + offs_k[None, :], mask=x_ok, other=0.0)
-    if HAS_RES:
-        r = tl.load(R + rows * stride_rm + offs_k[None, :], mask=x_ok, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
-        if pid_n == 0:
-            tl.store(S + rows * stride_sm + offs_k[None, :], x, mask=x_ok)
-    xf = x.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(xf * xf, axis=1) / K + eps)
-    normed = (xf * inv[:, None]).to(dt).to(tl.float32)
-    g = tl.load(G + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    h = (g[None, :] * normed).to(dt)
-    w_ptr = W + offs_n[:, None] * stride_wn + offs_k[None, :]
-    w_ok = n_ok[:, None] & k_ok[None, :]
+    # pass 1: the rows' sum of squares over K, a BLOCK_K chunk at a time (the stream stored once)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        xf = _stream_chunk(X, R, S, rows, offs_k + k0, m_ok, K, stride_xm, stride_rm, stride_sm,
+                           HAS_RES, pid_n == 0, dt)
+        ss += tl.sum(xf * xf, axis=1)
+    inv = tl.rsqrt(ss / K + eps)
+    # pass 2: each chunk normalised, scaled and multiplied by its weight panel (x from L1/L2)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = mac(acc, tl.load(w_ptr, mask=w_ok, other=0.0, eviction_policy="evict_first"), h,
-              BLOCK_M, F32_DOT)
-    if GLU:
-        acc_up = mac(acc_up, tl.load(w_ptr + N * stride_wn, mask=w_ok, other=0.0,
-                                     eviction_policy="evict_first"), h, BLOCK_M, F32_DOT)
+    for k0 in range(0, K, BLOCK_K):
+        ks = offs_k + k0
+        k_ok = ks < K
+        xf = _stream_chunk(X, R, S, rows, ks, m_ok, K, stride_xm, stride_rm, stride_sm, HAS_RES,
+                           False, dt)
+        normed = (xf * inv[:, None]).to(dt).to(tl.float32)
+        g = tl.load(G + ks, mask=k_ok, other=0.0).to(tl.float32)
+        h = (g[None, :] * normed).to(dt)
+        w_ptr = W + offs_n[:, None] * stride_wn + ks[None, :]
+        w_ok = n_ok[:, None] & k_ok[None, :]
+        acc = mac(acc, tl.load(w_ptr, mask=w_ok, other=0.0, eviction_policy="evict_first"), h,
+                  BLOCK_M, F32_DOT)
+        if GLU:
+            acc_up = mac(acc_up, tl.load(w_ptr + N * stride_wn, mask=w_ok, other=0.0,
+                                         eviction_policy="evict_first"), h, BLOCK_M, F32_DOT)
     _finish(acc, acc_up, B, Y + rows * stride_ym + offs_n[None, :], offs_n, n_ok,
             m_ok[:, None] & n_ok[None, :], dt, GLU, HAS_BIAS)
 
@@ -97,7 +118,7 @@ def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight
         x, r, norm_weight, w, y, s, bias if bias is not None else w, m, n, k, float(eps),
         x.stride(0), r.stride(0), w.stride(0), y.stride(0), s.stride(0),
         HAS_RES=residual is not None, GLU=glu, HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N, BLOCK_K=triton.next_power_of_2(k), F32_DOT=_INTERPRET,
+        BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, F32_DOT=_INTERPRET,
         PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=4, num_stages=1,
         **({"launch_pdl": True} if use_pdl else {}))
     return y, s
