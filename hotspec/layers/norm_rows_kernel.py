@@ -31,6 +31,7 @@ NORM_ROWS_MAX_K = 1024  # the widest row the fold reads as one tile
 BLOCK_M = 16  # rows a program owns (fixed: the norm's reduction layout must not follow the batch)
 BLOCK_N = 32
 BLOCK_K = 64  # K is read in chunks: a whole 1,024-wide row and two weight panels spill registers
+NUM_STAGES = 1  # software-pipelined chunks (lab/benchmarks/prenorm_bench.py FOLD_TILES tunes these)
 
 
 @triton.jit
@@ -119,6 +120,6 @@ def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight
         x.stride(0), r.stride(0), w.stride(0), y.stride(0), s.stride(0),
         HAS_RES=residual is not None, GLU=glu, HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, F32_DOT=_INTERPRET,
-        PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=4, num_stages=1,
+        PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w), num_warps=4, num_stages=NUM_STAGES,
         **({"launch_pdl": True} if use_pdl else {}))
     return y, s

@@ -9,15 +9,19 @@ prefill chunks and verify batches of 17-512 rows. CUDA only.
 Per (projection, M): microseconds a call (lab/benchmarks/gemv_bench.py's timing: one call per
 weight copy, >= ~1 GB of them, in one CUDA graph: weights from HBM, as in a forward pass) of the
 engine's dispatch (`unfused`) and of the fold, the fold's ratio, and both outputs' error
-against the fp32 reference.
+against the fp32 reference. FOLD_TILES="BLOCK_K:num_stages:BLOCK_N ..." (environment) adds a
+column per fold tiling (norm_rows_kernel's module constants), the engine's own last.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 from gemv_bench import graph_us, per_m, shape_sweep
 
+from hotspec.layers import norm_rows_kernel as nr
 from hotspec.layers.fused_kernels import rms_norm, silu_mul
 from hotspec.layers.norm_rows_kernel import norm_rows_linear
 
@@ -26,6 +30,8 @@ SHAPES = {  # name, weight rows, K, glu, bias
     "qwen": [("qwen.qkv", 1152, 896, False, True), ("qwen.gate_up", 9728, 896, True, False)],
 }
 EPS = 1e-5
+ENGINE = (nr.BLOCK_K, nr.NUM_STAGES, nr.BLOCK_N)
+TILES = os.environ.get("FOLD_TILES", "").split()
 
 
 def bench(name: str, n: int, k: int, glu: bool, has_bias: bool, m: int) -> dict:
@@ -53,6 +59,10 @@ def bench(name: str, n: int, k: int, glu: bool, has_bias: bool, m: int) -> dict:
 
     row: dict = {"shape": name, "M": m, "N": n, "K": k}
     with torch.inference_mode():
+        for tile in TILES:
+            nr.BLOCK_K, nr.NUM_STAGES, nr.BLOCK_N = (int(v) for v in tile.split(":"))
+            row[f"fold_{tile}_us"] = graph_us(fold, copies)
+        nr.BLOCK_K, nr.NUM_STAGES, nr.BLOCK_N = ENGINE
         for key, call in (("unfused", unfused), ("fold", fold)):
             y = call(0)
             row[f"{key}_rel_err"] = round(((y.float() - ref).norm() / ref.norm()).item(), 5)
@@ -62,8 +72,9 @@ def bench(name: str, n: int, k: int, glu: bool, has_bias: bool, m: int) -> dict:
 
 
 def line(r: dict) -> str:
+    tiles = "".join(f"  {t} {r[f'fold_{t}_us']:.1f}" for t in TILES)
     return (f"{r['shape']:<14} {r['M']:>4} {r['unfused_us']:>10.1f} {r['fold_us']:>8.1f} "
-            f"{r['fold_x']:>12.2f}  {r['unfused_rel_err']}, {r['fold_rel_err']}")
+            f"{r['fold_x']:>12.2f}  {r['unfused_rel_err']}, {r['fold_rel_err']}{tiles}")
 
 
 if __name__ == "__main__":
