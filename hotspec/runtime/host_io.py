@@ -59,25 +59,32 @@ def views_of(buf: torch.Tensor, example: Tensors, layout: dict[str, tuple[int, i
             for (k, v), (off, row) in zip(example.items(), layout.values())}
 
 
-class HostInputs:
+class _Staged:
+    """Static buffers that are views of one device byte buffer (`blob`, laid out by layout_of),
+    holding `example`'s values, and its mirror on the host: [2, bytes], pinned where `pin`, each
+    slot viewed as `example`'s tensors (`mirrors`) and holding its values."""
+
+    def __init__(self, example: Tensors, device: torch.device, pin: bool) -> None:
+        self.layout, size = layout_of(example)
+        self.blob = torch.zeros(size, dtype=torch.uint8, device=device)
+        self.static = views_of(self.blob, example, self.layout)
+        self.pinned = torch.zeros(2, size, dtype=torch.uint8, pin_memory=pin)
+        host = {k: v.cpu() for k, v in example.items()}
+        self.mirrors = [views_of(self.pinned[s], host, self.layout) for s in range(2)]
+        for k, v in example.items():
+            self.static[k].copy_(v)
+            for m in self.mirrors:
+                m[k].copy_(host[k])
+
+
+class HostInputs(_Staged):
     """A phase's inputs that come from the host: their static buffers, views of one device byte
     buffer (the 1-row ones first, so a small batch's rows are a short prefix), and its pinned
     mirror in two slots [2, bytes], which the host writes and the graph's `fetch` reads."""
 
     def __init__(self, static: Tensors, pad: Tensors, device: torch.device) -> None:
         order = sorted(static, key=lambda k: static[k][0].numel() * static[k].element_size())
-        example = {k: static[k] for k in order}
-        self.layout, size = layout_of(example)
-        self.blob = torch.zeros(size, dtype=torch.uint8, device=device)
-        self.static = views_of(self.blob, example, self.layout)
-        for k, v in example.items():
-            self.static[k].copy_(v)
-        self.pinned = torch.zeros(2, size, dtype=torch.uint8, pin_memory=True)
-        host = {k: v.cpu() for k, v in example.items()}
-        self.mirrors = [views_of(self.pinned[s], host, self.layout) for s in range(2)]
-        for m in self.mirrors:
-            for k, v in host.items():
-                m[k].copy_(v)
+        super().__init__({k: static[k] for k in order}, device, pin=True)
         self.pad = {k: pad[k].cpu() for k in order}  # one padding row per input
         self.done = [torch.cuda.Event(), torch.cuda.Event()]  # the last replay that read a slot
         self.used = [False, False]
@@ -100,7 +107,7 @@ class HostInputs:
         self.used[slot] = True
 
 
-class StagedInputs:
+class StagedInputs(_Staged):
     """A bucket graph's host inputs (prefill: ids, positions, slots, lengths, block tables),
     whole tensors of one fixed size each: their static buffers are views of one device byte
     buffer, filled by ONE copy from a pinned mirror in two slots (`write`), not a copy per input
@@ -108,15 +115,8 @@ class StagedInputs:
     the copy that last read it (an event; two steps back)."""
 
     def __init__(self, example: Tensors, device: torch.device) -> None:
-        self.layout, size = layout_of(example)
-        self.blob = torch.zeros(size, dtype=torch.uint8, device=device)
-        self.static = views_of(self.blob, example, self.layout)
-        for k, v in example.items():
-            self.static[k].copy_(v)
         pin = device.type == "cuda"
-        self.pinned = torch.zeros(2, size, dtype=torch.uint8, pin_memory=pin)
-        host = {k: v.cpu() for k, v in example.items()}
-        self.mirrors = [views_of(self.pinned[s], host, self.layout) for s in range(2)]
+        super().__init__(example, device, pin)
         self.done = [torch.cuda.Event() if pin else None for _ in range(2)]
         self.slot = 0
 
