@@ -193,17 +193,18 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, glu: 
 def norm_rows_ok(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
                  glu: bool = False) -> bool:
     """Whether the norm before `weight` folds into its GEMM (layers/norm_rows_kernel.py: a row
-    of at most 1,024 values, 16-bit, the norm weight in x's dtype): in the deterministic mode at
-    every row count; else where the few-row GEMM would run the projection (`rows_config`: 2..16
-    rows, the verify, draft_extend and tree-draft rows and a short prefill), which saves the
-    norm's own launch."""
+    of at most 1,024 values, 16-bit, the norm weight in x's dtype): in the deterministic mode, at
+    every row count. Not in the default mode: its first form there (2..16 rows) spilled registers
+    and made SmolLM2's decode at batch 8 4.2 ms a step against 1.0 (H100, 2026-12-07); the
+    chunked kernel has not been measured against the norm and the few-row GEMM yet
+    (lab/benchmarks/prenorm_bench.py --m 2,4,8,16 decides)."""
     if not enabled(x, weight, norm_weight) or norm_weight.dtype != x.dtype:
         return False
     from hotspec.layers.norm_rows_kernel import folds
 
     if not folds(x, weight):
         return False
-    return deterministic.on() or rows_config(x, weight, glu) is not None
+    return deterministic.on()
 
 
 def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,

@@ -52,9 +52,8 @@ def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lin(norm(x + residual)), x + residual) for [T, H] x (residual None: lin(norm(x)), x): the
     pre-norm step and the projection after it. One kernel for one row where the GEMV runs
-    (layers/norm_gemv_kernel.norm_gemv), and for a narrow row (at most 1,024 values) where the
-    few-row GEMM runs or in the deterministic mode (layers/norm_rows_kernel.py); else the norm,
-    then `linear`."""
+    (layers/norm_gemv_kernel.norm_gemv), and for a narrow row (at most 1,024 values) in the
+    deterministic mode (layers/norm_rows_kernel.py); else the norm, then `linear`."""
     if fused.norm_rows_ok(x, lin.weight, norm.weight):
         return fused.norm_rows_linear(x, residual, norm.weight, norm.eps, lin.weight,
                                       bias=lin.bias)
@@ -71,8 +70,8 @@ def norm_mlp(norm: RMSNorm, gate_up: nn.Linear, down: nn.Linear, x: torch.Tensor
              residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(down(silu(gate) * up) of norm(x + residual), x + residual) for a fused [gate | up]
     projection: the pre-norm step and the MLP. For 2..16 rows gate_up and silu * up are one
-    Triton GEMM (layers/rows_kernel.py, glu) where it runs, a narrow row's norm folded in too
-    (layers/norm_rows_kernel.py; so in the deterministic mode at every row count); else
+    Triton GEMM (layers/rows_kernel.py, glu) where it runs (in the deterministic mode at every
+    row count, a narrow row's norm folded in: layers/norm_rows_kernel.py); else
     `norm_linear`, then `silu_mul_linear` (one row: the norm folds into gate_up and silu * up
     into down)."""
     if gate_up.bias is None and fused.norm_rows_ok(x, gate_up.weight, norm.weight, glu=True):

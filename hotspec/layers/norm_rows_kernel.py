@@ -1,8 +1,7 @@
 """An RMSNorm (after the residual add) folded into the projection that reads it, for a narrow
-hidden size (K <= NORM_ROWS_MAX_K: SmolLM2's 576, Qwen2.5-0.5B's 896): where the few-row GEMM
-(layers/rows_kernel.py) runs a pre-norm projection (2..16 rows: verify, draft_extend, the tree
-draft, a short prefill; Qwen's biased qkv too), and in the deterministic mode, where every Linear
-is that tiled GEMM at every row count.
+hidden size (K <= NORM_ROWS_MAX_K: SmolLM2's 576, Qwen2.5-0.5B's 896; Qwen's biased qkv too) in
+the deterministic mode, where every Linear is the tiled GEMM of layers/rows_kernel.py at every
+row count (fused.norm_rows_ok: the default mode's 2..16 rows wait for a measurement).
 
 Without the fold each pre-norm projection costs a norm kernel of its own: two launches a layer
 of a few microseconds for a few KB each, where a small model's phases are launch-bound
