@@ -121,8 +121,8 @@ def rows_kernel():
 def norm_rows_kernel():
     """The deterministic mode's norm folded into the GEMM (SmolLM2's qkv and gate_up, Qwen's
     qkv with its bias): K in BLOCK_K chunks, 16-row mma.sync as the plain GEMM's, and next to no
-    register spill (a whole 1,024-wide row with gate and up panels spilled 2.3 KB a thread: 17x
-    slower than the norm and cuBLAS on the H100)."""
+    register spill (a whole 1,024-wide row beside the gate and up panels spills kilobytes a
+    thread, and the kernel then runs many times slower than the norm and cuBLAS)."""
     from hotspec.layers import norm_rows_kernel as nr
 
     bf = "*bf16"

@@ -101,9 +101,8 @@ def test_gpu_norm_rows_real_shapes(n_rows, k, glu):
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_norm_folds_in_the_deterministic_mode_only(bias, monkeypatch):
     """norm_linear of narrow rows is the fold's one kernel in the deterministic mode (its bits,
-    close to the reference) and the norm then the projection outside it, at every row count (the
-    default mode's 2..16-row fold waits for a GPU measurement). (On the CPU the fused path is
-    forced, in the interpreter.)"""
+    close to the reference) and the norm then the projection outside it, at every row count. (On
+    the CPU the fused path is forced, in the interpreter.)"""
     from torch import nn
 
     from hotspec.layers import deterministic, fused

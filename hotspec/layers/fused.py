@@ -194,10 +194,9 @@ def norm_rows_ok(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tenso
                  glu: bool = False) -> bool:
     """Whether the norm before `weight` folds into its GEMM (layers/norm_rows_kernel.py: a row
     of at most 1,024 values, 16-bit, the norm weight in x's dtype): in the deterministic mode, at
-    every row count. Not in the default mode: its first form there (2..16 rows) spilled registers
-    and made SmolLM2's decode at batch 8 4.2 ms a step against 1.0 (H100, 2026-12-07); the
-    chunked kernel has not been measured against the norm and the few-row GEMM yet
-    (lab/benchmarks/prenorm_bench.py --m 2,4,8,16 decides)."""
+    every row count. The default mode runs the norm, then the few-row GEMM: the fold takes its
+    2..16 rows only where lab/benchmarks/prenorm_bench.py --m 2,4,8,16 measures it faster
+    (benchmarks/RESULTS.md)."""
     if not enabled(x, weight, norm_weight) or norm_weight.dtype != x.dtype:
         return False
     from hotspec.layers.norm_rows_kernel import folds

@@ -1,7 +1,7 @@
 """An RMSNorm (after the residual add) folded into the projection that reads it, for a narrow
 hidden size (K <= NORM_ROWS_MAX_K: SmolLM2's 576, Qwen2.5-0.5B's 896; Qwen's biased qkv too) in
 the deterministic mode, where every Linear is the tiled GEMM of layers/rows_kernel.py at every
-row count (fused.norm_rows_ok: the default mode's 2..16 rows wait for a measurement).
+row count (fused.norm_rows_ok).
 
 Without the fold each pre-norm projection costs a norm kernel of its own: two launches a layer
 of a few microseconds for a few KB each, where a small model's phases are launch-bound
@@ -10,10 +10,9 @@ reads its rows in BLOCK_K chunks twice: first to add the residual (rounded to th
 programs of column block 0 store the new stream) and sum the squares, then (from L1/L2) to
 normalise and scale each chunk, rounded where fused_kernels._rms_norm_kernel rounds, and multiply
 it by the chunk of its weight panel (with glu: the gate and up panels, silu(gate) * up in
-rows_kernel's epilogue). A whole row in registers with two weight panels spilled: 115 us for
-SmolLM2's gate_up at 16 rows on the H100, where the norm and cuBLAS take 7 us. The tile is
-always 16 rows and the chunks fixed, so a row's norm reduces over one layout at
-every row count: a row's bits do not depend on the batch (the deterministic mode rests on it).
+rows_kernel's epilogue); a whole row in registers beside two weight panels would spill. The
+tile is always 16 rows and the chunks fixed, so a row's norm reduces over one layout at every row
+count: a row's bits do not depend on the batch (the deterministic mode rests on it).
 """
 
 from __future__ import annotations
