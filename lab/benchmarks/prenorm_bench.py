@@ -1,8 +1,8 @@
-"""The pre-norm projections of a narrow model (SmolLM2, Qwen2.5-0.5B) above 16 rows: what the
-engine runs there today (the residual add + RMSNorm kernel, then cuBLAS, then silu_mul for
-gate_up) against the norm folded into the 16-row-tile GEMM (layers/norm_rows_kernel.py, which
-runs only at 2..16 rows and in the deterministic mode). Decides whether the fold should take
-prefill chunks and verify batches of 17-512 rows. CUDA only.
+"""The pre-norm projections of a narrow model (SmolLM2, Qwen2.5-0.5B): what the default engine
+runs (the residual add + RMSNorm kernel, then cuBLAS, then silu_mul for gate_up) against the norm
+folded into the 16-row-tile GEMM (layers/norm_rows_kernel.py, which the deterministic mode runs at
+every row count). Decides whether the default mode should fold too: at its few-row GEMM's 2..16
+rows (`--m 2,4,8,16`), and at prefill chunks and verify batches of 17-512 rows. CUDA only.
 
     python lab/benchmarks/prenorm_bench.py [--shapes smol,qwen] [--m 16,32,64,128,256,512]
 
