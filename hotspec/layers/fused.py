@@ -190,30 +190,6 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, glu: 
     return kernel(x, weight, config, glu=glu, bias=bias)
 
 
-def norm_rows_ok(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
-                 glu: bool = False) -> bool:
-    """Whether the norm before `weight` folds into its GEMM (layers/norm_rows_kernel.py: a row
-    of at most 1,024 values, 16-bit, the norm weight in x's dtype): in the deterministic mode, at
-    every row count. The default mode runs the norm, then the few-row GEMM: the fold takes its
-    2..16 rows only where lab/benchmarks/prenorm_bench.py --m 2,4,8,16 measures it faster
-    (benchmarks/RESULTS.md)."""
-    if not enabled(x, weight, norm_weight) or norm_weight.dtype != x.dtype:
-        return False
-    from hotspec.layers.norm_rows_kernel import folds
-
-    if not folds(x, weight):
-        return False
-    return deterministic.on()
-
-
-def norm_rows_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                     eps: float, weight: torch.Tensor, glu: bool = False,
-                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    from hotspec.layers.norm_rows_kernel import norm_rows_linear as kernel
-
-    return kernel(x, residual, norm_weight, eps, weight, glu=glu, bias=bias)
-
-
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
               weight: torch.Tensor, config: GemvConfig) -> tuple[torch.Tensor, torch.Tensor]:
     from hotspec.layers.norm_gemv_kernel import norm_gemv as kernel

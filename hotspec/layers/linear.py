@@ -52,11 +52,7 @@ def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lin(norm(x + residual)), x + residual) for [T, H] x (residual None: lin(norm(x)), x): the
     pre-norm step and the projection after it. One kernel for one row where the GEMV runs
-    (layers/norm_gemv_kernel.norm_gemv), and for a narrow row (at most 1,024 values) in the
-    deterministic mode (layers/norm_rows_kernel.py); else the norm, then `linear`."""
-    if fused.norm_rows_ok(x, lin.weight, norm.weight):
-        return fused.norm_rows_linear(x, residual, norm.weight, norm.eps, lin.weight,
-                                      bias=lin.bias)
+    (layers/norm_gemv_kernel.norm_gemv); else the norm, then `linear`."""
     cfg = fused.norm_gemv_config(x, lin.weight, norm.weight) if lin.bias is None else None
     if cfg is not None:
         return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)
@@ -71,13 +67,8 @@ def norm_mlp(norm: RMSNorm, gate_up: nn.Linear, down: nn.Linear, x: torch.Tensor
     """(down(silu(gate) * up) of norm(x + residual), x + residual) for a fused [gate | up]
     projection: the pre-norm step and the MLP. For 2..16 rows gate_up and silu * up are one
     Triton GEMM (layers/rows_kernel.py, glu) where it runs (in the deterministic mode at every
-    row count, a narrow row's norm folded in: layers/norm_rows_kernel.py); else
-    `norm_linear`, then `silu_mul_linear` (one row: the norm folds into gate_up and silu * up
-    into down)."""
-    if gate_up.bias is None and fused.norm_rows_ok(x, gate_up.weight, norm.weight, glu=True):
-        h, stream = fused.norm_rows_linear(x, residual, norm.weight, norm.eps, gate_up.weight,
-                                           glu=True)
-        return linear(down, h), stream
+    row count); else `norm_linear`, then `silu_mul_linear` (one row: the norm folds into gate_up
+    and silu * up into down)."""
     rows = fused.rows_config(x, gate_up.weight, glu=True) if gate_up.bias is None else None
     if rows is not None:
         if residual is None:

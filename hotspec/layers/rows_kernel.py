@@ -14,8 +14,8 @@ the [M, 2N] gate_up output nor the silu_mul kernel exists.
 
 The RMSNorm before the projection is its own PDL-chained kernel for a wide row: the GEMM's loop
 must stay loads feeding tl.dot, or its loads stop being pipelined (at the 8B shape a norm
-inside the loop measured 2-3x slower: benchmarks/RESULTS.md). A row of at most 1,024 values is
-one K tile, so its norm folds in without a loop (layers/norm_rows_kernel.py).
+inside the loop measured 2-3x slower: benchmarks/RESULTS.md), and a narrow row's norm folded in
+as a second pass over K measured 1.4-3x the norm plus this GEMM at 1..16 rows.
 
 PDL (layers/pdl.py): every launch has the attribute; a program pulls its weight panel into L2 when
 the weight fits a third of L2 (pdl.prefetch_cols), signals that the next kernel may launch, then
