@@ -20,7 +20,10 @@ if not torch.cuda.is_available():
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hotspec-tests-cache-")
 
 torch.manual_seed(0)
-torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+# Under pytest-xdist (`-n N`) the workers share the cores: one torch thread each, or their
+# intra-op threads spin-wait on one another.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+torch.set_num_threads(max(1, min(4, (os.cpu_count() or 1) // max(1, _WORKERS))))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -168,7 +168,8 @@ def test_json_object_answers_are_objects(oa: openai.OpenAI, kw: dict[str, Any]) 
     tok = load_tokenizer(resolve_model_path(None))
     compiled = GrammarCompiler(tok, 49152).compile(GrammarSpec("json_object"))
     for sampling in SAMPLING:
-        r = oa.chat.completions.create(**kw, **sampling, response_format={"type": "json_object"})  # type: ignore[call-overload]
+        r = oa.chat.completions.create(**dict(kw, max_tokens=96), **sampling,  # type: ignore[call-overload]
+                                       response_format={"type": "json_object"})
         text, finish = r.choices[0].message.content or "", r.choices[0].finish_reason
         if finish == "stop":
             assert isinstance(json.loads(text), dict), text

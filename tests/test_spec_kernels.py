@@ -135,8 +135,8 @@ def test_kernels_real_shapes(b, shape):
 def test_engine_with_the_bookkeeping_kernels_equals_vanilla(shape, tmp_path, monkeypatch):
     """The EAGLE-3 engine with every bookkeeping kernel in the loop (CPU tensors take the fused
     kernels, through Triton's interpreter): the phases' index inputs, the frontier, the tree and
-    greedy acceptance. float32 greedy output equals vanilla's token for token (a 32-token
-    vocabulary, so the random head's drafts are accepted now and then)."""
+    greedy acceptance. float32 greedy output equals vanilla's (torch ops) token for token (a
+    32-token vocabulary, so the random head's drafts are accepted now and then)."""
     from engine_utils import save_tiny_llama
 
     from hotspec import LLM, SamplingParams
@@ -147,13 +147,13 @@ def test_engine_with_the_bookkeeping_kernels_equals_vanilla(shape, tmp_path, mon
     path = save_tiny_llama(tmp_path / "target", vocab=32, hidden=64, layers=6, std=0.3)
     cfg, _ = load_checkpoint(str(path), torch.float32)
     head = random_draft_checkpoint(tmp_path / "head", cfg, "EAGLE3", seed=3)
-    monkeypatch.setattr(fused, "_on_device", lambda x: True)
     prompts = [[1, 5, 9, 3, 2], list(range(4, 20))]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     kw = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, max_num_seqs=2,
               kv_cache_memory_gb=0.01)
     want = [o.token_ids for o in LLM(str(path), **kw).generate(prompt_token_ids=prompts,
                                                                  sampling_params=params)]
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)
     steps, topk, ntok = shape
     spec = LLM(str(path), speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head),
                speculative_num_steps=steps, speculative_eagle_topk=topk,
