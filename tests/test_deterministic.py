@@ -94,20 +94,31 @@ def test_verify_rows_equal_decode_rows_and_decode_is_batch_invariant(prefix: int
     _check_tree_rows(prefix, n, 6, 2, 32, kv_chunk=64, programs=programs)
 
 
+@pytest.mark.parametrize("prefix,n,programs", [(60, 4, None), (130, 8, 1)])
+def test_a_chains_causal_verify_rows_equal_decode_rows(prefix: int, n: int, programs: int | None):
+    """A chain (topk 1) verifies causally, several nodes a tile (phases.verify in the mode): its
+    rows equal TREE_SEQ's one node a tile, and each node's decode row, bit for bit."""
+    _check_tree_rows(prefix, n, 6, 2, 32, kv_chunk=64, programs=programs, chain=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("chain", [False, True], ids=["tree", "chain"])
 @pytest.mark.parametrize("prefix,n,hq,hkv,d", [(700, 12, 9, 3, 64), (93, 16, 32, 8, 128),
                                                (1500, 8, 14, 2, 64)])
-def test_gpu_verify_rows_equal_decode_rows(prefix: int, n: int, hq: int, hkv: int, d: int):
-    """As above at SmolLM2's, the 8B's and Qwen2.5-0.5B's head shapes, on the GPU's own
-    instructions."""
-    _check_tree_rows(prefix, n, hq, hkv, d)
+def test_gpu_verify_rows_equal_decode_rows(prefix: int, n: int, hq: int, hkv: int, d: int,
+                                           chain: bool):
+    """As above at SmolLM2's, the 8B's and Qwen2.5-0.5B's head shapes, a tree's and a chain's,
+    on the GPU's own instructions."""
+    _check_tree_rows(prefix, n, hq, hkv, d, chain=chain)
 
 
 def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int, kv_chunk: int = 128,
-                     programs: int | None = None) -> None:
+                     programs: int | None = None, chain: bool = False) -> None:
     g = torch.Generator().manual_seed(prefix)
     _, mask = _tree(n, g)
+    if chain:  # node i's parent is node i - 1: the mask is causal
+        mask = torch.ones(n, n, dtype=torch.bool).tril()
     depth = mask.sum(-1) - 1
     k = torch.randn(prefix + n, hkv, d, generator=g).to(torch.bfloat16)
     v = torch.randn(prefix + n, hkv, d, generator=g).to(torch.bfloat16)
@@ -120,6 +131,10 @@ def _check_tree_rows(prefix: int, n: int, hq: int, hkv: int, d: int, kv_chunk: i
     tree_table = cache.put(k, v, cols)[None]  # the prefix, then node i at prefix + i
     verify = _attend(det, _fb(ForwardMode.VERIFY, [n], [prefix + n], tree_table, n,
                               prefix + depth, mask[None]), q, cache)
+    if chain:  # as phases.verify passes a chain in the mode: causal, several nodes a tile
+        causal = _attend(det, _fb(ForwardMode.VERIFY, [n], [prefix + n], tree_table, n,
+                                  prefix + depth), q, cache)
+        assert torch.equal(causal, verify), "a chain's causal verify differs from TREE_SEQ's"
 
     paths, tables = [], []  # node i's keys as decode reads them: the prefix, then its path
     for i in range(n):

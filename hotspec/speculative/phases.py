@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from hotspec.core.forward_batch import ForwardBatch, ForwardMode
+from hotspec.layers import deterministic
 from hotspec.layers.argmax import argmax
 from hotspec.layers.logprobs import token_logprobs
 from hotspec.layers.sampler import shape_logits_to_probs
@@ -158,10 +159,13 @@ class EaglePhases:
         b, n = tree.tokens.shape
         slots, positions, loc, q_lens, kv_lens = verify_inputs(tables, seq, tree.depth,
                                                                 max(n, self.width), self.block_size)
+        # a chain's tree mask is causal: the deterministic mode attends it so, several nodes a
+        # tile, where a tree's nodes each read their own keys (one node a tile: TREE_SEQ)
+        chain = self.topk == 1 and deterministic.on()
         fb = ForwardBatch(
             mode=ForwardMode.VERIFY, input_ids=tree.tokens.reshape(-1), positions=positions,
             out_cache_loc=loc, q_lens=q_lens, kv_lens=kv_lens, block_tables=tables, width=n,
-            max_q=n, max_kv=self.max_kv, custom_mask=tree.mask)
+            max_q=n, max_kv=self.max_kv, custom_mask=None if chain else tree.mask)
         hidden, aux = self.target_runner.forward(fb)
         logits = self.target.compute_logits(hidden).view(b, n, -1)
         return Verified(tree, logits, self.feature(hidden, aux).view(b, n, -1), slots)

@@ -247,7 +247,8 @@ class TritonBackend(AttentionBackend):
         """(block_m, the padded group, query rows a tile holds, query tiles) for `rows` query
         rows a request: the query heads of a kv head fill a tile's rows (group padded to a power
         of two), up to 64 rows (32 in fp32) or the constructor's block_m; one_row (the
-        deterministic mode's uniform phases): one query row a tile."""
+        deterministic mode's tree verify, TREE_SEQ: each node reads its own keys): one query row
+        a tile."""
         gp = _pow2(group)
         if self.block_m is not None:
             block_m = self.block_m
@@ -284,8 +285,8 @@ class TritonBackend(AttentionBackend):
         is_fp32 = q.dtype == torch.float32
         b = p.q_lens.shape[0]
         rows = p.max_q if p.width is None else p.width
-        block_m, gp, block_q, q_blocks = self._tiles(
-            rows, group, is_fp32, self.deterministic and p.width is not None)
+        block_m, gp, block_q, q_blocks = self._tiles(rows, group, is_fp32,
+                                                     p.tree_positions is not None)
         block_n = self._block_n(p, is_fp32, q_blocks * b * hkv, q.device)
         splits = self._splits(p, q_blocks * b * hkv, block_m, block_n, q.device)
 

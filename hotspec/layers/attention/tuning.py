@@ -34,9 +34,11 @@ class KernelTuning:
 
     deterministic (the engine's `--deterministic`, layers/deterministic.py): one tile config for
     every phase and batch (16-row tiles, 64 kv rows (32 in fp32), 4 warps, 2 stages, no FMA
-    contraction), one query row per program in the uniform phases (decode keeps the RoPE fold,
-    whose rotation is rope_store's to the bit), and verify reads each tree node's keys as the
-    sequence decode reads (the kernel's TREE_SEQ). A row's keys are cut into chunks of kv_chunk
+    contraction), a tree's verify with one query row per program, which reads its tree node's
+    keys as the sequence decode reads (the kernel's TREE_SEQ); every other phase (a chain's
+    verify is causal) fills its tiles with query rows as the fast path does, since no row's
+    arithmetic depends on the other rows of its tile (decode keeps the RoPE fold, whose
+    rotation is rope_store's to the bit). A row's keys are cut into chunks of kv_chunk
     indices at fixed places (0, kv_chunk, ...): the uniform phases run them as splits (each
     chunk's partial its own, -inf past the row's keys) merged by combine_splits_seq,
     prefill one after another in its program, merged the same way. A row's output then depends
