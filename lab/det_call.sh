@@ -16,6 +16,6 @@ done; done
 [ "${EXTRA:-1}" = 1 ] && timeout 60 python3 benchmarks/decode_bench.py --model smollm2-shape --device cuda --mode graphed \
   --batch-sizes 1 --context 512 --tokens 16 --kernels --deterministic 2>&1 | grep -E " x +[0-9]+ " | head -6
 [ "${EXTRA:-1}" = 1 ] && timeout 60 python3 lab/benchmarks/attn_bench.py --model default --context 512 --batch-sizes 1,8,32 \
-  --phases decode,verify,draft_extend --variants auto,det 2>&1 | tail -10
+  --phases decode,verify,verify-causal,draft_extend --variants auto,det 2>&1 | tail -14
 [ "${TUNE_S:-150}" -gt 0 ] && timeout "${TUNE_S:-150}" python3 lab/benchmarks/det_tune.py --shapes smol --out "$OUT/tune.json" 2>&1 \
   | grep -v "^  smol" | tee "$OUT/tune.log" | grep -E "^smol|current|best" | head -40
