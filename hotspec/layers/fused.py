@@ -63,9 +63,9 @@ def describe(device: torch.device) -> str:
         return "; ".join([
             "deterministic (batch-invariant): fused Triton norms, RoPE and greedy argmax; every "
             "Linear the tiled Triton GEMM at every row count, one config per weight (split-K for "
-            "large narrow weights, slices summed in order), the norm folded in for rows of <= "
-            "1,024; attention one tile over fixed 128-key chunks merged in order, verify reading "
-            "each tree node's keys as decode's sequence",
+            "large narrow weights, slices summed in order); attention one tile over fixed "
+            "128-key chunks merged in order, a tree's verify reading each node's keys as "
+            "decode's sequence, a chain's causal",
             pdl.describe(device),
         ])
     return "; ".join([
