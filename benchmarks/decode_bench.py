@@ -37,6 +37,7 @@ from hotspec.benchmark.hf_baseline import hf_generate_tokens_per_s
 from hotspec.benchmark.random_models import SHAPES, random_state
 from hotspec.config import EngineConfig
 from hotspec.engine.engine import Engine, resolve_device_dtype
+from hotspec.layers import fused
 from hotspec.layers.norm import RMSNorm
 from hotspec.models.build import build_target
 from hotspec.sampling_params import SamplingParams
@@ -345,8 +346,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "default: the engine's, on with CUDA graphs)")
     p.add_argument("--deterministic", action="store_true",
                    help="the engine's --deterministic (batch-invariant kernels)")
+    p.add_argument("--row-gemv", type=int, default=None, metavar="R",
+                   help="run 2..R rows' projections as one-row GEMVs side by side "
+                        "(layers/fused.ROW_GEMV_MAX; default: the engine's)")
     p.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
+    if args.row_gemv is not None:
+        fused.ROW_GEMV_MAX = args.row_gemv
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if min(args.batch_sizes) < 1 or args.context < 1 or args.tokens < 1 or args.warmup < 0:
         p.error("batch sizes, --context and --tokens must be >= 1, --warmup >= 0")

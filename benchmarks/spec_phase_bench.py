@@ -44,6 +44,7 @@ from hotspec.benchmark.random_models import SHAPES, random_state  # noqa: E402
 from hotspec.config import EngineConfig  # noqa: E402
 from hotspec.core.spec_shape import SpecShape
 from hotspec.engine.engine import Engine  # noqa: E402
+from hotspec.layers import fused  # noqa: E402
 from hotspec.models.build import build_target  # noqa: E402
 from hotspec.models.default_model import default_draft_head, default_model_path  # noqa: E402
 from hotspec.models.draft_checkpoint import random_draft_checkpoint  # noqa: E402
@@ -181,8 +182,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="print each graph's N kernels of most total time (CUDA)")
     p.add_argument("--window", type=int, nargs=2, metavar=("FIRST", "COUNT"), default=None,
                    help="print kernels FIRST..FIRST+COUNT-1 of one replay of each graph (CUDA)")
+    p.add_argument("--row-gemv", type=int, default=None, metavar="R",
+                   help="run 2..R rows' projections as one-row GEMVs side by side "
+                        "(layers/fused.ROW_GEMV_MAX; default: the engine's)")
     p.add_argument("--out", default=None, help="write the rows here as JSON")
     args = p.parse_args(argv)
+    if args.row_gemv is not None:
+        fused.ROW_GEMV_MAX = args.row_gemv
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)

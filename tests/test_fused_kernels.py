@@ -252,6 +252,19 @@ def test_norm_gemv_engine_decode_equals_separate_kernels(tmp_path, monkeypatch):
     assert len(on_rows) >= 2 * 2 * 5, "two norms per layer per decode step"
 
 
+def test_row_gemv_engine_equals_the_few_row_gemm(tmp_path, monkeypatch):
+    """fused.ROW_GEMV_MAX: a few rows (here a 5-token prompt's prefill) run the one-row norm-GEMV
+    programs side by side instead of the norm kernel and the few-row GEMM. In bf16 through the
+    interpreter, the engine's greedy tokens are the same either way, and the rows really ran so."""
+    from engine_utils import interpreter_ab, save_tiny_llama
+
+    path = save_tiny_llama(tmp_path / "tiny", vocab=96, hidden=64, layers=2, std=0.2)
+    (ref, off_rows), (tokens, on_rows) = interpreter_ab(monkeypatch, path, "norm_gemv",
+                                                        "ROW_GEMV_MAX", (0, 16))
+    assert tokens == ref
+    assert 5 in on_rows and not any(r > 1 for r in off_rows)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_eagle3_inputs_in_one_kernel_equal_the_lookup_and_two_norms(dtype, monkeypatch):
     """The EAGLE-3 head's input [input_layernorm(embed(tokens)) | hidden_norm(feature)] from

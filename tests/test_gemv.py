@@ -299,10 +299,12 @@ def test_norm_gemv_matches_norm_then_linear(res):
 
 
 def test_norm_gemv_rejects_what_it_does_not_handle():
-    x, w = _inputs(2, N, K, False, seed=42)
+    x, w = _inputs(17, N, K, False, seed=42)
     nw = torch.ones(K, dtype=BF16, device=DEV)
-    with pytest.raises(ValueError, match=r"x \[1, K\]"):
+    with pytest.raises(ValueError, match=r"x \[M <= 16, K\]"):
         ng.norm_gemv(x, None, nw, 1e-5, w, SMALL)
+    with pytest.raises(ValueError, match="residual"):
+        ng.norm_gemv(x[:2], x[:3], nw, 1e-5, w, SMALL)
     with pytest.raises(ValueError, match="split-K"):
         ng.norm_gemv(x[:1], None, nw, 1e-5, w, gk.GemvConfig(16, 32, 2, 4, 2))
     with pytest.raises(ValueError, match="dtype"):
@@ -345,3 +347,110 @@ def test_gemv_config_follows_the_measured_table(monkeypatch):
     assert fused.gemv_config(x1, qkv) is not None
     assert fused.gemv_config(x8, qkv) is None, "cuBLAS where it measured faster"
     assert fused.gemv_config(x17, o) is None
+
+
+@pytest.mark.parametrize("pipe", [1, 2])
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("m", [2, 5])
+def test_per_row_gemv_rows_equal_each_row_alone(m, silu, pipe):
+    """gemv(per_row=True): M rows side by side in one launch, each row the bits of its own
+    one-row launch (the verify rows of a few tokens computed as decode computes one)."""
+    x, w = _inputs(m, N, K, silu, seed=60 + m)
+    cfg = gk.GemvConfig(16, 32, 1, 4, 1, PIPE=pipe)
+    y = gk.gemv(x, w, silu_mul=silu, config=cfg, per_row=True)
+    _check(y, x, w, silu)
+    for i in range(m):
+        assert torch.equal(y[i:i + 1], gk.gemv(x[i:i + 1], w, silu_mul=silu, config=cfg))
+
+
+def test_per_row_gemv_rejects_split_k():
+    x, w = _inputs(3, N, K, False, seed=64)
+    with pytest.raises(ValueError, match="per_row"):
+        gk.gemv(x, w, config=gk.GemvConfig(16, 32, 2, 4, 1), per_row=True)
+
+
+@pytest.mark.parametrize("res", [True, False], ids=["add+norm", "norm"])
+def test_norm_gemv_rows_equal_each_row_alone(res):
+    """The norm-GEMV of M rows side by side: each row's output and stream the bits of its own
+    one-row launch."""
+    m = 3
+    x, w = _inputs(m, N, K, False, seed=65)
+    r, nw = _norm_inputs(m, K, 66, res)
+    cfg = gk.GemvConfig(16, 32, 1, 4, 1, PIPE=2)
+    y, s = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
+    assert y.shape == (m, N) and s.shape == (m, K)
+    for i in range(m):
+        y1, s1 = ng.norm_gemv(x[i:i + 1], None if r is None else r[i:i + 1], nw, 1e-5, w, cfg)
+        assert torch.equal(y[i:i + 1], y1) and torch.equal(s[i:i + 1], s1)
+
+
+def test_row_gemv_routes_a_few_rows_through_one_row_programs(monkeypatch):
+    """With fused.ROW_GEMV_MAX = R, a layer's projections of 2..R rows take the one-row configs
+    (norm folded into qkv and gate_up, silu * up into down) and nothing else; R + 1 rows and a
+    weight over ROW_GEMV_MAX_BYTES do not; with 0 (off) nothing does."""
+    from torch import nn
+
+    from hotspec.layers import fused
+    from hotspec.layers.linear import linear, norm_linear, norm_mlp
+    from hotspec.layers.norm import RMSNorm
+
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)
+    monkeypatch.setattr(fused, "_available", lambda: True)
+    monkeypatch.setattr(gk, "CONFIGS", {(1, 96, 64, False): gk.GemvConfig(16, 32, 1, 4, 1, PIPE=2),
+                                        (1, 64, 64, False): gk.GemvConfig(16, 32, 1, 4, 1),
+                                        (1, 64, 48, True): gk.GemvConfig(16, 32, 1, 4, 1)})
+    torch.manual_seed(0)
+    qkv, o = nn.Linear(64, 96, bias=False).to(BF16), nn.Linear(64, 64, bias=False).to(BF16)
+    gate_up, down = nn.Linear(64, 96, bias=False).to(BF16), nn.Linear(48, 64, bias=False).to(BF16)
+    norm = RMSNorm(64, 1e-5).to(BF16)
+    x, res = torch.randn(3, 64).to(BF16), torch.randn(3, 64).to(BF16)
+    calls: list[tuple[str, int, bool]] = []
+    real_gemv, real_norm = fused.gemv, fused.norm_gemv
+    monkeypatch.setattr(fused, "gemv", lambda x, w, c, silu_mul=False, per_row=False: calls.append(
+        ("gemv", x.shape[0], per_row)) or real_gemv(x, w, c, silu_mul, per_row))
+    monkeypatch.setattr(fused, "norm_gemv", lambda x, *a: calls.append(("norm_gemv", x.shape[0], True))
+                        or real_norm(x, *a))
+    with torch.no_grad():
+        monkeypatch.setattr(fused, "ROW_GEMV_MAX", 0)
+        assert fused.row_gemv_config(x, o.weight) is None
+        monkeypatch.setattr(fused, "ROW_GEMV_MAX", 4)
+        y, s = norm_linear(norm, qkv, x, res)
+        h, h_ref = linear(o, y[:, :64]), o(y[:, :64])
+        out, s2 = norm_mlp(norm, gate_up, down, x, res)
+        assert calls == [("norm_gemv", 3, True), ("gemv", 3, True), ("norm_gemv", 3, True),
+                         ("gemv", 3, True)]
+        ref_y = qkv(norm(x + res))
+        torch.testing.assert_close(y.float(), ref_y.float(), rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(h.float(), h_ref.float(), rtol=3e-2, atol=3e-2)
+        g, u = gate_up(norm(x + res)).float().chunk(2, dim=-1)
+        ref_out = down((torch.nn.functional.silu(g) * u).to(BF16))
+        torch.testing.assert_close(out.float(), ref_out.float(), rtol=5e-2, atol=5e-2)
+        assert torch.equal(s, s2)
+        torch.testing.assert_close(s.float(), (x.float() + res.float()), rtol=1e-2, atol=1e-2)
+        x5 = torch.randn(5, 64).to(BF16)
+        assert fused.row_gemv_config(x5, o.weight) is None
+        assert fused.norm_gemv_config(x5, qkv.weight, norm.weight) is None
+        monkeypatch.setattr(fused, "ROW_GEMV_MAX_BYTES", 64 * 64 * 2 - 1)
+        assert fused.row_gemv_config(x, o.weight) is None
+        assert fused.norm_gemv_config(x, qkv.weight, norm.weight) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,silu", [(960, 576, False), (576, 576, False), (3072, 576, False),
+                                      (576, 1536, True)], ids=["qkv", "o", "gate_up", "down"])
+def test_gpu_per_row_gemv_rows_equal_decode_rows(n, k, silu):
+    """SmolLM2's projections at their one-row configs with PDL and the preload: 4 rows side by side
+    (gemv per_row; the norm-GEMV where there is no silu) equal each row's decode launch."""
+    cfg = gk.choose(1, n, k, silu)
+    assert cfg is not None and cfg.SPLIT_K == 1
+    x, w = _inputs(4, n, k, silu, seed=n)
+    y = gk.gemv(x, w, silu_mul=silu, config=cfg, per_row=True)
+    _check(y, x, w, silu)
+    for i in range(4):
+        assert torch.equal(y[i:i + 1], gk.gemv(x[i:i + 1], w, silu_mul=silu, config=cfg))
+    if not silu:
+        r, nw = _norm_inputs(4, k, 67)
+        y, s = ng.norm_gemv(x, r, nw, 1e-5, w, cfg)
+        for i in range(4):
+            y1, s1 = ng.norm_gemv(x[i:i + 1], r[i:i + 1], nw, 1e-5, w, cfg)
+            assert torch.equal(y[i:i + 1], y1) and torch.equal(s[i:i + 1], s1)

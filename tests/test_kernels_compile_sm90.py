@@ -163,7 +163,29 @@ def soft_ce_kernels():
                                    stride_t="i32"), dict(TILE_R=ck.TILE_R, TILE_C=ck.TILE_C))
 
 
-CHECKS = [phase_inputs_kernels, eagle3_input_kernel, rows_kernel,
+def row_gemvs():
+    """The one-row GEMV and norm-GEMV at SmolLM2's configs, PDL and the preload on, with rows
+    side by side (ROWS a runtime argument: gemv(per_row=True), the norm-GEMV of a few rows)."""
+    from hotspec.layers import gemv_kernels as gk
+    from hotspec.layers import norm_gemv_kernel as ng
+
+    bf = "*bf16"
+    for silu, pipe in ((False, 2), (True, 1)):
+        _compile(gk._gemv_kernel, dict(X=bf, W=bf, Y=bf, WS="*fp32", CNT="*i32", M="i32", N="i32",
+                                       K="i32", K_SPLIT="i32", stride_xm="i32", stride_wn="i32",
+                                       stride_ym="i32", ROWS="i32"),
+                 dict(SILU=silu, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, EVEN_K=False,
+                      F32_DOT=False, PDL=True, PF_COLS=-1, PRELOAD=True, PIPE=pipe))
+    for res in (True, False):
+        _compile(ng._norm_gemv_kernel, dict(X=bf, R=bf, G=bf, W=bf, Y=bf, S=bf, N="i32", K="i32",
+                                            eps="fp32", stride_wn="i32", stride_xm="i32",
+                                            stride_rm="i32", stride_sm="i32", stride_ym="i32",
+                                            ROWS="i32"),
+                 dict(HAS_RES=res, BLOCK_N=8, BLOCK_K=512, BLOCK_ROW=1024, PDL=True, PF_COLS=-1,
+                      PRELOAD=True, PIPE=2))
+
+
+CHECKS = [phase_inputs_kernels, eagle3_input_kernel, rows_kernel, row_gemvs,
           attention_with_the_rope_fold, soft_ce_kernels]
 
 if __name__ == "__main__":

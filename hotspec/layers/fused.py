@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hotspec")
 _SMS = 132  # H200: rows_config's rule of enough column blocks
+# The most rows (2..) whose projections run as one-row GEMVs side by side, the norm folded in as
+# at one row (row_gemv_config): the layer's launches of a decode step instead of the norm kernels
+# plus the few-row tl.dot GEMM. 0 (off) until measured against that on the H200
+# (benchmarks/spec_phase_bench.py --row-gemv R, lab/benchmarks/rows_bench.py --row-gemv).
+ROW_GEMV_MAX = 0
+ROW_GEMV_MAX_BYTES = 32 << 20  # larger weights (the 8B's) would not stay in L2 for every row
 
 
 @functools.cache
@@ -143,15 +149,33 @@ def deterministic_config(x: torch.Tensor, weight: torch.Tensor, glu: bool = Fals
     return config(n // 2 if glu else n, k, glu)
 
 
+def row_gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False
+                    ) -> GemvConfig | None:
+    """For x of 2..ROW_GEMV_MAX rows: the one-row GEMV config to run each row with, side by side
+    in one launch (gemv(per_row=True)), where one row has one without split-K and the weight is
+    at most ROW_GEMV_MAX_BYTES (its rows' programs read it from L2); else None."""
+    if not 2 <= (x.shape[0] if x.dim() == 2 else 0) <= ROW_GEMV_MAX:
+        return None
+    if weight.numel() * weight.element_size() > ROW_GEMV_MAX_BYTES:
+        return None
+    if not _gemv_allowed() or x.stride(1) != 1:
+        return None
+    cfg = _gemv_choice(x, 1, weight, silu_mul, True)
+    return cfg if cfg is not None and cfg.SPLIT_K == 1 and cfg.PIPE in (1, 2) else None
+
+
 def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor
                      ) -> GemvConfig | None:
     """The GEMV config to run `norm(x) @ weight.T` in one kernel with (layers/norm_gemv_kernel.py):
-    one row, a GEMV config without split-K, the norm weight in x's dtype; else None."""
-    if x.dim() != 2 or x.shape[0] != 1 or norm_weight.dtype != x.dtype:
+    one row (or up to ROW_GEMV_MAX rows side by side), a one-row GEMV config without split-K, the
+    norm weight in x's dtype; else None."""
+    if x.dim() != 2 or not 1 <= x.shape[0] <= max(1, ROW_GEMV_MAX) or norm_weight.dtype != x.dtype:
+        return None
+    if x.shape[0] > 1 and weight.numel() * weight.element_size() > ROW_GEMV_MAX_BYTES:
         return None
     if not enabled(x, norm_weight):
         return None
-    cfg = gemv_config(x, weight)
+    cfg = gemv_config(x[:1], weight)
     if cfg is None and _gemv_allowed():
         from hotspec.layers.gemv_kernels import NORM_TIES
 
@@ -198,10 +222,10 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig,
-         silu_mul: bool = False) -> torch.Tensor:
+         silu_mul: bool = False, per_row: bool = False) -> torch.Tensor:
     from hotspec.layers.gemv_kernels import gemv as kernel
 
-    return kernel(x, weight, silu_mul=silu_mul, config=config)
+    return kernel(x, weight, silu_mul=silu_mul, config=config, per_row=per_row)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

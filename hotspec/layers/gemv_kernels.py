@@ -134,19 +134,29 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  F32_DOT: tl.constexpr, PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                 PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1):
-    """Program (n, s): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT, K)).
-    K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
+                 PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1, ROWS=1):
+    """Program (n, s, r): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT,
+    K)). K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
+    r: with BLOCK_M == 1, the row of ROWS this program computes (rows side by side,
+    `gemv(per_row=True)`: each exactly as a launch of that row alone; a column block's ROWS
+    programs are adjacent in launch order, so its weights come from L2 after the first; the
+    first row's programs prefetch them).
     PDL (layers/pdl.py): the program's first weight panel goes to L2, and with PRELOAD its first
     (whole) weight tile into registers, before it waits for the kernel before; nothing else
     happens before the wait."""
-    pid_n = tl.program_id(0)
+    pid_n = tl.program_id(0) // ROWS  # a column block's rows launch side by side (L2 reuse)
+    pid_r = tl.program_id(0) % ROWS
     pid_k = tl.program_id(1)
     k_lo = pid_k * K_SPLIT
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if BLOCK_M == 1:
+        X += pid_r.to(tl.int64) * stride_xm
+        Y += pid_r.to(tl.int64) * stride_ym
     if PDL:
         pdl.launch_dependents(PDL)
-        pdl.prefetch_rows(W, offs_n, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), stride_wn, 32, PF_COLS)
+        if pid_r == 0:
+            pdl.prefetch_rows(W, offs_n, N, k_lo, tl.minimum(k_lo + K_SPLIT, K), stride_wn, 32,
+                              PF_COLS)
     w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
     _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
@@ -320,12 +330,15 @@ def prepare(N: int, config: GemvConfig, device: torch.device | str) -> None:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
-         config: GemvConfig | None = None, use_pdl: bool | None = None) -> torch.Tensor:
+         config: GemvConfig | None = None, use_pdl: bool | None = None,
+         per_row: bool = False) -> torch.Tensor:
     """x [M, K] (or [M, 2K] = [gate | up] with silu_mul) @ w[N, K].T -> [M, N] in x's dtype.
 
     bf16/fp16 only, 1 <= M <= 16, unit stride along K for x and w (x's row stride is free);
     anything else raises ValueError (callers fall back to F.linear). use_pdl: launch with
-    Programmatic Dependent Launch (layers/pdl.py; None: pdl.enabled)."""
+    Programmatic Dependent Launch (layers/pdl.py; None: pdl.enabled). per_row: the M rows as M
+    one-row GEMVs side by side in one launch (a one-row config, PIPE 1 or 2, no split-K), each
+    row's bits those of its launch alone; else M > 1 goes through tl.dot."""
     if x.dim() != 2 or w.dim() != 2:
         raise ValueError(f"gemv: x and w must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
@@ -343,9 +356,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
     cfg = config or default_config(m, n, k)
     if cfg.PIPE not in (0, 1, 2):
         raise ValueError(f"gemv: PIPE is 0 (resident), 1 or 2 (weight tiles in registers), got {cfg.PIPE}")
+    if per_row and (cfg.SPLIT_K != 1 or cfg.PIPE not in (1, 2)):
+        raise ValueError(f"gemv: per_row runs one-row programs without split-K, PIPE 1 or 2 "
+                         f"(got SPLIT_K={cfg.SPLIT_K}, PIPE={cfg.PIPE})")
     if cfg.PIPE == 0:
         return _gemv_resident(x, w, cfg, silu_mul, use_pdl)
-    if m > 1 and cfg.BLOCK_N < 16:
+    one_row = m == 1 or per_row
+    if not one_row and cfg.BLOCK_N < 16:
         raise ValueError(f"gemv: M > 1 uses tl.dot, which needs BLOCK_N >= 16 (got {cfg.BLOCK_N})")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     k_split = triton.cdiv(triton.cdiv(k, cfg.SPLIT_K), cfg.BLOCK_K) * cfg.BLOCK_K
@@ -353,17 +370,18 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
     if cfg.SPLIT_K > 1:
         prepare(n, cfg, x.device)
         ws, cnt = _WORKSPACES[(x.device, n, cfg.SPLIT_K, cfg.BLOCK_N)]
-    grid = (triton.cdiv(n, cfg.BLOCK_N), cfg.SPLIT_K)
+    rows = m if per_row else 1
+    grid = (triton.cdiv(n, cfg.BLOCK_N) * rows, cfg.SPLIT_K)
     use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
     even_k = k % cfg.BLOCK_K == 0 and k_split * cfg.SPLIT_K == k
     _gemv_kernel[grid](
-        x, w, y, ws, cnt, m, n, k, k_split, x.stride(0), w.stride(0), y.stride(0),
-        SILU=silu_mul, BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-        SPLIT_K=cfg.SPLIT_K, EVEN_K=even_k, F32_DOT=_INTERPRET, PDL=use_pdl,
+        x, w, y, ws, cnt, 1 if per_row else m, n, k, k_split, x.stride(0), w.stride(0),
+        y.stride(0), SILU=silu_mul, BLOCK_M=1 if one_row else MAX_M, BLOCK_N=cfg.BLOCK_N,
+        BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K, EVEN_K=even_k, F32_DOT=_INTERPRET, PDL=use_pdl,
         PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preloads(use_pdl, m == 1, k - (cfg.SPLIT_K - 1) * k_split,
+        PRELOAD=pdl.preloads(use_pdl, one_row, k - (cfg.SPLIT_K - 1) * k_split,
                              cfg.BLOCK_K),
-        PIPE=cfg.PIPE if m == 1 else 1,
+        PIPE=cfg.PIPE if one_row else 1, ROWS=rows,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 

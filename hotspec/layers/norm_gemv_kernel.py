@@ -1,12 +1,16 @@
-"""RMSNorm (after the residual add) fused into the GEMV that reads it, for one decode row.
+"""RMSNorm (after the residual add) fused into the GEMV that reads it, for a decode row (or a few
+rows side by side).
 
 A decode step at batch 1 runs two add+RMSNorm kernels per layer, each a few microseconds of
 launch and ramp-up for a few KB of data. Here every program of the GEMV computes the norm of the
 one row itself (the row is a few KB, read from L2) and program 0 stores the new residual, so the
 norm costs no kernel of its own. Rounded where layers/fused_kernels._rms_norm_kernel rounds, and
 tiled like layers/gemv_kernels' M == 1 path (its GemvConfig, without split-K, PIPE included). On
-where a GEMV config exists (layers/fused.norm_gemv_config). One row only: at 2..16 rows (verify
-at batch 1) a tl.dot version makes the speculative step slower.
+where a GEMV config exists (layers/fused.norm_gemv_config). Several rows run as that one-row
+program per row in one launch (a grid axis; the weights are read from HBM about once and from L2
+by each row's programs): up to fused.ROW_GEMV_MAX rows, where the few-row tl.dot GEMM would
+otherwise need the norm as a kernel of its own (folded into the tl.dot loop it measured 1.4-3x
+slower).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import triton
 import triton.language as tl
 
 from hotspec.layers import pdl
-from hotspec.layers.gemv_kernels import GemvConfig
+from hotspec.layers.gemv_kernels import MAX_M, GemvConfig
 
 
 @triton.jit
@@ -54,15 +58,25 @@ def normed_tile(X, R, G, kk, k_ok, inv, HAS_RES: tl.constexpr):
 
 
 @triton.jit
-def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr,
-                      PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                      PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1):
-    pid = tl.program_id(0)
+def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, stride_xm, stride_rm, stride_sm,
+                      stride_ym, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr, PDL: tl.constexpr = False,
+                      PF_COLS: tl.constexpr = -1, PRELOAD: tl.constexpr = False,
+                      PIPE: tl.constexpr = 1, ROWS=1):
+    """Program (n, r) of ROWS rows: row r's columns [n*BLOCK_N, +BLOCK_N), computed as a launch of
+    row r alone computes them (rows side by side, a column block's adjacent in launch order so
+    its weights come from L2 after the first; the first row's programs prefetch them)."""
+    pid = tl.program_id(0) // ROWS
+    row = (tl.program_id(0) % ROWS).to(tl.int64)
+    X += row * stride_xm
+    R += row * stride_rm
+    S += row * stride_sm
+    Y += row * stride_ym
     offs_n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:  # weights to L2 (and with PRELOAD a tile to registers) before the wait (layers/pdl.py)
         pdl.launch_dependents(PDL)
-        pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
+        if row == 0:
+            pdl.prefetch_rows(W, offs_n, N, 0, K, stride_wn, 32, PF_COLS)
     w0 = pdl.preload(W, offs_n, N, 0, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
     inv = row_rms(X, R, S, K, eps, pid, HAS_RES, BLOCK_ROW)
@@ -106,11 +120,16 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, HAS_RES: tl.conste
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
               w: torch.Tensor, config: GemvConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual) @ w.T, x + residual) for one row x [1, K] (residual None: the norm
-    of x, and x itself), as fused_kernels.rms_norm then gemv compute it, in one kernel. Split-K
+    """(rms_norm(x + residual) @ w.T, x + residual) for rows x [M, K] (residual None: the norm
+    of x, and x itself), as fused_kernels.rms_norm then gemv compute it, in one kernel: each row
+    as its one-row launch computes it (M rows side by side, up to gemv_kernels.MAX_M). Split-K
     configs are not supported (every program would recompute the norm per slice)."""
-    if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"norm_gemv: x [1, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}")
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_M or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"norm_gemv: x [M <= {MAX_M}, K] and w [N, K], got {tuple(x.shape)}, "
+                         f"{tuple(w.shape)}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"norm_gemv: residual {tuple(residual.shape)} must be x's shape "
+                         f"{tuple(x.shape)}")
     if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype or norm_weight.dtype != x.dtype:
         raise ValueError("norm_gemv: bf16/fp16 x, w and norm weight of one dtype only")
     if config.SPLIT_K != 1:
@@ -119,16 +138,17 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         raise ValueError(f"norm_gemv: PIPE is 1 or 2 (weight tiles in registers), got {config.PIPE}")
     if x.stride(1) != 1 or w.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
         raise ValueError("norm_gemv: unit stride along K")
-    n, k = w.shape
+    (m, k), n = x.shape, w.shape[0]
     use_pdl = pdl.enabled(x.device)
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    s = torch.empty_like(x) if residual is not None else x
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    s = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else x
     r = residual if residual is not None else x
-    _norm_gemv_kernel[(triton.cdiv(n, config.BLOCK_N),)](
-        x, r, norm_weight, w, y, s, n, k, eps, w.stride(0), HAS_RES=residual is not None,
+    _norm_gemv_kernel[(triton.cdiv(n, config.BLOCK_N) * m,)](
+        x, r, norm_weight, w, y, s, n, k, eps, w.stride(0), x.stride(0), r.stride(0), s.stride(0),
+        y.stride(0), HAS_RES=residual is not None,
         BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_ROW=triton.next_power_of_2(k),
         PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
-        PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K), PIPE=config.PIPE,
+        PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K), PIPE=config.PIPE, ROWS=m,
         num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s
