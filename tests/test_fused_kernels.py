@@ -252,6 +252,29 @@ def test_norm_gemv_engine_decode_equals_separate_kernels(tmp_path, monkeypatch):
     assert len(on_rows) >= 2 * 2 * 5, "two norms per layer per decode step"
 
 
+def test_a_qwen2_decode_folds_the_norm_into_its_biased_qkv(tmp_path, monkeypatch):
+    """Qwen2's qkv has a bias: at one decode row its norm folds into the GEMV and the bias into its
+    epilogue as for bias-free projections (two norm-GEMVs a layer, not one). In bf16 through the
+    interpreter, the greedy tokens equal the separate norm, cuBLAS-path and GEMV kernels'."""
+    from engine_utils import interpreter_ab
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.normal_(0, 0.2)
+    model.save_pretrained(tmp_path / "qwen")
+    (ref, off_rows), (tokens, on_rows) = interpreter_ab(
+        monkeypatch, tmp_path / "qwen", "norm_gemv", "norm_gemv_config", (lambda *a: None, None))
+    assert not off_rows
+    assert tokens == ref
+    assert len(on_rows) >= 2 * 2 * 2 * 5, "two norm-GEMVs per layer per decode step"
+
+
 def test_row_gemv_engine_equals_the_few_row_gemm(tmp_path, monkeypatch):
     """fused.ROW_GEMV_MAX: a few rows (here a 5-token prompt's prefill) run the one-row norm-GEMV
     programs side by side instead of the norm kernel and the few-row GEMM. In bf16 through the

@@ -406,8 +406,9 @@ def test_row_gemv_routes_a_few_rows_through_one_row_programs(monkeypatch):
     x, res = torch.randn(3, 64).to(BF16), torch.randn(3, 64).to(BF16)
     calls: list[tuple[str, int, bool]] = []
     real_gemv, real_norm = fused.gemv, fused.norm_gemv
-    monkeypatch.setattr(fused, "gemv", lambda x, w, c, silu_mul=False, per_row=False: calls.append(
-        ("gemv", x.shape[0], per_row)) or real_gemv(x, w, c, silu_mul, per_row))
+    monkeypatch.setattr(fused, "gemv", lambda x, w, c, silu_mul=False, per_row=False, bias=None:
+                        calls.append(("gemv", x.shape[0], per_row))
+                        or real_gemv(x, w, c, silu_mul, per_row, bias))
     monkeypatch.setattr(fused, "norm_gemv", lambda x, *a: calls.append(("norm_gemv", x.shape[0], True))
                         or real_norm(x, *a))
     with torch.no_grad():
@@ -454,3 +455,53 @@ def test_gpu_per_row_gemv_rows_equal_decode_rows(n, k, silu):
         for i in range(4):
             y1, s1 = ng.norm_gemv(x[i:i + 1], r[i:i + 1], nw, 1e-5, w, cfg)
             assert torch.equal(y[i:i + 1], y1) and torch.equal(s[i:i + 1], s1)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_gemv_bias_is_added_before_the_rounding(per_row):
+    """A bias (Qwen2's qkv) in the GEMV's epilogue: F.linear's result with the bias, rounded once;
+    the norm-GEMV's the same on its normalised row."""
+    from hotspec.layers.fused_kernels import rms_norm
+
+    m = 3 if per_row else 1
+    x, w = _inputs(m, N, K, False, seed=70)
+    b = (torch.randn(N, device=DEV) * 3).to(BF16)
+    cfg = gk.GemvConfig(16, 32, 1, 4, 1, PIPE=2)
+    y = gk.gemv(x, w, config=cfg, per_row=per_row, bias=b)
+    ref = F.linear(x.float(), w.float(), b.float())
+    torch.testing.assert_close(y.float(), ref, rtol=1.6e-2, atol=1e-2)
+    assert (y.float() == _round(ref)).float().mean().item() >= 0.95
+    r, nw = _norm_inputs(m, K, 71)
+    yn, s = ng.norm_gemv(x, r, nw, 1e-5, w, cfg, bias=b)
+    h, _ = rms_norm(x, nw, 1e-5, r)
+    ref = F.linear(h.float(), w.float(), b.float())
+    torch.testing.assert_close(yn.float(), ref, rtol=1.6e-2, atol=1e-2)
+    with pytest.raises(ValueError, match="bias"):
+        gk.gemv(x, w, config=cfg, bias=b[:-1])
+    with pytest.raises(ValueError, match="bias"):
+        ng.norm_gemv(x, r, nw, 1e-5, w, cfg, bias=b.float())
+
+
+def test_a_biased_projection_of_one_row_takes_the_norm_gemv(monkeypatch):
+    """Qwen2's qkv (a bias) at one decode row: the norm folds into its GEMV and the bias into the
+    epilogue (one kernel, not the norm kernel and cuBLAS's addmm); equal to the module's path."""
+    from torch import nn
+
+    from hotspec.layers import fused
+    from hotspec.layers.linear import linear, norm_linear
+    from hotspec.layers.norm import RMSNorm
+
+    monkeypatch.setattr(fused, "_on_device", lambda x: True)
+    monkeypatch.setattr(fused, "_available", lambda: True)
+    torch.manual_seed(1)
+    qkv = nn.Linear(64, 96, bias=True).to(BF16)
+    norm = RMSNorm(64, 1e-5).to(BF16)
+    x, res = torch.randn(1, 64).to(BF16), torch.randn(1, 64).to(BF16)
+    calls: list[str] = []
+    real = fused.norm_gemv
+    monkeypatch.setattr(fused, "norm_gemv", lambda *a: calls.append("norm_gemv") or real(*a))
+    with torch.no_grad():
+        y, _ = norm_linear(norm, qkv, x, res)
+        assert calls == ["norm_gemv"]
+        torch.testing.assert_close(y.float(), qkv(norm(x + res)).float(), rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(linear(qkv, x).float(), qkv(x).float(), rtol=2e-2, atol=2e-2)

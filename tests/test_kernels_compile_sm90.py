@@ -173,15 +173,15 @@ def row_gemvs():
     for silu, pipe in ((False, 2), (True, 1)):
         _compile(gk._gemv_kernel, dict(X=bf, W=bf, Y=bf, WS="*fp32", CNT="*i32", M="i32", N="i32",
                                        K="i32", K_SPLIT="i32", stride_xm="i32", stride_wn="i32",
-                                       stride_ym="i32", ROWS="i32"),
-                 dict(SILU=silu, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, EVEN_K=False,
-                      F32_DOT=False, PDL=True, PF_COLS=-1, PRELOAD=True, PIPE=pipe))
+                                       stride_ym="i32", ROWS="i32", B=bf),
+                 dict(HAS_BIAS=not silu, SILU=silu, BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=1,
+                      EVEN_K=False, F32_DOT=False, PDL=True, PF_COLS=-1, PRELOAD=True, PIPE=pipe))
     for res in (True, False):
         _compile(ng._norm_gemv_kernel, dict(X=bf, R=bf, G=bf, W=bf, Y=bf, S=bf, N="i32", K="i32",
                                             eps="fp32", stride_wn="i32", stride_xm="i32",
                                             stride_rm="i32", stride_sm="i32", stride_ym="i32",
-                                            ROWS="i32"),
-                 dict(HAS_RES=res, BLOCK_N=8, BLOCK_K=512, BLOCK_ROW=1024, PDL=True, PF_COLS=-1,
+                                            ROWS="i32", B=bf),
+                 dict(HAS_BIAS=res, HAS_RES=res, BLOCK_N=8, BLOCK_K=512, BLOCK_ROW=1024, PDL=True, PF_COLS=-1,
                       PRELOAD=True, PIPE=2))
 
 

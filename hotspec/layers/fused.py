@@ -76,8 +76,9 @@ def describe(device: torch.device) -> str:
         ])
     return "; ".join([
         "fused Triton norms, RoPE and greedy argmax",
-        "Triton GEMV where faster than cuBLAS, the norm folded in at one row; Triton GEMM for "
-        "2-16 rows, SiLU*up in gate_up's epilogue" if _gemv_allowed()
+        "Triton GEMV where faster than cuBLAS, the norm (and a bias) folded in at one row"
+        + (f" and 2-{ROW_GEMV_MAX} rows side by side" if ROW_GEMV_MAX > 1 else "")
+        + "; Triton GEMM for 2-16 rows, SiLU*up in gate_up's epilogue" if _gemv_allowed()
         else "cuBLAS only (the gemv switch off)",
         pdl.describe(device),
     ])
@@ -215,17 +216,18 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, glu: 
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-              weight: torch.Tensor, config: GemvConfig) -> tuple[torch.Tensor, torch.Tensor]:
+              weight: torch.Tensor, config: GemvConfig, bias: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     from hotspec.layers.norm_gemv_kernel import norm_gemv as kernel
 
-    return kernel(x, residual, norm_weight, eps, weight, config)
+    return kernel(x, residual, norm_weight, eps, weight, config, bias)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig,
-         silu_mul: bool = False, per_row: bool = False) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, silu_mul: bool = False,
+         per_row: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
     from hotspec.layers.gemv_kernels import gemv as kernel
 
-    return kernel(x, weight, silu_mul=silu_mul, config=config, per_row=per_row)
+    return kernel(x, weight, silu_mul=silu_mul, config=config, per_row=per_row, bias=bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

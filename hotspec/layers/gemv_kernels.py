@@ -25,6 +25,9 @@ from zeroed counters. Workspace and counters are cached per (device, N, SPLIT_K,
 be allocated outside CUDA-graph capture: call gemv once eagerly (a warm-up) or `prepare` first.
 Calls sharing a workspace must not run concurrently (one stream, as in a decode step).
 
+A bias (Qwen2's qkv) is added to the fp32 sum in the epilogue. per_row: M rows as M one-row
+programs side by side in one launch (a grid axis), each row's bits those of its own launch.
+
 The result is fp32-accumulated and rounded once to the input dtype, as cuBLAS does: it equals
 F.linear up to the fp32 summation order (at most one ulp apart, bit-identical almost everywhere).
 """
@@ -134,7 +137,8 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
                  SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  F32_DOT: tl.constexpr, PDL: tl.constexpr = False, PF_COLS: tl.constexpr = -1,
-                 PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1, ROWS=1):
+                 PRELOAD: tl.constexpr = False, PIPE: tl.constexpr = 1, ROWS=1, B=None,
+                 HAS_BIAS: tl.constexpr = False):
     """Program (n, s, r): y[:, n*BLOCK_N:(n+1)*BLOCK_N] over k in [s*K_SPLIT, min((s+1)*K_SPLIT,
     K)). K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
     r: with BLOCK_M == 1, the row of ROWS this program computes (rows side by side,
@@ -160,7 +164,8 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     w0 = pdl.preload(W, offs_n, N, k_lo, stride_wn, BLOCK_K, PRELOAD)
     pdl.wait(PDL)
     _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
-               w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD, PIPE)
+               w0, SILU, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K, F32_DOT, PRELOAD, PIPE, B,
+               HAS_BIAS)
 
 
 @triton.jit
@@ -252,7 +257,8 @@ def _row_pipelined(acc, w0, w_ptr, x_ptr, n_ok, offs_k, K, k_lo, k_hi, SILU: tl.
 def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym, pid_n, pid_k,
                w0, SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-               F32_DOT: tl.constexpr, PRELOAD: tl.constexpr, PIPE: tl.constexpr = 1):
+               F32_DOT: tl.constexpr, PRELOAD: tl.constexpr, PIPE: tl.constexpr = 1, B=None,
+               HAS_BIAS: tl.constexpr = False):
     offs_n = tl.cast(pid_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -293,6 +299,8 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
     out_mask = m_ok[:, None] & n_ok[None, :]
     y_ptr = Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     if SPLIT_K == 1:
+        if HAS_BIAS:  # added in fp32 before the one rounding, as cuBLAS's epilogue adds it
+            acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=out_mask)
     else:
         # workspace [SPLIT_K, MAX_M=16, N] fp32
@@ -304,6 +312,8 @@ def _gemv_tile(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_
             tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):
                 tot += tl.load(ws_ptr + s * 16 * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(y_ptr, tot.to(Y.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(CNT + pid_n, 0)
 
@@ -331,14 +341,15 @@ def prepare(N: int, config: GemvConfig, device: torch.device | str) -> None:
 
 def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
          config: GemvConfig | None = None, use_pdl: bool | None = None,
-         per_row: bool = False) -> torch.Tensor:
+         per_row: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (or [M, 2K] = [gate | up] with silu_mul) @ w[N, K].T -> [M, N] in x's dtype.
 
     bf16/fp16 only, 1 <= M <= 16, unit stride along K for x and w (x's row stride is free);
     anything else raises ValueError (callers fall back to F.linear). use_pdl: launch with
     Programmatic Dependent Launch (layers/pdl.py; None: pdl.enabled). per_row: the M rows as M
     one-row GEMVs side by side in one launch (a one-row config, PIPE 1 or 2, no split-K), each
-    row's bits those of its launch alone; else M > 1 goes through tl.dot."""
+    row's bits those of its launch alone; else M > 1 goes through tl.dot. bias [N] (x's dtype):
+    added to the fp32 sum before its one rounding, as F.linear's epilogue adds it."""
     if x.dim() != 2 or w.dim() != 2:
         raise ValueError(f"gemv: x and w must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
@@ -359,6 +370,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
     if per_row and (cfg.SPLIT_K != 1 or cfg.PIPE not in (1, 2)):
         raise ValueError(f"gemv: per_row runs one-row programs without split-K, PIPE 1 or 2 "
                          f"(got SPLIT_K={cfg.SPLIT_K}, PIPE={cfg.PIPE})")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype or cfg.PIPE == 0):
+        raise ValueError(f"gemv: a bias is [N={n}] in x's dtype, and not with PIPE 0 (got "
+                         f"{tuple(bias.shape)} {bias.dtype}, PIPE={cfg.PIPE})")
     if cfg.PIPE == 0:
         return _gemv_resident(x, w, cfg, silu_mul, use_pdl)
     one_row = m == 1 or per_row
@@ -381,7 +395,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         PF_COLS=pdl.prefetch_cols(w),
         PRELOAD=pdl.preloads(use_pdl, one_row, k - (cfg.SPLIT_K - 1) * k_split,
                              cfg.BLOCK_K),
-        PIPE=cfg.PIPE if one_row else 1, ROWS=rows,
+        PIPE=cfg.PIPE if one_row else 1, ROWS=rows, B=y if bias is None else bias,
+        HAS_BIAS=bias is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y
 

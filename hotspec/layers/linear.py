@@ -12,19 +12,24 @@ from hotspec.layers.norm import RMSNorm
 
 
 def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Tensor:
-    """lin(x) (x [..., in]) on CUDA in bf16 without bias: for 2..16 rows the Triton GEMM of a few
-    rows (layers/rows_kernel.py) where fused.rows_config takes the shape, else the Triton GEMV
-    where it measured faster than cuBLAS (one row, or the split-K GEMV of the 8B o and down
-    projections at 2..16 rows); else nn.Linear. heuristic=False (the LM head): table rows of
-    the GEMV only. The deterministic mode: the tiled GEMM at every row count, bias included."""
+    """lin(x) (x [..., in]) on CUDA in bf16: 2..fused.ROW_GEMV_MAX rows as one-row GEMVs side by
+    side; for 2..16 rows the Triton GEMM of a few rows (layers/rows_kernel.py) where
+    fused.rows_config takes the shape, else the Triton GEMV where it measured faster than cuBLAS
+    (one row, or the split-K GEMV of the 8B o and down projections at 2..16 rows); else
+    nn.Linear. A bias (Qwen2's qkv) rides the GEMVs' epilogue, else nn.Linear's. heuristic=False
+    (the LM head): table rows of the GEMV only. The deterministic mode: the tiled GEMM at every
+    row count, bias included."""
     det = exact_linear(lin, x)
     if det is not None:
         return det
-    if lin.bias is not None:
-        return lin(x)
+    bias = lin.bias
     per_row = fused.row_gemv_config(x, lin.weight) if heuristic else None
     if per_row is not None:
-        return fused.gemv(x, lin.weight, per_row, per_row=True)
+        return fused.gemv(x, lin.weight, per_row, per_row=True, bias=bias)
+    if bias is not None:
+        cfg = fused.gemv_config(x, lin.weight, heuristic=heuristic) if x.dim() == 2 \
+            and x.shape[0] == 1 else None
+        return fused.gemv(x, lin.weight, cfg, bias=bias) if cfg is not None else lin(x)
     rows = fused.rows_config(x, lin.weight) if heuristic else None
     if rows is not None:
         return fused.rows_linear(x, lin.weight, rows)
@@ -54,11 +59,12 @@ def plain_linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def norm_linear(norm: RMSNorm, lin: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lin(norm(x + residual)), x + residual) for [T, H] x (residual None: lin(norm(x)), x): the
-    pre-norm step and the projection after it. One kernel for one row where the GEMV runs
+    pre-norm step and the projection after it (and its bias). One kernel for one row (or
+    2..fused.ROW_GEMV_MAX rows side by side) where the GEMV runs
     (layers/norm_gemv_kernel.norm_gemv); else the norm, then `linear`."""
-    cfg = fused.norm_gemv_config(x, lin.weight, norm.weight) if lin.bias is None else None
+    cfg = fused.norm_gemv_config(x, lin.weight, norm.weight)
     if cfg is not None:
-        return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg)
+        return fused.norm_gemv(x, residual, norm.weight, norm.eps, lin.weight, cfg, lin.bias)
     if residual is None:
         return linear(lin, norm(x)), x
     y, stream = norm.add_forward(x, residual)

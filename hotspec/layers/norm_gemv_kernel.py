@@ -62,7 +62,7 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, stride_xm, stride_
                       stride_ym, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, BLOCK_ROW: tl.constexpr, PDL: tl.constexpr = False,
                       PF_COLS: tl.constexpr = -1, PRELOAD: tl.constexpr = False,
-                      PIPE: tl.constexpr = 1, ROWS=1):
+                      PIPE: tl.constexpr = 1, ROWS=1, B=None, HAS_BIAS: tl.constexpr = False):
     """Program (n, r) of ROWS rows: row r's columns [n*BLOCK_N, +BLOCK_N), computed as a launch of
     row r alone computes them (rows side by side, a column block's adjacent in launch order so
     its weights come from L2 after the first; the first row's programs prefetch them)."""
@@ -115,15 +115,20 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, stride_xm, stride_
         w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0, eviction_policy="evict_first")
         acc += w.to(tl.float32) * normed_tile(X, R, G, kk, k_ok, inv, HAS_RES)[None, :]
-    tl.store(Y + offs_n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:  # in fp32 before the one rounding, as F.linear's epilogue adds it
+        y += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(Y + offs_n, y.to(Y.dtype.element_ty), mask=n_ok)
 
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-              w: torch.Tensor, config: GemvConfig) -> tuple[torch.Tensor, torch.Tensor]:
+              w: torch.Tensor, config: GemvConfig, bias: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ w.T, x + residual) for rows x [M, K] (residual None: the norm
     of x, and x itself), as fused_kernels.rms_norm then gemv compute it, in one kernel: each row
     as its one-row launch computes it (M rows side by side, up to gemv_kernels.MAX_M). Split-K
-    configs are not supported (every program would recompute the norm per slice)."""
+    configs are not supported (every program would recompute the norm per slice). bias [N]: the
+    projection's (Qwen2's qkv), added in fp32 before the rounding."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_M or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"norm_gemv: x [M <= {MAX_M}, K] and w [N, K], got {tuple(x.shape)}, "
                          f"{tuple(w.shape)}")
@@ -134,6 +139,9 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         raise ValueError("norm_gemv: bf16/fp16 x, w and norm weight of one dtype only")
     if config.SPLIT_K != 1:
         raise ValueError("norm_gemv: split-K configs are not supported")
+    if bias is not None and (bias.shape != (w.shape[0],) or bias.dtype != x.dtype):
+        raise ValueError(f"norm_gemv: a bias is [N={w.shape[0]}] in x's dtype, got "
+                         f"{tuple(bias.shape)} {bias.dtype}")
     if config.PIPE not in (1, 2):
         raise ValueError(f"norm_gemv: PIPE is 1 or 2 (weight tiles in registers), got {config.PIPE}")
     if x.stride(1) != 1 or w.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
@@ -149,6 +157,7 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, BLOCK_ROW=triton.next_power_of_2(k),
         PDL=use_pdl, PF_COLS=pdl.prefetch_cols(w),
         PRELOAD=pdl.preloads(use_pdl, True, k, config.BLOCK_K), PIPE=config.PIPE, ROWS=m,
+        B=y if bias is None else bias, HAS_BIAS=bias is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if use_pdl else {}))
     return y, s
