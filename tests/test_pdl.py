@@ -139,7 +139,7 @@ def test_start_up_log_says_which_kernel_paths_run(monkeypatch):
     monkeypatch.setattr(fused, "_available", lambda: True)
     monkeypatch.setattr(pdl, "enabled", lambda device: True)
     line = fused.describe(dev)
-    assert "Triton GEMV" in line and "the norm folded in at one row" in line
+    assert "Triton GEMV" in line and "the norm (and a bias) folded in at one row" in line
     assert "in steps of more than one row" in line and "first weight tile before its wait" in line
     from hotspec.layers import deterministic
 
