@@ -169,30 +169,6 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
 
 
 @triton.jit
-def _gemv_resident_kernel(X, W, Y, N, K, stride_wn, SILU: tl.constexpr, BLOCK_N: tl.constexpr,
-                          K_PAD: tl.constexpr, PDL: tl.constexpr = False):
-    """One row, PIPE 0: program n loads its whole weight slice w[n*BLOCK_N:(n+1)*BLOCK_N, :K] into
-    registers at once, before its PDL wait, then reads x and reduces. Nothing is left to stream
-    after the wait, so where the kernel before leaves HBM idle (o_proj behind the attention and
-    its split combine) the resident programs fill it with their weights; the programs that only
-    become resident later load theirs as any GEMV does. No loop and no fp32 tile accumulator:
-    [4, 4096] at 4 warps is 94 sm_90 registers, 64 of them the weights (the tiled kernel at
-    BLOCK_K = K: 255 and spills)."""
-    pid = tl.program_id(0)
-    offs_n = tl.cast(pid, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, K_PAD)
-    n_ok = offs_n < N
-    k_ok = offs_k < K
-    pdl.launch_dependents(PDL)
-    w = tl.load(W + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                other=0.0, eviction_policy="evict_first")
-    pdl.wait(PDL)
-    x = _x_tile(X + offs_k, K, k_ok, SILU)
-    y = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-    tl.store(Y + offs_n, y.to(Y.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
 def _x_tile(x_ptr, K, mask, SILU: tl.constexpr):
     """The GEMV's input at x_ptr: x itself, or silu(gate) * up for a [gate | up] row (gate at
     x_ptr, up K further), rounded as fused_kernels._silu_mul_kernel rounds: silu, then the
@@ -374,7 +350,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         raise ValueError(f"gemv: a bias is [N={n}] in x's dtype, and not with PIPE 0 (got "
                          f"{tuple(bias.shape)} {bias.dtype}, PIPE={cfg.PIPE})")
     if cfg.PIPE == 0:
-        return _gemv_resident(x, w, cfg, silu_mul, use_pdl)
+        from hotspec.layers.gemv_resident import gemv_resident
+
+        return gemv_resident(x, w, cfg, silu_mul, use_pdl)
     one_row = m == 1 or per_row
     if not one_row and cfg.BLOCK_N < 16:
         raise ValueError(f"gemv: M > 1 uses tl.dot, which needs BLOCK_N >= 16 (got {cfg.BLOCK_N})")
@@ -398,23 +376,4 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False,
         PIPE=cfg.PIPE if one_row else 1, ROWS=rows, B=y if bias is None else bias,
         HAS_BIAS=bias is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if use_pdl else {}))
-    return y
-
-
-def _gemv_resident(x: torch.Tensor, w: torch.Tensor, cfg: GemvConfig, silu_mul: bool,
-                   use_pdl: bool | None) -> torch.Tensor:
-    """gemv at PIPE 0 (`_gemv_resident_kernel`): one row, no split-K."""
-    n, k = w.shape
-    if x.shape[0] != 1 or cfg.SPLIT_K != 1:
-        raise ValueError(f"gemv: PIPE 0 (resident) runs one row without split-K, got M={x.shape[0]}, "
-                         f"SPLIT_K={cfg.SPLIT_K}")
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    use_pdl = pdl.enabled(x.device) if use_pdl is None else use_pdl
-    if cfg.BLOCK_K < k:
-        raise ValueError(f"gemv: PIPE 0 (resident) holds the whole row slice: BLOCK_K {cfg.BLOCK_K} "
-                         f"must be >= K {k}")
-    _gemv_resident_kernel[(triton.cdiv(n, cfg.BLOCK_N),)](
-        x, w, y, n, k, w.stride(0), SILU=silu_mul, BLOCK_N=cfg.BLOCK_N,
-        K_PAD=triton.next_power_of_2(k), PDL=use_pdl, num_warps=cfg.num_warps,
-        **({"launch_pdl": True} if use_pdl else {}))
     return y
