@@ -59,7 +59,9 @@ def test_answers_equal_offline_and_metrics_come_from_the_engine(model: Path) -> 
         deadline = time.monotonic() + 60
         while True:
             text = httpx.get(srv.url + "/metrics").text
-            if _metric(text, "hotspec_requests_finished_total") >= 4 or time.monotonic() > deadline:
+            drained = _metric(text, "hotspec_requests_finished_total") >= 4 \
+                and _metric(text, "hotspec_kv_blocks_used") == 0  # (the gauge follows the abort)
+            if drained or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert 'finish_reason="abort"' in text
