@@ -457,21 +457,24 @@ def test_gpu_per_row_gemv_rows_equal_decode_rows(n, k, silu):
             assert torch.equal(y[i:i + 1], y1) and torch.equal(s[i:i + 1], s1)
 
 
-@pytest.mark.parametrize("per_row", [False, True])
-def test_gemv_bias_is_added_before_the_rounding(per_row):
-    """A bias (Qwen2's qkv) in the GEMV's epilogue: F.linear's result with the bias, rounded once;
-    the norm-GEMV's the same on its normalised row."""
+@pytest.mark.parametrize("m,per_row", [(1, False), (3, False), (3, True)],
+                         ids=["one-row", "dot", "per-row"])
+def test_gemv_bias_is_added_before_the_rounding(m, per_row):
+    """A bias (Qwen2's qkv) in the GEMV's epilogue (one row, the tl.dot rows, rows side by side):
+    F.linear's result with the bias, rounded once; the norm-GEMV's the same on its normalised
+    rows."""
     from hotspec.layers.fused_kernels import rms_norm
 
-    m = 3 if per_row else 1
     x, w = _inputs(m, N, K, False, seed=70)
     b = (torch.randn(N, device=DEV) * 3).to(BF16)
     cfg = gk.GemvConfig(16, 32, 1, 4, 1, PIPE=2)
-    y = gk.gemv(x, w, config=cfg, per_row=per_row, bias=b)
+    y = gk.gemv(x, w, config=cfg if m == 1 or per_row else SMALL, per_row=per_row, bias=b)
     ref = F.linear(x.float(), w.float(), b.float())
     torch.testing.assert_close(y.float(), ref, rtol=1.6e-2, atol=1e-2)
     assert (y.float() == _round(ref)).float().mean().item() >= 0.95
     r, nw = _norm_inputs(m, K, 71)
+    if m > 1 and not per_row:
+        return
     yn, s = ng.norm_gemv(x, r, nw, 1e-5, w, cfg, bias=b)
     h, _ = rms_norm(x, nw, 1e-5, r)
     ref = F.linear(h.float(), w.float(), b.float())
@@ -505,3 +508,6 @@ def test_a_biased_projection_of_one_row_takes_the_norm_gemv(monkeypatch):
         assert calls == ["norm_gemv"]
         torch.testing.assert_close(y.float(), qkv(norm(x + res)).float(), rtol=3e-2, atol=3e-2)
         torch.testing.assert_close(linear(qkv, x).float(), qkv(x).float(), rtol=2e-2, atol=2e-2)
+        x4 = torch.randn(4, 64).to(BF16)  # verify's rows: the few-row GEMM, bias in its epilogue
+        assert fused.rows_config(x4, qkv.weight) is not None
+        torch.testing.assert_close(linear(qkv, x4).float(), qkv(x4).float(), rtol=2e-2, atol=2e-2)

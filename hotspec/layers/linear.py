@@ -16,7 +16,7 @@ def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Ten
     side; for 2..16 rows the Triton GEMM of a few rows (layers/rows_kernel.py) where
     fused.rows_config takes the shape, else the Triton GEMV where it measured faster than cuBLAS
     (one row, or the split-K GEMV of the 8B o and down projections at 2..16 rows); else
-    nn.Linear. A bias (Qwen2's qkv) rides the GEMVs' epilogue, else nn.Linear's. heuristic=False
+    nn.Linear. A bias (Qwen2's qkv) rides the Triton kernels' epilogue. heuristic=False
     (the LM head): table rows of the GEMV only. The deterministic mode: the tiled GEMM at every
     row count, bias included."""
     det = exact_linear(lin, x)
@@ -26,15 +26,13 @@ def linear(lin: nn.Linear, x: torch.Tensor, heuristic: bool = True) -> torch.Ten
     per_row = fused.row_gemv_config(x, lin.weight) if heuristic else None
     if per_row is not None:
         return fused.gemv(x, lin.weight, per_row, per_row=True, bias=bias)
-    if bias is not None:
-        cfg = fused.gemv_config(x, lin.weight, heuristic=heuristic) if x.dim() == 2 \
-            and x.shape[0] == 1 else None
-        return fused.gemv(x, lin.weight, cfg, bias=bias) if cfg is not None else lin(x)
     rows = fused.rows_config(x, lin.weight) if heuristic else None
     if rows is not None:
-        return fused.rows_linear(x, lin.weight, rows)
+        return fused.rows_linear(x, lin.weight, rows, bias=bias)
     cfg = fused.gemv_config(x, lin.weight, heuristic=heuristic)
-    return fused.gemv(x, lin.weight, cfg) if cfg is not None else lin(x)
+    if cfg is None or (bias is not None and cfg.PIPE == 0):  # (the resident GEMV has no bias)
+        return lin(x)
+    return fused.gemv(x, lin.weight, cfg, bias=bias)
 
 
 def exact_linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
