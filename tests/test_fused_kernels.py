@@ -276,16 +276,19 @@ def test_a_qwen2_decode_folds_the_norm_into_its_biased_qkv(tmp_path, monkeypatch
 
 
 def test_row_gemv_engine_equals_the_few_row_gemm(tmp_path, monkeypatch):
-    """fused.ROW_GEMV_MAX: a few rows (here a 5-token prompt's prefill) run the one-row norm-GEMV
-    programs side by side instead of the norm kernel and the few-row GEMM. In bf16 through the
-    interpreter, the engine's greedy tokens are the same either way, and the rows really ran so."""
-    from engine_utils import interpreter_ab, save_tiny_llama
+    """fused.ROW_GEMV_MAX: a few rows (a 3/1/4 chain's verify of 4 rows, a 5-token prompt's
+    prefill) run the one-row norm-GEMV programs side by side instead of the norm kernel and the
+    few-row GEMM. In bf16 through the interpreter, the speculative engine's greedy tokens are the
+    same either way, and the rows really ran so."""
+    from engine_utils import interpreter_ab, tiny_target_and_head
 
-    path = save_tiny_llama(tmp_path / "tiny", vocab=96, hidden=64, layers=2, std=0.2)
-    (ref, off_rows), (tokens, on_rows) = interpreter_ab(monkeypatch, path, "norm_gemv",
-                                                        "ROW_GEMV_MAX", (0, 16))
+    target, head = tiny_target_and_head(tmp_path, layers=4)
+    (ref, off_rows), (tokens, on_rows) = interpreter_ab(
+        monkeypatch, target, "norm_gemv", "ROW_GEMV_MAX", (0, 16),
+        speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head),
+        speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
     assert tokens == ref
-    assert 5 in on_rows and not any(r > 1 for r in off_rows)
+    assert {4, 5} <= set(on_rows) and not any(r > 1 for r in off_rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
