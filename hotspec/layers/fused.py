@@ -25,8 +25,8 @@ log = logging.getLogger("hotspec")
 _SMS = 132  # H200: rows_config's rule of enough column blocks
 # The most rows (2..) whose projections run as one-row GEMVs side by side, the norm folded in as
 # at one row (row_gemv_config): the layer's launches of a decode step instead of the norm kernels
-# plus the few-row tl.dot GEMM. 0 (off) until measured against that on the H200
-# (benchmarks/spec_phase_bench.py --row-gemv R, lab/benchmarks/rows_bench.py --row-gemv).
+# plus the few-row tl.dot GEMM. 0: off; the H200 A/B against that path is lab/row_gemv_ab.sh
+# (benchmarks/spec_phase_bench.py and decode_bench.py --row-gemv R).
 ROW_GEMV_MAX = 0
 ROW_GEMV_MAX_BYTES = 32 << 20  # larger weights (the 8B's) would not stay in L2 for every row
 
@@ -155,14 +155,17 @@ def row_gemv_config(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = Fals
     """For x of 2..ROW_GEMV_MAX rows: the one-row GEMV config to run each row with, side by side
     in one launch (gemv(per_row=True)), where one row has one without split-K and the weight is
     at most ROW_GEMV_MAX_BYTES (its rows' programs read it from L2); else None."""
-    if not 2 <= (x.shape[0] if x.dim() == 2 else 0) <= ROW_GEMV_MAX:
-        return None
-    if weight.numel() * weight.element_size() > ROW_GEMV_MAX_BYTES:
+    if not 2 <= (x.shape[0] if x.dim() == 2 else 0) <= ROW_GEMV_MAX or not _rows_fit(weight):
         return None
     if not _gemv_allowed() or x.stride(1) != 1:
         return None
     cfg = _gemv_choice(x, 1, weight, silu_mul, True)
     return cfg if cfg is not None and cfg.SPLIT_K == 1 and cfg.PIPE in (1, 2) else None
+
+
+def _rows_fit(weight: torch.Tensor) -> bool:
+    """A weight small enough for its rows' programs to read from L2 (ROW_GEMV_MAX_BYTES)."""
+    return weight.numel() * weight.element_size() <= ROW_GEMV_MAX_BYTES
 
 
 def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor
@@ -172,7 +175,7 @@ def norm_gemv_config(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.T
     norm weight in x's dtype; else None."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= max(1, ROW_GEMV_MAX) or norm_weight.dtype != x.dtype:
         return None
-    if x.shape[0] > 1 and weight.numel() * weight.element_size() > ROW_GEMV_MAX_BYTES:
+    if x.shape[0] > 1 and not _rows_fit(weight):
         return None
     if not enabled(x, norm_weight):
         return None

@@ -143,7 +143,7 @@ def _gemv_kernel(X, W, Y, WS, CNT, M, N, K, K_SPLIT, stride_xm, stride_wn, strid
     K)). K_SPLIT is a multiple of BLOCK_K; EVEN_K: every slice is whole BLOCK_K tiles (no K mask).
     r: with BLOCK_M == 1, the row of ROWS this program computes (rows side by side,
     `gemv(per_row=True)`: each exactly as a launch of that row alone; a column block's ROWS
-    programs are adjacent in launch order, so its weights come from L2 after the first; the
+    programs are adjacent in launch order, so they can share its weights through L2; the
     first row's programs prefetch them).
     PDL (layers/pdl.py): the program's first weight panel goes to L2, and with PRELOAD its first
     (whole) weight tile into registers, before it waits for the kernel before; nothing else

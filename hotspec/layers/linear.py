@@ -76,9 +76,10 @@ def norm_mlp(norm: RMSNorm, gate_up: nn.Linear, down: nn.Linear, x: torch.Tensor
     Triton GEMM (layers/rows_kernel.py, glu) where it runs (in the deterministic mode at every
     row count); else `norm_linear`, then `silu_mul_linear` (one row: the norm folds into gate_up
     and silu * up into down)."""
-    few = gate_up.bias is None and fused.row_gemv_config(x, gate_up.weight) is not None
-    rows = fused.rows_config(x, gate_up.weight, glu=True) if gate_up.bias is None else None
-    if rows is not None and not few:
+    few = fused.row_gemv_config(x, gate_up.weight) is not None  # (then norm_linear takes them)
+    rows = fused.rows_config(x, gate_up.weight, glu=True) \
+        if gate_up.bias is None and not few else None
+    if rows is not None:
         if residual is None:
             h, stream = norm(x), x
         else:
@@ -92,13 +93,12 @@ def silu_mul_linear(lin: nn.Linear, gate_up: torch.Tensor) -> torch.Tensor:
     """lin(silu(gate) * up) for a fused gate_up output [T, 2I]: one GEMV that applies silu * up
     as it reads its input where that measured fastest, else the fused silu_mul kernel (CUDA) or
     torch, then `linear`."""
-    per_row = fused.row_gemv_config(gate_up, lin.weight, silu_mul=True) if lin.bias is None \
-        else None
+    per_row = fused.row_gemv_config(gate_up, lin.weight, silu_mul=True)
     if per_row is not None:
-        return fused.gemv(gate_up, lin.weight, per_row, silu_mul=True, per_row=True)
-    cfg = fused.gemv_config(gate_up, lin.weight, silu_mul=True) if lin.bias is None else None
-    if cfg is not None:
-        return fused.gemv(gate_up, lin.weight, cfg, silu_mul=True)
+        return fused.gemv(gate_up, lin.weight, per_row, silu_mul=True, per_row=True, bias=lin.bias)
+    cfg = fused.gemv_config(gate_up, lin.weight, silu_mul=True)
+    if cfg is not None and (lin.bias is None or cfg.PIPE != 0):
+        return fused.gemv(gate_up, lin.weight, cfg, silu_mul=True, bias=lin.bias)
     if gate_up.dim() == 2 and fused.enabled(gate_up):
         return linear(lin, fused.silu_mul(gate_up))
     gate, up = gate_up.chunk(2, dim=-1)

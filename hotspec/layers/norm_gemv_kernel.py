@@ -7,8 +7,8 @@ one row itself (the row is a few KB, read from L2) and program 0 stores the new 
 norm costs no kernel of its own. Rounded where layers/fused_kernels._rms_norm_kernel rounds, and
 tiled like layers/gemv_kernels' M == 1 path (its GemvConfig, without split-K, PIPE included). On
 where a GEMV config exists (layers/fused.norm_gemv_config). Several rows run as that one-row
-program per row in one launch (a grid axis; the weights are read from HBM about once and from L2
-by each row's programs): up to fused.ROW_GEMV_MAX rows, where the few-row tl.dot GEMM would
+program per row in one launch (a grid axis ordered so a column block's rows run side by side
+and can share its weights through L2): up to fused.ROW_GEMV_MAX rows, where the few-row tl.dot GEMM would
 otherwise need the norm as a kernel of its own (folded into the tl.dot loop it measured 1.4-3x
 slower).
 """
@@ -65,7 +65,7 @@ def _norm_gemv_kernel(X, R, G, W, Y, S, N, K, eps, stride_wn, stride_xm, stride_
                       PIPE: tl.constexpr = 1, ROWS=1, B=None, HAS_BIAS: tl.constexpr = False):
     """Program (n, r) of ROWS rows: row r's columns [n*BLOCK_N, +BLOCK_N), computed as a launch of
     row r alone computes them (rows side by side, a column block's adjacent in launch order so
-    its weights come from L2 after the first; the first row's programs prefetch them)."""
+    they can share its weights through L2; the first row's programs prefetch them)."""
     pid = tl.program_id(0) // ROWS
     row = (tl.program_id(0) % ROWS).to(tl.int64)
     X += row * stride_xm
