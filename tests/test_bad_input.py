@@ -82,6 +82,14 @@ def test_prompt_longer_than_the_context(tiny_llm: LLM) -> None:
     assert out.finish_reason == "length" and len(out.token_ids) == 1
 
 
+def test_max_model_len_past_the_models_positions_is_refused(tiny_folder: Path) -> None:
+    """A context longer than the model's rotary tables is a configuration error, not a silent cap
+    (the tiny model's max_position_embeddings is 256)."""
+    with pytest.raises(HotspecError, match=r"max_model_len 300 is longer than the model's context, 256 "
+                                           r"tokens .*--max-model-len 256 or less"):
+        _tiny_llm(tiny_folder, max_model_len=300)
+
+
 def test_prompt_longer_than_the_kv_cache_names_the_cache(tiny_folder: Path) -> None:
     llm = _tiny_llm(tiny_folder, num_kv_blocks=None, kv_cache_memory_gb=2e-6)  # a few blocks only
     cap = llm.engine.allocator.num_blocks * llm.engine.block_size

@@ -152,7 +152,16 @@ class EngineBuilder:
         # and L leaves them inside the rotary tables (at the model's whole context, a speculative
         # engine's L is reserve - 1 tokens shorter).
         reserve = max((s.reserve for s in shapes), default=1)
+        asked = self.cfg.max_model_len
+        if asked is not None and asked > c.max_position_embeddings:
+            raise ConfigError(f"max_model_len {asked} is longer than the model's context, "
+                              f"{c.max_position_embeddings} tokens (max_position_embeddings): "
+                              f"pass --max-model-len {c.max_position_embeddings} or less")
         self.max_model_len = min(self.max_model_len, c.max_position_embeddings - reserve + 1)
+        if asked is not None and self.max_model_len < asked:
+            log.warning("max_model_len %d -> %d: a speculative step writes %d KV slots past a "
+                        "request's length, and the model's positions end at %d", asked,
+                        self.max_model_len, reserve, c.max_position_embeddings)
         max_blocks = self._blocks_for(self.max_model_len + reserve - 1)
         backend = self._backend(max_blocks * self.block_size)
         executor = StepExecutor(self.graphs, self.block_size, max_blocks,
