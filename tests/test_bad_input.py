@@ -90,10 +90,15 @@ def test_max_model_len_past_the_models_positions_is_refused(tiny_folder: Path) -
         _tiny_llm(tiny_folder, max_model_len=300)
 
 
-def test_prompt_longer_than_the_kv_cache_names_the_cache(tiny_folder: Path) -> None:
-    llm = _tiny_llm(tiny_folder, num_kv_blocks=None, kv_cache_memory_gb=2e-6)  # a few blocks only
+def test_prompt_longer_than_the_kv_cache_names_the_cache(tiny_folder: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="hotspec"):
+        llm = _tiny_llm(tiny_folder, num_kv_blocks=None, kv_cache_memory_gb=2e-6)  # a few blocks
     cap = llm.engine.allocator.num_blocks * llm.engine.block_size
     assert llm.engine.max_model_len == cap < 256
+    # start-up says so: the cut, and the cache's size
+    assert f"context 256 -> {cap} tokens: the KV cache holds {cap} tokens" in caplog.text
+    assert f"a request's context: {cap} tokens" in caplog.text
     with pytest.raises(InvalidRequestError, match=r"limited by the KV cache's capacity.*more memory"):
         llm.generate(prompt_token_ids=[[1] * cap], sampling_params=GREEDY)
 

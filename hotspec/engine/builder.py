@@ -89,6 +89,20 @@ class EngineBuilder:
         self.block_size, self.max_model_len = cfg.block_size, max_model_len
         self.draft: DraftHead | None = None
 
+    def _fit_context(self, num_blocks: int, reserve: int, per_slot: int) -> None:
+        """A request's context within what the KV cache holds (L tokens write L + reserve - 1
+        slots), said at start-up: the cache's size, and a warning where it cuts the context."""
+        tokens = num_blocks * self.block_size
+        fits = tokens - reserve + 1
+        if fits < self.max_model_len:
+            log.warning("context %d -> %d tokens: the KV cache holds %d tokens; for the longer "
+                        "context give it more memory (--kv-cache-memory-gb or --num-kv-blocks)",
+                        self.max_model_len, fits, tokens)
+            self.max_model_len = fits
+        log.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GB); a request's context: %d "
+                 "tokens", num_blocks, self.block_size, tokens, tokens * per_slot / 1e9,
+                 self.max_model_len)
+
     def _blocks_for(self, n_slots: int) -> int:
         return -(-n_slots // self.block_size)
 
@@ -192,6 +206,7 @@ class EngineBuilder:
                                  ModelRunner(draft, draft_pool, backend))
             worker = EagleWorker(models, executor, shapes, policy, fuse_step=self.cfg.fuse_spec_step,
                                  profile=self.cfg.profile_phases)
+        self._fit_context(allocator.num_blocks, reserve, per_slot)
         if executor.reserve != reserve:
             raise RuntimeError(f"the worker's steps write {executor.reserve} KV slots past a "
                                f"request's length, the block tables were sized for {reserve}")

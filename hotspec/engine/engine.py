@@ -96,9 +96,9 @@ class Engine:
         # Rows of launched steps whose request had finished when read (overlap: EOS, stops, aborts)
         self.dropped_rows = 0
         # A request (L tokens: L + reserve - 1 slots at most) never needs more KV than the cache
-        # holds: alone, it fits, so preemption never evicts it for nothing (_reserve_step_slots).
+        # holds (EngineBuilder._fit_context): alone, it fits, so preemption never evicts it for
+        # nothing (_reserve_step_slots).
         self.kv_capacity = self.allocator.num_blocks * self.block_size
-        self.max_model_len = min(self.max_model_len, self.kv_capacity - self.worker.reserve + 1)
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
