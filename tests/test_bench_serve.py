@@ -59,7 +59,8 @@ def test_a_speculative_server_that_does_not_speculate_is_refused(tmp_path: Path)
     model = save_tiny_llama(tmp_path / "tiny", vocab=49152, hidden=64, layers=2, std=0.3,
                             eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
     tok.save_pretrained(model)
-    r = _bench(tmp_path / "out", *ENGINE, "--model", str(model), *LOAD)
+    engine = [*ENGINE[:-1], "256"]  # (--max-model-len: the tiny model's positions)
+    r = _bench(tmp_path / "out", *engine, "--model", str(model), *LOAD)
     assert r.returncode == 2, r.stdout[-4000:] + r.stderr[-2000:]
     assert "the speculative server does not speculate" in r.stderr
     assert not (tmp_path / "out" / "bench_serve.json").exists()
