@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from hotspec.core.logprobs import MAX_LOGPROBS
 from hotspec.errors import InvalidRequestError
@@ -132,9 +133,10 @@ class SamplingParams:
             raise InvalidRequestError("stop strings need the text, but detokenize is False: use "
                                       "stop_token_ids, or detokenize=True")
 
-    @property
+    @cached_property
     def processes_logits(self) -> bool:
-        """Whether any logits processing applies (penalties, logit_bias, min_tokens, a grammar)."""
+        """Whether any logits processing applies (penalties, logit_bias, min_tokens, a grammar);
+        asked of every request at every step, so computed once."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
                     or self.logit_bias or self.min_tokens or self.grammar is not None)
 

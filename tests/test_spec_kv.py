@@ -206,12 +206,13 @@ def check_against_fresh_prefill(engine: Engine, req: Request, monkeypatch: pytes
             m.setattr(worker_base, "sample_for",
                       lambda reqs, logits, state=None: torch.tensor([req.last_token], device=logits.device))
             assert worker.prefill([fresh]) == [[req.last_token]]
-        got, ref = req.spec.draft, fresh.spec.draft
-        assert max_rel_err(got.feature.unsqueeze(0), ref.feature.unsqueeze(0), 0) < REL_TOL
-        assert torch.equal(got.topk_ids, ref.topk_ids)
+        got, ref = req.spec.draft, fresh.spec.draft  # (each a row of its batch's tensors)
+        assert got is not None and ref is not None
+        assert max_rel_err(got.row("feature").unsqueeze(0), ref.row("feature").unsqueeze(0), 0) < REL_TOL
+        assert torch.equal(got.row("topk_ids"), ref.row("topk_ids"))
         # Absolute on log-probabilities = relative on probabilities (relative on a log-probability
         # near 0 is ill-conditioned).
-        assert float((got.topk_logp - ref.topk_logp).abs().max()) < REL_TOL
+        assert float((got.row("topk_logp") - ref.row("topk_logp")).abs().max()) < REL_TOL
         bs = engine.block_size
         running = torch.tensor(req.slots(0, n, bs))
         scratch = torch.tensor(fresh.slots(0, n, bs))

@@ -20,6 +20,8 @@ step N, and the schedule would overlap nothing.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -68,6 +70,7 @@ class Launches:
     def __init__(self) -> None:
         self._queue: deque[tuple[list[Request], Any]] = deque()  # oldest first
         self._ahead: dict[Request, int] = {}  # per request: its rows in unread launches
+        self._view = MappingProxyType(self._ahead)
         self._rows: dict[Request, int] = {}  # row of each request in the newest launch
 
     def __len__(self) -> int:
@@ -77,16 +80,16 @@ class Launches:
         """Launched steps of `req` that the host has not read."""
         return self._ahead.get(req, 0)
 
-    def src_rows(self, reqs: list[Request]) -> list[int]:
-        """Per request: its row in the newest launch if that launch is unread, else -1."""
-        rows = []
-        for r in reqs:
-            if self.ahead(r):
-                assert r in self._rows, "a request with unread steps is in the newest launch"
-                rows.append(self._rows[r])
-            else:
-                rows.append(-1)
-        return rows
+    @property
+    def counts(self) -> Mapping[Request, int]:
+        """`ahead` of every request that has unread launches (a live, read-only view)."""
+        return self._view
+
+    def src_rows(self, reqs: list[Request], ahead: list[int]) -> list[int]:
+        """Per request (`ahead`: its unread launches): its row in the newest launch if that
+        launch is unread, else -1."""
+        rows = self._rows
+        return [rows[r] if a else -1 for r, a in zip(reqs, ahead)]
 
     def push(self, reqs: list[Request], payload: Any) -> None:
         self._queue.append((reqs, payload))

@@ -35,11 +35,20 @@ class RequestStats:
 
 
 class DraftRow(NamedTuple):
-    """What the draft head left for a request's next speculative step (rows of device tensors)."""
+    """What the draft head left for a request's next speculative step: row `at` of the batch
+    tensors (on the device, never written again) of the step, prefill or catch-up that wrote it.
+    A reference and an index, not a view of the row: a view costs the host a microsecond or two
+    a tensor, three a request at every step."""
 
-    topk_logp: torch.Tensor  # [K] draft log-probs of the depth-1 candidates
-    topk_ids: torch.Tensor  # [K] their target ids
-    feature: torch.Tensor  # [H] the draft feature the depth-1 candidates are drafted with
+    topk_logp: torch.Tensor  # [B, K] draft log-probs of the depth-1 candidates
+    topk_ids: torch.Tensor  # [B, K] their target ids
+    feature: torch.Tensor  # [B, H] the draft feature the depth-1 candidates are drafted with
+    at: int  # the request's row in them
+
+    def row(self, name: str) -> torch.Tensor:
+        """The request's row of one of them (a view)."""
+        t: torch.Tensor = getattr(self, name)
+        return t[self.at]
 
 
 @dataclass

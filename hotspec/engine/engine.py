@@ -6,17 +6,16 @@ import itertools
 import random
 import sys
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from hotspec.config import ConfigError, EngineConfig
-from hotspec.core.logprobs import TokenLogprob
 from hotspec.core.request import Request, Status
 from hotspec.engine.block_allocator import OutOfBlocks
 from hotspec.engine.builder import DTYPES, EngineBuilder, load_target, resolve_device_dtype
 from hotspec.engine.grammars import Grammars
+from hotspec.engine.outputs import StepOutput
 from hotspec.engine.prefix_share import SharedPrefixes
 from hotspec.engine.request_checks import check_request
 from hotspec.engine.stop_checker import StopChecker
@@ -29,17 +28,6 @@ from hotspec.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-
-@dataclass
-class StepOutput:
-    request: Request
-    text_delta: str
-    new_token_ids: list[int]
-    # with params.logprobs: one per new token, in order (core/logprobs.py)
-    logprobs: list[TokenLogprob] | None = None
-    # with params.prompt_logprobs, on the request's first output: one per prompt token (first None)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Engine:
@@ -202,16 +190,16 @@ class Engine:
         """Launch the next step, then collect the one before it: the host emits step N's tokens
         while the device computes step N+1 (core/launches.py)."""
         worker = self.worker
-        reqs = [r for r in self.running if not self._finishes_by_then(r)]
+        reqs, rooms = self._launchable()
         outs: list[StepOutput] = []
         if reqs and worker.drains_before(reqs):
             outs = self._drain()
-            reqs = [r for r in self.running if not self._finishes_by_then(r)]
-        if not self._grow(reqs):  # out of blocks: preemption needs every step read first
+            reqs, rooms = self._launchable()
+        if not self._grow(reqs, rooms):  # out of blocks: preemption needs every step read first
             outs += self._drain()
             reqs = self._reserve_step_slots()
-        launched = set(reqs)
-        self.in_flight = reqs + [r for r in self.running if worker.ahead(r) and r not in launched]
+        launched, ahead = set(reqs), worker.ahead_counts()
+        self.in_flight = reqs + [r for r in self.running if r in ahead and r not in launched]
         if reqs:
             worker.launch(reqs)
         while worker.unread() > (1 if reqs else 0):
@@ -219,26 +207,32 @@ class Engine:
         self.in_flight = []
         return self._served(outs)
 
-    def _room(self, req: Request) -> int:
-        """KV slots `req` may need next: its unread steps' largest advances, then `reserve`."""
-        return req.seq_len + self.worker.ahead(req) * self.worker.max_advance + self.worker.reserve
+    def _launchable(self) -> tuple[list[Request], list[int]]:
+        """The running requests the next launch takes and the KV slots each may need (its unread
+        steps' largest advances, then `reserve`), in one pass (host time of every step). Left
+        out while its unread steps end it (max_tokens: a step emits at least one token) or may
+        (the context, at the largest advances): launched again once they are read."""
+        ahead, adv, reserve = self.worker.ahead_counts(), self.worker.max_advance, self.worker.reserve
+        limit = self.max_model_len + reserve - 1
+        reqs, rooms = [], []
+        for r in self.running:
+            a = ahead.get(r, 0)
+            room = r.seq_len + a * adv + reserve
+            if a and (len(r.output_token_ids) + a >= r.params.max_tokens or room > limit):
+                continue
+            reqs.append(r)
+            rooms.append(room)
+        return reqs, rooms
 
-    def _grow(self, reqs: list[Request]) -> bool:
-        """Room for the next step of `reqs`, without preempting; False if the blocks ran out."""
+    def _grow(self, reqs: list[Request], rooms: list[int]) -> bool:
+        """`rooms` KV slots for the next step of `reqs`, without preempting; False if out of blocks."""
         try:
-            for req in reqs:
-                self._grow_to(req, self._room(req))
+            for req, room in zip(reqs, rooms):
+                if room > len(req.blocks) * self.block_size:
+                    self._grow_to(req, room)
         except OutOfBlocks:
             return False
         return True
-
-    def _finishes_by_then(self, req: Request) -> bool:
-        """Whether `req` is not launched now, because its unread steps end it (max_tokens: each
-        step emits at least one token) or may (the context limit, at each step's largest
-        advance); it is launched again once they are read, if it goes on."""
-        ahead = self.worker.ahead(req)
-        return ahead > 0 and (len(req.output_token_ids) + ahead >= req.params.max_tokens
-                              or self._room(req) > self.max_model_len + self.worker.reserve - 1)
 
     def _drain(self) -> list[StepOutput]:
         """Collect every launched step (the overlap schedule's; none otherwise)."""
@@ -325,14 +319,13 @@ class Engine:
     def _reserve_step_slots(self) -> list[Request]:
         """Make room for this step's writes; preempt (recompute later) the newest when out of blocks.
         Runs only when nothing is prefilling, so `running` holds every block-owning request."""
-        for req in list(self.running):
-            while req in self.running:
-                try:
-                    self._grow_to(req, req.seq_len + self.worker.reserve)
-                    break
-                except OutOfBlocks:
-                    victim = self.running[-1]
-                    self._preempt(victim)
+        reserve, i = self.worker.reserve, 0
+        while i < len(self.running):  # (the newest are preempted from the end)
+            try:
+                self._grow_to(self.running[i], self.running[i].seq_len + reserve)
+                i += 1
+            except OutOfBlocks:
+                self._preempt(self.running[-1])
         return list(self.running)
 
     def _preempt(self, req: Request) -> None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hotspec.core.request import Request
-from hotspec.engine.engine import Engine, StepOutput
+from hotspec.engine.engine import Engine
+from hotspec.engine.outputs import StepOutput
 from hotspec.entrypoints.request_handle import (
     EngineDeadError,
     RequestEvent,

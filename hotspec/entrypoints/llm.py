@@ -9,7 +9,8 @@ from typing import Any, cast
 from hotspec.config import EngineConfig
 from hotspec.core.logprobs import TokenLogprob
 from hotspec.core.request import Request, RequestStats
-from hotspec.engine.engine import Engine, StepOutput
+from hotspec.engine.engine import Engine
+from hotspec.engine.outputs import StepOutput
 from hotspec.errors import InvalidRequestError
 from hotspec.sampling_params import SamplingParams
 

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from hotspec.core.request import Request
 from hotspec.core.spec_stats import SpecStats
-from hotspec.engine.engine import Engine, StepOutput
+from hotspec.engine.engine import Engine
+from hotspec.engine.outputs import StepOutput
 from hotspec.runtime import compile_watch
 
 # tau = tokens per verify pass, in [1, num_steps + 1]; quarter steps resolve a typical 2-4.

@@ -106,9 +106,10 @@ class StepExecutor:
         self.carry: Tensors | None = {k: torch.zeros(rows, dtype=torch.long, device=self.device)
                                       for k in CARRY} if overlap else None
 
-    def rows(self, reqs: list[Request], sampled: bool) -> StepRows:
+    def rows(self, reqs: list[Request], sampled: bool, full: bool | None = None) -> StepRows:
         """The host inputs of a step of `reqs` (a request with unread steps takes its length,
-        root and RNG offset from the carry: it must be in the newest launch)."""
+        root and RNG offset from the carry: it must be in the newest launch); `full`:
+        needs_full_graph(reqs) where the caller has it."""
         ahead = [self.launches.ahead(r) for r in reqs]
         if any(ahead) and not self.overlap:
             raise RuntimeError("a step was launched before the last one was read; that needs the "
@@ -118,10 +119,11 @@ class StepExecutor:
             tables=block_table_tensor(reqs, _CPU),
             root=torch.tensor([0 if a else r.last_token for r, a in zip(reqs, ahead)],
                               dtype=torch.long),
-            src=torch.tensor(self.launches.src_rows(reqs), dtype=torch.long)
+            src=torch.tensor(self.launches.src_rows(reqs, ahead), dtype=torch.long)
             if self.overlap else None,
             sampling=sampling_fields(reqs, _CPU, ahead, self.logits_state.identity
-                                     if self.logits_state is not None and needs_full_graph(reqs)
+                                     if self.logits_state is not None and
+                                     (needs_full_graph(reqs) if full is None else full)
                                      else None) if sampled else {})
 
     def bound(self, program: Bounded, reqs: list[Request]) -> None:
@@ -134,9 +136,10 @@ class StepExecutor:
                rows: StepRows | None = None) -> PhaseIO:
         """Enqueue `program`'s step for `reqs` (no host sync) and return its outputs, which stay
         on the device; `tag` comes back with the step's tokens (`collect`)."""
+        full = needs_full_graph(reqs)
         if rows is None:
-            rows = self.rows(reqs, sampled=needs_sampled_graph(reqs))
-        if needs_full_graph(reqs) and not rows.full:
+            rows = self.rows(reqs, full or any(r.params.temperature > 0 for r in reqs), full)
+        if full and not rows.full:
             raise RuntimeError("logprobs and logits processing need the executor's logits_state")
         self.bound(program, reqs)
         if rows.full and self.logits_state is not None:

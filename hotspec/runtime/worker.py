@@ -10,7 +10,7 @@ schedule the engine launches step N+1 before it collects step N (core/launches.p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -90,6 +90,11 @@ class Worker:
     def ahead(self, req: Request) -> int:
         """Launched steps of `req` not collected yet."""
         return self.executor.launches.ahead(req)
+
+    def ahead_counts(self) -> Mapping[Request, int]:
+        """Every request with launched steps not collected yet, and how many (a live view: one
+        lookup a request where a step's scheduling asks for many)."""
+        return self.executor.launches.counts
 
     def drop_unread(self) -> None:
         """Forget every uncollected step (they died with a step that failed)."""

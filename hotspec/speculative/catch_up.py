@@ -93,7 +93,7 @@ class CatchUp:
         n = len(reqs)  # (the graph's buffers: the next replay overwrites them)
         logp, ids, feat = out.topk_logp[:n].clone(), out.topk_ids[:n].clone(), out.feature[:n].clone()
         for i, r in enumerate(reqs):
-            r.spec.draft = DraftRow(logp[i], ids[i], feat[i])
+            r.spec.draft = DraftRow(logp, ids, feat, i)
 
     def _eager(self, reqs: list[Request]) -> None:
         p, ex = self.phases, self.executor
@@ -105,8 +105,9 @@ class CatchUp:
         h_logits, h_feat = p.draft_runner.forward(fb)
         last = last_token_index(fb)
         logp, ids, _ = p.draft_topk(h_logits[last], p.state_k)
+        feat = h_feat[last]
         for i, r in enumerate(reqs):
-            r.spec.draft = DraftRow(logp[i], ids[i], h_feat[last[i]])
+            r.spec.draft = DraftRow(logp, ids, feat, i)
 
     def warm(self, lengths: tuple[int, ...] = WARM_LENGTHS) -> int:
         """Seeds the policy's catch-up cost at every captured batch size; returns the passes run.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -47,7 +48,8 @@ STATE = ("topk_logp", "topk_ids", "feature")  # inputs the last step left on the
 
 class DraftStates:
     """The batch's draft states as batch tensors: the last step's outputs when the batch is the
-    same requests in the same order holding the rows that step set, else stacked from the rows."""
+    same requests in the same order holding the rows that step set, else gathered from the rows'
+    batches (one index_select per batch they come from)."""
 
     def __init__(self) -> None:
         self._last: tuple[list[DraftRow | None], DraftState] | None = None
@@ -63,19 +65,48 @@ class DraftStates:
         missing = [r.rid for r, row in zip(reqs, rows) if row is None]
         if missing:
             raise RuntimeError(f"requests {missing} have no draft state: prefill them first")
-        return DraftState(**{f: torch.stack([getattr(row, f) for row in rows])  # type: ignore[misc]
-                             for f in STATE})
+        return gather_rows(cast(list[DraftRow], rows))
 
     def set(self, reqs: list[Request], out: DraftState) -> None:
         """Each request's row of a step's outputs becomes its draft state."""
-        for i, r in enumerate(reqs):
-            r.spec.draft = DraftRow(out.topk_logp[i], out.topk_ids[i], out.feature[i])
-        state = DraftState(topk_logp=out.topk_logp, topk_ids=out.topk_ids, feature=out.feature)
-        self._last = ([r.spec.draft for r in reqs], state)
+        logp, ids, feat = out.topk_logp, out.topk_ids, out.feature
+        drafts = [DraftRow(logp, ids, feat, i) for i in range(len(reqs))]
+        for r, d in zip(reqs, drafts):
+            r.spec.draft = d
+        self._last = (list(drafts), DraftState(topk_logp=logp, topk_ids=ids, feature=feat))
 
     def forget(self) -> None:
         """Rows were set elsewhere (prefill, catch-up): the next step stacks."""
         self._last = None
+
+
+def gather_rows(rows: list[DraftRow]) -> DraftState:
+    """The rows as batch tensors, in order: per batch they come from, one index_select into
+    place (a batch changes by a few requests a step: the rows come from the last step's outputs
+    and a prefill's or two); rows from many batches are stacked one by one."""
+    groups: dict[int, tuple[DraftRow, list[int], list[int]]] = {}
+    for pos, r in enumerate(rows):
+        g = groups.setdefault(id(r.feature), (r, [], []))
+        g[1].append(pos)
+        g[2].append(r.at)
+    if len(groups) == 1:
+        src, _, idx = next(iter(groups.values()))
+        if src.feature.shape[0] == len(idx) and idx == list(range(len(idx))):
+            return DraftState(**{f: getattr(src, f) for f in STATE})  # one batch, whole
+    if len(rows) <= 16 or len(groups) > len(rows) // 8:
+        return DraftState(**{f: torch.stack([r.row(f) for r in rows]) for f in STATE})
+    dev = rows[0].feature.device
+    out: dict[str, torch.Tensor] = {}
+    for f in STATE:
+        t = getattr(rows[0], f)
+        out[f] = torch.empty((len(rows), *t.shape[1:]), dtype=t.dtype, device=dev)
+    for src, places, rows_at in groups.values():
+        # (indices from pageable memory, non-blocking: the copy is staged, nothing waits)
+        i = torch.tensor(rows_at).to(dev, non_blocking=True)
+        p = torch.tensor(places).to(dev, non_blocking=True)
+        for f in STATE:
+            out[f].index_copy_(0, p, getattr(src, f).index_select(0, i))
+    return DraftState(**out)
 
 
 class EagleStep:

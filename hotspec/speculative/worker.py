@@ -188,7 +188,7 @@ class EagleWorker(Worker):
             feat = h_feat[pre.last]
         for i, r in enumerate(reqs):
             if pre.final[i]:
-                r.spec.draft = DraftRow(logp[i], ids_k[i], feat[i])
+                r.spec.draft = DraftRow(logp, ids_k, feat, i)
                 r.spec.pending = []
         self.states.forget()
         return pre.advance()
