@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from hotspec.engine.stop_checker import StopChecker
+from hotspec.engine.stop_checker import StopChecker, _StreamDecoder
 from hotspec.errors import InvalidRequestError
 from hotspec.layers.sampler import (
     SamplingTensors,
@@ -423,7 +423,7 @@ def test_detokenizing_through_the_rust_backend_equals_the_wrapper(tokenizer: Any
     for skip in (True, False):
         kw = {"max_tokens": 100, "ignore_eos": True, "skip_special_tokens": skip}
         fast = _checker(tokenizer, **kw)
-        assert fast._decoder._backend is not None
+        assert isinstance(fast._decoder, _StreamDecoder)  # tokenizers' DecodeStream
         slow = StopChecker(WrapperOnly(), SamplingParams(**kw), {tokenizer.eos_token_id},
                            tokenizer.encode("Write something:"))
         assert slow._decoder._backend is None
