@@ -128,3 +128,21 @@ def test_the_engine_thread_reads_the_pipe_itself() -> None:
     with pytest.raises(queue.Empty):
         inbox.get_nowait()
     assert isinstance(inbox.get(), Stop)
+
+
+def test_events_cross_the_pipe_whole() -> None:
+    """A step's events are pickled field by field (RequestEvent.__reduce__): every field, logprobs
+    included, arrives as sent."""
+    import dataclasses
+    import pickle
+
+    from hotspec.core.logprobs import TokenLogprob
+    from hotspec.entrypoints.request_handle import RequestEvent
+
+    lp = TokenLogprob(5, -0.25, ((5, -0.25), (7, -1.5)))
+    sent = RequestEvent(" word", [5], "stop", "why", 12, 3, [lp], [None, lp])
+    got = pickle.loads(pickle.dumps(("out", [(1, sent)], 0, 0)))[1][0][1]
+    assert got == sent
+    assert [f.name for f in dataclasses.fields(RequestEvent)] == [
+        "text", "token_ids", "finish_reason", "error", "prompt_tokens", "completion_tokens",
+        "logprobs", "prompt_logprobs"]  # (the order __reduce__ passes them in)

@@ -40,6 +40,13 @@ class RequestEvent:
     # first None (nothing before it)
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
+    def __reduce__(self) -> tuple[type[RequestEvent], tuple[object, ...]]:
+        """Pickled as its fields in order (the engine process sends every step's events through
+        a pipe): a third of a dataclass's default (its __dict__) to load, two thirds to dump."""
+        return (RequestEvent, (self.text, self.token_ids, self.finish_reason, self.error,
+                               self.prompt_tokens, self.completion_tokens, self.logprobs,
+                               self.prompt_logprobs))
+
 
 @dataclass(eq=False)
 class RequestHandle:
