@@ -293,12 +293,12 @@ class Engine:
 
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
-        busy = len(self.running) + len(self.prefilling)
+        busy, opening = len(self.running) + len(self.prefilling), self.prefixes.opening(self.prefilling)
         # (requests whose grammar is still compiling are passed over: engine/grammars.py)
         for req in [r for r in self.waiting if r.grammar_job is None]:
             if busy + len(admitted) >= self.cfg.max_num_seqs:
                 break
-            if self.prefixes.waits(req, self.prefilling + admitted):
+            if self.prefixes.waits(req, opening):
                 break  # its prompt's first block is being computed: shared next step
             shared = self.prefixes.lookup(req)
             n = len(req.prompt_token_ids) + len(req.output_token_ids) + self.worker.reserve
@@ -307,7 +307,7 @@ class Engine:
             self.waiting.remove(req)
             if shared:
                 self.prefixes.share(req, shared)
-            self.prefixes.admitted(req)
+            self.prefixes.admitted(req, opening)
             self._grow_to(req, n)
             if req.params.processes_logits:  # (max_num_seqs rows: one for every busy request)
                 self._logits_rows().acquire(req, self.eos_token_ids)
@@ -347,18 +347,20 @@ class Engine:
                 toks = []
                 self.running.remove(req)
                 self._finish(req, "length")
+            out_ids, checker, grammar = req.output_token_ids, req.checker, req.grammar
+            assert checker is not None
+            room = self.max_model_len - len(req.prompt_token_ids)  # (outputs that fit the context)
             for t in toks:
-                req.output_token_ids.append(t)
+                out_ids.append(t)
                 taken.append(t)
-                assert req.checker is not None
-                piece, reason = req.checker.append(t)
+                piece, reason = checker.append(t)
                 delta += piece
-                if reason is None and req.grammar is not None:
-                    if not req.grammar.accept([t]):  # (masked: it cannot happen)
+                if reason is None and grammar is not None:
+                    if not grammar.accept([t]):  # (masked: it cannot happen)
                         raise RuntimeError(f"request {req.rid}: token {t} is outside its grammar")
-                    if req.grammar.terminated:
+                    if grammar.terminated:
                         reason = "stop"  # the grammar is complete
-                if reason is None and req.num_tokens >= self.max_model_len:
+                if reason is None and len(out_ids) >= room:
                     reason = "length"  # the context is full
                 if reason is not None:
                     self.running.remove(req)

@@ -54,18 +54,25 @@ class SharedPrefixes:
             out.append(block)
         return out
 
-    def waits(self, req: Request, prefilling: list[Request]) -> bool:
+    def opening(self, prefilling: list[Request]) -> set[bytes]:
+        """The first blocks (keys) that requests being prefilled are computing: `waits`' set,
+        made once for an admission pass (not a scan of them for every waiting request)."""
+        return {k for r in prefilling if (k := self._first.get(r)) is not None}
+
+    def waits(self, req: Request, opening: set[bytes]) -> bool:
         """Whether `req` should wait for a step: a request being prefilled opens with the same
-        block, which it can share once that is computed (the n answers of one prompt)."""
+        block (`opening`), which it can share once that is computed (the n answers of one
+        prompt)."""
         if req.output_token_ids or not self._shareable(req, len(req.prompt_token_ids)):
             return False
         key = self._keys(req.prompt_token_ids, 1)[0]
-        return key not in self._block and any(self._first.get(r) == key for r in prefilling)
+        return key not in self._block and key in opening
 
-    def admitted(self, req: Request) -> None:
-        """`req` starts prefilling: its first block is on its way."""
+    def admitted(self, req: Request, opening: set[bytes]) -> None:
+        """`req` starts prefilling: its first block is on its way (and joins `opening`)."""
         if not req.output_token_ids and self._shareable(req, len(req.prompt_token_ids)):
-            self._first[req] = self._keys(req.prompt_token_ids, 1)[0]
+            key = self._first[req] = self._keys(req.prompt_token_ids, 1)[0]
+            opening.add(key)
 
     def share(self, req: Request, blocks: list[int]) -> None:
         """`req` starts with `blocks` (a reference each), its length past them."""
