@@ -49,7 +49,7 @@ STATE = ("topk_logp", "topk_ids", "feature")  # inputs the last step left on the
 class DraftStates:
     """The batch's draft states as batch tensors: the last step's outputs when the batch is the
     same requests in the same order holding the rows that step set, else gathered from the rows'
-    batches (one index_select per batch they come from)."""
+    batches (gather_rows)."""
 
     def __init__(self) -> None:
         self._last: tuple[list[DraftRow | None], DraftState] | None = None
@@ -81,32 +81,23 @@ class DraftStates:
 
 
 def gather_rows(rows: list[DraftRow]) -> DraftState:
-    """The rows as batch tensors, in order: per batch they come from, one index_select into
-    place (a batch changes by a few requests a step: the rows come from the last step's outputs
-    and a prefill's or two); rows from many batches are stacked one by one."""
-    groups: dict[int, tuple[DraftRow, list[int], list[int]]] = {}
-    for pos, r in enumerate(rows):
-        g = groups.setdefault(id(r.feature), (r, [], []))
-        g[1].append(pos)
-        g[2].append(r.at)
-    if len(groups) == 1:
-        src, _, idx = next(iter(groups.values()))
-        if src.feature.shape[0] == len(idx) and idx == list(range(len(idx))):
-            return DraftState(**{f: getattr(src, f) for f in STATE})  # one batch, whole
-    if len(rows) <= 16 or len(groups) > len(rows) // 8:
+    """The rows as batch tensors, in order: runs of consecutive rows of one batch are slices,
+    one cat per field joins them (a batch changes by a few requests a step: a few runs of the
+    last step's outputs and a prefill's; no index is copied to the device); rows in many runs
+    are stacked one by one, a whole batch in order is its own tensors."""
+    runs: list[list] = []  # [a row of the batch, first, end]
+    for r in rows:
+        last = runs[-1] if runs else None
+        if last is not None and last[0].feature is r.feature and last[2] == r.at:
+            last[2] += 1
+        else:
+            runs.append([r, r.at, r.at + 1])
+    if len(runs) == 1 and runs[0][1] == 0 and runs[0][2] == runs[0][0].feature.shape[0]:
+        return DraftState(**{f: getattr(runs[0][0], f) for f in STATE})
+    if len(rows) <= 16 or len(runs) > len(rows) // 8:
         return DraftState(**{f: torch.stack([r.row(f) for r in rows]) for f in STATE})
-    dev = rows[0].feature.device
-    out: dict[str, torch.Tensor] = {}
-    for f in STATE:
-        t = getattr(rows[0], f)
-        out[f] = torch.empty((len(rows), *t.shape[1:]), dtype=t.dtype, device=dev)
-    for src, places, rows_at in groups.values():
-        # (indices from pageable memory, non-blocking: the copy is staged, nothing waits)
-        i = torch.tensor(rows_at).to(dev, non_blocking=True)
-        p = torch.tensor(places).to(dev, non_blocking=True)
-        for f in STATE:
-            out[f].index_copy_(0, p, getattr(src, f).index_select(0, i))
-    return DraftState(**out)
+    return DraftState(**{f: torch.cat([getattr(src, f)[a:b] for src, a, b in runs])
+                         for f in STATE})
 
 
 class EagleStep:
