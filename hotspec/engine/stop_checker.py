@@ -79,10 +79,11 @@ class _IncrementalDecoder:
 
 class _StreamDecoder:
     """The same deltas from the tokenizers library's DecodeStream (a fast tokenizer's Rust
-    backend, tokenizers >= 0.22): one call a token where _IncrementalDecoder makes two and slices
-    in Python, ~0.7 us a token against ~2.8 (at hundreds of requests a step, host time of every
-    step). A token that ends inside a character waits (the stream gives nothing) until one
-    completes it; a request that finishes meanwhile emits it as decoded, U+FFFD and all."""
+    backend, where DecodeStream takes a prefix: `ids=`): one call a token where
+    _IncrementalDecoder makes two and slices in Python, ~0.7 us a token against ~2.8 (at
+    hundreds of requests a step, host time of every step). A token that ends inside a character
+    waits (the stream gives nothing) until one completes it; a request that finishes meanwhile
+    emits it as decoded, U+FFFD and all."""
 
     def __init__(self, backend: Any, context: list[int], skip_special_tokens: bool) -> None:
         from tokenizers.decoders import DecodeStream
