@@ -37,8 +37,7 @@ class RequestStats:
 class DraftRow(NamedTuple):
     """What the draft head left for a request's next speculative step: row `at` of the batch
     tensors (on the device, never written again) of the step, prefill or catch-up that wrote it.
-    A reference and an index, not a view of the row: a view costs the host a microsecond or two
-    a tensor, three a request at every step."""
+    A reference and an index, not a view of the row: no tensor is made per request per step."""
 
     topk_logp: torch.Tensor  # [B, K] draft log-probs of the depth-1 candidates
     topk_ids: torch.Tensor  # [B, K] their target ids

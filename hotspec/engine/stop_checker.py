@@ -27,6 +27,12 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: list[int], **kwargs: Any) -> str | list[str]: ...
 
 
+def rust_backend(tokenizer: Tokenizer | None) -> Any:
+    """A transformers fast tokenizer's Rust backend (tokenizers.Tokenizer), or None."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    return backend if callable(getattr(backend, "decode", None)) else None
+
+
 class _IncrementalDecoder:
     """Decodes a growing token list in O(window) per token.
 
@@ -40,8 +46,7 @@ class _IncrementalDecoder:
         # A transformers fast tokenizer's decode without clean-up is its Rust backend's decode; the
         # Python wrapper around it costs 4x the decode itself, twice per generated token, on the
         # engine's critical path, so the backend is called directly where there is one.
-        backend = getattr(tokenizer, "_tokenizer", None)
-        self._backend = backend if callable(getattr(backend, "decode", None)) else None
+        self._backend = rust_backend(tokenizer)
         self._skip_special_tokens = skip_special_tokens
         self._ids = list(context)
         self._prefix = 0
@@ -80,8 +85,8 @@ class _IncrementalDecoder:
 class _StreamDecoder:
     """The same deltas from the tokenizers library's DecodeStream (a fast tokenizer's Rust
     backend, where DecodeStream takes a prefix: `ids=`): one call a token where
-    _IncrementalDecoder makes two and slices in Python, ~0.7 us a token against ~2.8 (at
-    hundreds of requests a step, host time of every step). A token that ends inside a character
+    _IncrementalDecoder makes two and slices in Python (at hundreds of requests a step, this is
+    host time of every step). A token that ends inside a character
     waits (the stream gives nothing) until one completes it; a request that finishes meanwhile
     emits it as decoded, U+FFFD and all."""
 
@@ -97,8 +102,8 @@ class _StreamDecoder:
     def make(tokenizer: Tokenizer | None, context: list[int], skip_special_tokens: bool
              ) -> _StreamDecoder | None:
         """One for `tokenizer` if it has a Rust backend and tokenizers a DecodeStream; else None."""
-        backend = getattr(tokenizer, "_tokenizer", None)
-        if backend is None or not callable(getattr(backend, "decode", None)):
+        backend = rust_backend(tokenizer)
+        if backend is None:
             return None
         try:
             return _StreamDecoder(backend, context, skip_special_tokens)

@@ -42,7 +42,7 @@ class RequestEvent:
 
     def __reduce__(self) -> tuple[type[RequestEvent], tuple[object, ...]]:
         """Pickled as its fields in order (the engine process sends every step's events through
-        a pipe): a third of a dataclass's default (its __dict__) to load, two thirds to dump."""
+        a pipe): a tuple, where a dataclass's default pickles its __dict__, keys and all."""
         return (RequestEvent, (self.text, self.token_ids, self.finish_reason, self.error,
                                self.prompt_tokens, self.completion_tokens, self.logprobs,
                                self.prompt_logprobs))

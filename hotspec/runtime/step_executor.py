@@ -138,7 +138,7 @@ class StepExecutor:
         on the device; `tag` comes back with the step's tokens (`collect`)."""
         full = needs_full_graph(reqs)
         if rows is None:
-            rows = self.rows(reqs, full or any(r.params.temperature > 0 for r in reqs), full)
+            rows = self.rows(reqs, needs_sampled_graph(reqs, full), full)
         if full and not rows.full:
             raise RuntimeError("logprobs and logits processing need the executor's logits_state")
         self.bound(program, reqs)
@@ -189,10 +189,12 @@ def constrained(reqs: list[Request]) -> bool:
     return any(r.grammar is not None for r in reqs)
 
 
-def needs_sampled_graph(reqs: list[Request]) -> bool:
+def needs_sampled_graph(reqs: list[Request], full: bool | None = None) -> bool:
     """Whether a step of `reqs` runs a program's sampled graph: a request samples, or needs the
-    [full] graph (which samples too; greedy rows there keep the argmax)."""
-    return any(r.params.temperature > 0 for r in reqs) or needs_full_graph(reqs)
+    [full] graph (which samples too; greedy rows there keep the argmax); `full`:
+    needs_full_graph(reqs) where the caller has it."""
+    return (needs_full_graph(reqs) if full is None else full) or \
+        any(r.params.temperature > 0 for r in reqs)
 
 
 def attach_logprobs(reqs: list[Request], tokens: list[list[int]], logprobs: list[Any],
